@@ -1,0 +1,45 @@
+# Minions: `make serve` serves the default deployment, `make test` runs the tests.
+SHELL := /bin/bash
+PYTHON_SYSTEM ?= /usr/bin/python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEPLOY ?= deploy.yaml
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: venv serve prepare test test-unit test-integration bench clean
+
+# The Triton stub links Debian's libpython3.11, so the venv must come from the system python3.11.
+$(STAMP): requirements.txt
+	@test -x $(PYTHON_SYSTEM) || { echo "need $(PYTHON_SYSTEM) (apt-get install python3.11-venv)"; exit 1; }
+	test -x $(PY) || $(PYTHON_SYSTEM) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -r requirements.txt
+	# Make the package importable by Triton's Python stubs, which do not inherit PYTHONPATH.
+	printf '%s\n%s\n' "$(CURDIR)/python_backend" "$(CURDIR)" > $(VENV)/lib/python3.11/site-packages/minions-dev.pth
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+prepare: $(STAMP)
+	$(PY) -m minions.server --deploy $(DEPLOY) --prepare-only
+
+serve: $(STAMP)
+	$(PY) -m minions.server --deploy $(DEPLOY)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q -m "not integration"
+
+test-integration: $(STAMP)
+	$(PY) -m pytest -q -m integration
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.bench_speculation
+
+clean:
+	rm -rf build bench_results

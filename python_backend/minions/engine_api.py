@@ -1,0 +1,188 @@
+"""The tensor interface every engine model speaks: the one of Triton's `tensorrt_llm` model.
+
+Because the LLM and every SSM use the same names, shapes and types as TensorRT-LLM's backend, a
+TensorRT-LLM engine can replace any of them by a config change alone. This module is the pure half:
+numpy arrays in, dataclasses out, and back; Triton's pb_utils stays in `minions.triton`.
+
+Semantics kept from TensorRT-LLM:
+- `input_ids` is the whole sequence so far (the orchestrator resends it every round).
+- without `draft_input_ids`: generate `request_output_len` tokens.
+- with `draft_input_ids` (k tokens, `request_output_len` = k + 1): verify the draft and return the
+  accepted draft tokens plus one token of the engine's own (draft-tokens-external mode).
+- `stop` = true ends the sequence `request_id` names and frees its cached state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .bad_words import BadWords
+from .errors import InvalidRequest
+from .sampling import SamplingParams
+
+# name -> (numpy dtype, dims without the batch dimension); mirrors tensorrt_llm/config.pbtxt.
+ENGINE_INPUTS: dict[str, tuple[type, list[int]]] = {
+    "input_ids": (np.int32, [-1]),
+    "input_lengths": (np.int32, [1]),
+    "request_output_len": (np.int32, [1]),
+    "draft_input_ids": (np.int32, [-1]),
+    "end_id": (np.int32, [1]),
+    "pad_id": (np.int32, [1]),
+    "temperature": (np.float32, [1]),
+    "runtime_top_k": (np.int32, [1]),
+    "runtime_top_p": (np.float32, [1]),
+    "random_seed": (np.uint64, [1]),
+    "seed": (np.uint64, [1]),
+    "bad_words_list": (np.int32, [2, -1]),
+    "return_generation_logits": (np.bool_, [1]),
+    "exclude_input_in_output": (np.bool_, [1]),
+    "stop": (np.bool_, [1]),
+}
+ENGINE_OUTPUTS = ("output_ids", "sequence_length", "generation_logits")
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    input_ids: list[int]
+    request_output_len: int
+    draft: list[int] = field(default_factory=list)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None
+    end_id: int | None = None
+    pad_id: int = 0
+    bad_words: BadWords = field(default_factory=lambda: BadWords([]))
+    return_generation_logits: bool = False
+    exclude_input_in_output: bool = False
+    stop: bool = False
+
+
+@dataclass
+class EngineResult:
+    tokens: list[int]
+    """New tokens only (accepted draft tokens + the engine's own, or the generated ones)."""
+    num_accepted: int = 0
+    logits: np.ndarray | None = None
+    """[len(tokens), vocab] generation logits when asked for."""
+
+
+class Engine(Protocol):
+    def generate(self, request: EngineRequest) -> EngineResult: ...
+
+    def release(self, request_id: str) -> None: ...
+
+
+def _row(inputs: Mapping[str, np.ndarray], name: str, b: int):
+    value = inputs.get(name)
+    if value is None:
+        return None
+    arr = np.asarray(value)
+    return arr[b] if arr.ndim > 0 and arr.shape[0] > b else arr
+
+
+def _row_scalar(inputs: Mapping[str, np.ndarray], name: str, b: int, default):
+    row = _row(inputs, name, b)
+    return default if row is None or np.asarray(row).size == 0 else np.asarray(row).reshape(-1)[0].item()
+
+
+def parse_engine_inputs(inputs: Mapping[str, np.ndarray], request_id: str) -> list[EngineRequest]:
+    """One EngineRequest per batch row of a tensorrt_llm-style request."""
+    ids = inputs.get("input_ids")
+    if ids is None:
+        raise InvalidRequest("input 'input_ids' is required")
+    ids = np.asarray(ids)
+    if ids.ndim != 2:
+        raise InvalidRequest(f"'input_ids' must be [batch, len], got shape {list(ids.shape)}")
+    requests = []
+    for b in range(ids.shape[0]):
+        length = int(_row_scalar(inputs, "input_lengths", b, ids.shape[1]))
+        if not 0 < length <= ids.shape[1]:
+            raise InvalidRequest(f"'input_lengths' {length} does not fit input_ids of length {ids.shape[1]}")
+        draft_row = _row(inputs, "draft_input_ids", b)
+        draft = [int(t) for t in np.asarray(draft_row).reshape(-1)] if draft_row is not None else []
+        out_len = int(_row_scalar(inputs, "request_output_len", b, len(draft) + 1))
+        if out_len < 1 and not _row_scalar(inputs, "stop", b, False):
+            raise InvalidRequest(f"'request_output_len' must be >= 1, got {out_len}")
+        top_k = int(_row_scalar(inputs, "runtime_top_k", b, 0))
+        seed = _row_scalar(inputs, "random_seed", b, None)
+        if seed is None:
+            seed = _row_scalar(inputs, "seed", b, None)
+        end_id = _row_scalar(inputs, "end_id", b, None)
+        requests.append(
+            EngineRequest(
+                request_id=request_id if ids.shape[0] == 1 else f"{request_id}/{b}",
+                input_ids=[int(t) for t in ids[b, :length]],
+                request_output_len=out_len,
+                draft=draft,
+                sampling=SamplingParams(
+                    temperature=float(_row_scalar(inputs, "temperature", b, 0.0)),
+                    top_k=top_k,
+                    top_p=float(_row_scalar(inputs, "runtime_top_p", b, 1.0)),
+                ),
+                seed=None if seed is None else int(seed),
+                end_id=None if end_id is None else int(end_id),
+                pad_id=int(_row_scalar(inputs, "pad_id", b, 0)),
+                bad_words=BadWords.from_tensor(_row(inputs, "bad_words_list", b)),
+                return_generation_logits=bool(_row_scalar(inputs, "return_generation_logits", b, False)),
+                exclude_input_in_output=bool(_row_scalar(inputs, "exclude_input_in_output", b, False)),
+                stop=bool(_row_scalar(inputs, "stop", b, False)),
+            )
+        )
+    return requests
+
+
+def encode_engine_outputs(requests: list[EngineRequest], results: list[EngineResult]) -> dict[str, np.ndarray]:
+    """Batch the results in tensorrt_llm's layout: output_ids [batch, beam=1, len] padded with pad_id."""
+    rows = [
+        (r.tokens if q.exclude_input_in_output else q.input_ids + r.tokens) for q, r in zip(requests, results)
+    ]
+    width = max((len(r) for r in rows), default=0)
+    output_ids = np.zeros((len(rows), 1, width), dtype=np.int32)
+    for i, (q, row) in enumerate(zip(requests, rows)):
+        output_ids[i, 0, :] = q.pad_id
+        output_ids[i, 0, : len(row)] = row
+    out = {
+        "output_ids": output_ids,
+        "sequence_length": np.array([[len(r)] for r in rows], dtype=np.int32),
+    }
+    if any(q.return_generation_logits for q in requests):
+        vocab = max((r.logits.shape[-1] for r in results if r.logits is not None), default=0)
+        steps = max((len(r.tokens) for r in results), default=0)
+        logits = np.zeros((len(rows), 1, steps, vocab), dtype=np.float32)
+        for i, r in enumerate(results):
+            if r.logits is not None:
+                logits[i, 0, : r.logits.shape[0], : r.logits.shape[1]] = r.logits
+        out["generation_logits"] = logits
+    return out
+
+
+def build_engine_inputs(request: EngineRequest) -> dict[str, np.ndarray]:
+    """The inverse of parse_engine_inputs for one sequence: what the orchestrator sends an engine."""
+    ids = np.asarray([request.input_ids], dtype=np.int32)
+    tensors = {
+        "input_ids": ids,
+        "input_lengths": np.array([[ids.shape[1]]], dtype=np.int32),
+        "request_output_len": np.array([[request.request_output_len]], dtype=np.int32),
+        "temperature": np.array([[request.sampling.temperature]], dtype=np.float32),
+        "runtime_top_k": np.array([[request.sampling.top_k]], dtype=np.int32),
+        "runtime_top_p": np.array([[request.sampling.top_p]], dtype=np.float32),
+        "pad_id": np.array([[request.pad_id]], dtype=np.int32),
+        "exclude_input_in_output": np.array([[request.exclude_input_in_output]], dtype=np.bool_),
+    }
+    if request.draft:
+        tensors["draft_input_ids"] = np.asarray([request.draft], dtype=np.int32)
+    if request.seed is not None:
+        tensors["random_seed"] = np.array([[request.seed]], dtype=np.uint64)
+    if request.end_id is not None:
+        tensors["end_id"] = np.array([[request.end_id]], dtype=np.int32)
+    if request.bad_words:
+        tensors["bad_words_list"] = request.bad_words.to_tensor()[None]
+    if request.return_generation_logits:
+        tensors["return_generation_logits"] = np.array([[True]], dtype=np.bool_)
+    if request.stop:
+        tensors["stop"] = np.array([[True]], dtype=np.bool_)
+    return tensors

@@ -1,0 +1,33 @@
+"""Building an engine from the string parameters of its config.pbtxt (pure: no Triton)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .engine_api import Engine
+
+
+def build_engine(params: Mapping[str, str]) -> Engine:
+    kind = params.get("engine", "")
+    if kind == "torch":
+        import torch
+
+        from .torch_engine import TorchEngine, load_causal_lm
+
+        torch.set_num_threads(int(params.get("num_threads", 2)))
+        model = load_causal_lm(params["model_path"], params.get("dtype", "float32"))
+        return TorchEngine(model, int(params.get("max_sequences", 8)), int(params.get("max_context", 2048)))
+    if kind == "llamacpp":
+        from .llamacpp_engine import LlamaCppEngine
+
+        return LlamaCppEngine(
+            params["model_path"],
+            int(params.get("num_threads", 2)),
+            int(params.get("max_sequences", 4)),
+            int(params.get("max_context", 2048)),
+        )
+    if kind == "ngram":
+        from .ngram_engine import NgramEngine
+
+        return NgramEngine(int(params.get("max_ngram", 3)), int(params.get("min_ngram", 1)))
+    raise ValueError(f"unknown engine {kind!r}: use torch, llamacpp or ngram")

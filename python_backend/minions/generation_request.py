@@ -1,0 +1,153 @@
+"""Parsing and validating the orchestrator's inputs (the tensorrt_llm_bls names, plus ours).
+
+Input arrives as a mapping from tensor name to numpy array (the Triton adapter builds it), so the
+rules here are testable without Triton. Every problem raises InvalidRequest with a message a client
+can act on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import InvalidRequest
+from .sampling import SamplingParams
+
+SPECULATION_OFF = "off"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Deployment-wide bounds and defaults (rendered from deploy.yaml into the BLS config)."""
+
+    max_context: int = 2048
+    max_tokens_limit: int = 1024
+    default_max_tokens: int = 128
+    default_num_draft_tokens: int = 4
+    max_num_draft_tokens: int = 16
+    default_speculation: str = SPECULATION_OFF
+    default_chat: bool = False
+    ssm_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How a request is decoded: `off` (plain LLM decoding) or `single:<ssm>`."""
+
+    mode: str
+    ssms: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str, known_ssms: tuple[str, ...]) -> "Speculation":
+        text = text.strip()
+        if text == SPECULATION_OFF:
+            return cls(SPECULATION_OFF)
+        kind, _, name = text.partition(":")
+        if kind == "single":
+            if name not in known_ssms:
+                raise InvalidRequest(f"unknown SSM {name!r} in speculation {text!r}; known: {', '.join(known_ssms)}")
+            return cls("single", (name,))
+        choices = ["off"] + [f"single:{n}" for n in known_ssms]
+        raise InvalidRequest(f"unknown speculation {text!r}; use one of: {', '.join(choices)}")
+
+    def __str__(self) -> str:
+        return self.mode if self.mode == SPECULATION_OFF else f"{self.mode}:{','.join(self.ssms)}"
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    text: str
+    max_tokens: int
+    stream: bool
+    sampling: SamplingParams
+    seed: int | None
+    stop_words: tuple[str, ...] = ()
+    bad_words: tuple[str, ...] = ()
+    end_id: int | None = None
+    pad_id: int | None = None
+    exclude_input_in_output: bool = False
+    num_draft_tokens: int = 4
+    return_perf_metrics: bool = False
+    speculation: Speculation = field(default_factory=lambda: Speculation(SPECULATION_OFF))
+    chat: bool = False
+
+
+def _scalar(inputs: Mapping[str, np.ndarray], name: str, kind: type, default):
+    value = inputs.get(name)
+    if value is None:
+        return default
+    arr = np.asarray(value)
+    if arr.size != 1:
+        raise InvalidRequest(f"input {name!r} must hold one value, got shape {list(arr.shape)}")
+    item = arr.reshape(-1)[0]
+    if kind is str:
+        return _utf8(name, item)
+    if kind is bool:
+        return bool(item)
+    if kind is int:
+        return int(item)
+    return float(item)
+
+
+def _utf8(name: str, item) -> str:
+    if isinstance(item, str):
+        return item
+    try:
+        return bytes(item).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"input {name!r} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def _strings(inputs: Mapping[str, np.ndarray], name: str) -> tuple[str, ...]:
+    value = inputs.get(name)
+    if value is None:
+        return ()
+    return tuple(s for s in (_utf8(name, item) for item in np.asarray(value).reshape(-1)) if s)
+
+
+def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Limits) -> GenerationRequest:
+    """Validate raw input tensors into a GenerationRequest (token-level checks come later)."""
+    if "text_input" not in inputs:
+        raise InvalidRequest("input 'text_input' is required")
+    text = _scalar(inputs, "text_input", str, "")
+    if not text.strip():
+        raise InvalidRequest("'text_input' is empty")
+    max_tokens = _scalar(inputs, "max_tokens", int, limits.default_max_tokens)
+    if not 1 <= max_tokens <= limits.max_tokens_limit:
+        raise InvalidRequest(f"'max_tokens' must be in [1, {limits.max_tokens_limit}], got {max_tokens}")
+    temperature = _scalar(inputs, "temperature", float, 0.0)
+    if not np.isfinite(temperature) or temperature < 0:
+        raise InvalidRequest(f"'temperature' must be >= 0, got {temperature}")
+    top_p = _scalar(inputs, "top_p", float, 1.0)
+    if not (0.0 < top_p <= 1.0):
+        raise InvalidRequest(f"'top_p' must be in (0, 1], got {top_p}")
+    top_k = _scalar(inputs, "top_k", int, 0)
+    if top_k < 0:
+        raise InvalidRequest(f"'top_k' must be >= 0, got {top_k}")
+    seed = _scalar(inputs, "seed", int, None)
+    if seed is None:
+        seed = _scalar(inputs, "random_seed", int, None)
+    k = _scalar(inputs, "num_draft_tokens", int, limits.default_num_draft_tokens)
+    if not 0 <= k <= limits.max_num_draft_tokens:
+        raise InvalidRequest(f"'num_draft_tokens' must be in [0, {limits.max_num_draft_tokens}], got {k}")
+    speculation = Speculation.parse(_scalar(inputs, "speculation", str, limits.default_speculation), limits.ssm_names)
+    if k == 0:
+        speculation = Speculation(SPECULATION_OFF)
+    return GenerationRequest(
+        text=text,
+        max_tokens=max_tokens,
+        stream=_scalar(inputs, "stream", bool, False),
+        sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p),
+        seed=seed,
+        stop_words=_strings(inputs, "stop_words"),
+        bad_words=_strings(inputs, "bad_words"),
+        end_id=_scalar(inputs, "end_id", int, None),
+        pad_id=_scalar(inputs, "pad_id", int, None),
+        exclude_input_in_output=_scalar(inputs, "exclude_input_in_output", bool, False),
+        num_draft_tokens=k,
+        return_perf_metrics=_scalar(inputs, "return_perf_metrics", bool, False),
+        speculation=speculation,
+        chat=_scalar(inputs, "chat", bool, limits.default_chat),
+    )

@@ -1,0 +1,88 @@
+"""Turning one row of logits into the distribution the LLM samples from.
+
+The same function serves plain decoding and draft verification, which is what makes speculative
+sampling lossless: a draft token is judged against exactly the distribution that plain decoding
+would have drawn from (temperature, then top-k, then top-p, after banned tokens are masked).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling knobs, with the TensorRT-LLM meaning of each.
+
+    temperature 0 (or top_k 1) means greedy decoding; top_k 0 disables top-k; top_p 1 disables top-p.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+
+GREEDY = SamplingParams()
+
+
+def masked_logits(logits: np.ndarray, banned: list[int] | None) -> np.ndarray:
+    """Return logits with banned token ids set to -inf (a copy only when something is banned)."""
+    if not banned:
+        return logits
+    out = np.array(logits, dtype=np.float64, copy=True)
+    out[banned] = -np.inf
+    return out
+
+
+def greedy_token(logits: np.ndarray, banned: list[int] | None = None) -> int:
+    """Argmax with ties broken towards the lower id, as torch.argmax and numpy.argmax both do."""
+    return int(np.argmax(masked_logits(logits, banned)))
+
+
+def target_probs(logits: np.ndarray, params: SamplingParams, banned: list[int] | None = None) -> np.ndarray:
+    """The distribution p that plain sampling draws from, as float64 summing to 1.
+
+    Order follows HF/TensorRT-LLM: temperature scaling, then top-k, then top-p (nucleus: the smallest
+    set of most likely tokens whose mass reaches top_p, the token that crosses it included).
+    """
+    z = np.asarray(masked_logits(logits, banned), dtype=np.float64)
+    if params.greedy:
+        probs = np.zeros_like(z)
+        probs[int(np.argmax(z))] = 1.0
+        return probs
+    z = z / params.temperature
+    if 0 < params.top_k < z.shape[-1]:
+        kth = np.partition(z, -params.top_k)[-params.top_k]
+        z = np.where(z >= kth, z, -np.inf)
+    z = z - np.max(z)
+    probs = np.exp(z)
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        cumulative = np.cumsum(probs[order])
+        keep_count = int(np.searchsorted(cumulative, params.top_p, side="left")) + 1
+        keep = np.zeros_like(probs, dtype=bool)
+        keep[order[:keep_count]] = True
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum()
+    return probs
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from an (unnormalised is fine) non-negative vector by inverse CDF."""
+    cumulative = np.cumsum(probs)
+    u = rng.random() * cumulative[-1]
+    return int(min(np.searchsorted(cumulative, u, side="right"), len(probs) - 1))
+
+
+def pick_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator, banned: list[int] | None = None) -> int:
+    """The token plain decoding emits from one row of logits: argmax when greedy, else a draw from p."""
+    if params.greedy:
+        return greedy_token(logits, banned)
+    return draw(target_probs(logits, params, banned), rng)

@@ -1,0 +1,81 @@
+"""Per-sequence engine state (a KV cache and the tokens it holds), keyed by request id.
+
+The orchestrator resends the whole sequence every round, as TensorRT-LLM's draft-target BLS does; an
+engine finds the entry of the request, keeps the longest common prefix of what it cached and what it
+is sent, and computes only the rest. Entries leave on an explicit release (request finished) or, least
+recently used first, when the table is full.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import numpy as np
+
+State = TypeVar("State")
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    mismatch = np.flatnonzero(x != y)
+    return int(mismatch[0]) if mismatch.size else n
+
+
+@dataclass
+class CachedSequence(Generic[State]):
+    state: State
+    tokens: list[int] = field(default_factory=list)
+
+
+class SequenceCache(Generic[State]):
+    """LRU table of CachedSequence entries with a fixed number of slots."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self._entries: OrderedDict[str, CachedSequence[State]] = OrderedDict()
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._entries
+
+    def get(self, request_id: str) -> CachedSequence[State] | None:
+        entry = self._entries.get(request_id)
+        if entry is not None:
+            self._entries.move_to_end(request_id)
+        return entry
+
+    def put(self, request_id: str, entry: CachedSequence[State]) -> list[CachedSequence[State]]:
+        """Insert (or replace) an entry; returns entries evicted to make room."""
+        self._entries[request_id] = entry
+        self._entries.move_to_end(request_id)
+        evicted = []
+        while len(self._entries) > self.capacity:
+            _, old = self._entries.popitem(last=False)
+            evicted.append(old)
+            self.evictions += 1
+        return evicted
+
+    def pop_oldest(self) -> CachedSequence[State] | None:
+        if not self._entries:
+            return None
+        self.evictions += 1
+        return self._entries.popitem(last=False)[1]
+
+    def release(self, request_id: str) -> CachedSequence[State] | None:
+        return self._entries.pop(request_id, None)
+
+    def cached_tokens(self) -> int:
+        return sum(len(e.tokens) for e in self._entries.values())

@@ -1,0 +1,154 @@
+"""Start the real tritonserver (from the nvidia-pytriton wheel) on a rendered model repository.
+
+`python -m minions.server` renders build/model_repository from deploy.yaml and runs tritonserver in
+the foreground. The Python-backend stub imports from the Python whose bin/ is first on PATH and links
+Debian's libpython3.11, so this must run from the project's venv made with /usr/bin/python3.11.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from .deploy import ROOT, Deployment, load_deployment, render_repository
+
+log = logging.getLogger("minions.server")
+
+
+def triton_home() -> Path:
+    import pytriton
+
+    return Path(pytriton.__file__).resolve().parent / "tritonserver"
+
+
+def prepare_backend_dir(build: Path) -> Path:
+    """backends/python with libtriton_python.so, its utils and the stub for this Python, side by side."""
+    home = triton_home()
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    target = build / "backends" / "python"
+    target.mkdir(parents=True, exist_ok=True)
+    for src in [
+        home / "backends" / "python" / "libtriton_python.so",
+        home / "backends" / "python" / "triton_python_backend_utils.py",
+        home / "python_backend_stubs" / py / "triton_python_backend_stub",
+    ]:
+        dst = target / src.name
+        if not dst.exists() or dst.stat().st_size != src.stat().st_size:
+            shutil.copy2(src, dst)
+    return build / "backends"
+
+
+@dataclass
+class ServerPorts:
+    host: str
+    http: int
+    grpc: int
+    metrics: int
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def server_command(repo: Path, backends: Path, ports: ServerPorts, log_verbose: int = 0) -> list[str]:
+    return [
+        str(triton_home() / "bin" / "tritonserver"),
+        f"--model-repository={repo}",
+        f"--backend-directory={backends}",
+        f"--cache-directory={triton_home() / 'caches'}",
+        "--model-control-mode=none",
+        f"--http-address={ports.host}",
+        f"--http-port={ports.http}",
+        f"--grpc-address={ports.host}",
+        f"--grpc-port={ports.grpc}",
+        f"--metrics-address={ports.host}",
+        f"--metrics-port={ports.metrics}",
+        "--allow-metrics=true",
+        "--allow-gpu-metrics=false",
+        "--exit-on-error=true",
+        "--strict-readiness=true",
+        f"--log-verbose={log_verbose}",
+        # logits and long prompts cross the stub boundary through shared memory: start big enough
+        "--backend-config=python,shm-default-byte-size=16777216",
+        "--backend-config=python,shm-growth-byte-size=16777216",
+    ]
+
+
+def server_env() -> dict[str, str]:
+    env = dict(os.environ)
+    site = Path(triton_home()).parent.parent
+    libs = [str(site / "nvidia_pytriton.libs"), str(triton_home() / "lib")]
+    env["LD_LIBRARY_PATH"] = ":".join(libs + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p])
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env["PYTHONPATH"] = ":".join([str(ROOT / "python_backend")] + [p for p in env.get("PYTHONPATH", "").split(":") if p])
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Engines pick their own thread counts (deploy.yaml num_threads); keep the BLS from spawning pools.
+    env.setdefault("OMP_NUM_THREADS", "2")
+    return env
+
+
+def prepare(dep: Deployment, build: Path) -> tuple[Path, Path]:
+    repo = render_repository(dep, build / "model_repository")
+    return repo, prepare_backend_dir(build)
+
+
+def start_server(dep: Deployment, ports: ServerPorts, build: Path, stdout=None, log_verbose: int = 0) -> subprocess.Popen:
+    repo, backends = prepare(dep, build)
+    cmd = server_command(repo, backends, ports, log_verbose)
+    log.info("starting: %s", " ".join(cmd))
+    return subprocess.Popen(cmd, env=server_env(), stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
+                            start_new_session=True)
+
+
+def wait_ready(ports: ServerPorts, proc: subprocess.Popen, timeout: float = 300.0) -> None:
+    url = f"http://{ports.host}:{ports.http}/v2/health/ready"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"tritonserver exited with code {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Serve the Minions deployment with tritonserver")
+    parser.add_argument("--deploy", default=os.environ.get("DEPLOY", str(ROOT / "deploy.yaml")))
+    parser.add_argument("--build", default=str(ROOT / "build"))
+    parser.add_argument("--prepare-only", action="store_true", help="render the repository and exit")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    dep = load_deployment(args.deploy)
+    build = Path(args.build)
+    if args.prepare_only:
+        print(prepare(dep, build)[0])
+        return
+    s = dep.server
+    ports = ServerPorts(s.get("host", "127.0.0.1"), int(s.get("http_port", 8000)), int(s.get("grpc_port", 8001)),
+                        int(s.get("metrics_port", 8002)))
+    repo, backends = prepare(dep, build)
+    cmd = server_command(repo, backends, ports, int(s.get("log_verbose", 0)))
+    log.info("HTTP %s:%d, gRPC %s:%d, metrics %s:%d", ports.host, ports.http, ports.host, ports.grpc, ports.host, ports.metrics)
+    os.execve(cmd[0], cmd, server_env())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Helpers shared by the engine and orchestrator adapters: config parameters, input tensors, logging."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def model_config(args: dict) -> dict:
+    return json.loads(args["model_config"])
+
+
+def string_parameters(config: dict) -> dict[str, str]:
+    return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+
+
+def input_arrays(request, names: list[str]) -> dict[str, np.ndarray]:
+    """The request's present inputs as numpy arrays, by name."""
+    out = {}
+    for name in names:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is not None:
+            out[name] = tensor.as_numpy()
+    return out
+
+
+def error(message: str, code=None):
+    return pb_utils.TritonError(message, code if code is not None else pb_utils.TritonError.INTERNAL)
+
+
+class TritonLogHandler(logging.Handler):
+    """Routes the package's `logging` records into Triton's log, so one log says what happened."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logger = pb_utils.Logger
+        message = f"{record.name}: {self.format(record)}"
+        if record.levelno >= logging.ERROR:
+            logger.log_error(message)
+        elif record.levelno >= logging.WARNING:
+            logger.log_warn(message)
+        else:
+            logger.log_info(message)
+
+
+def setup_logging() -> None:
+    root = logging.getLogger("minions")
+    if not any(isinstance(h, TritonLogHandler) for h in root.handlers):
+        root.addHandler(TritonLogHandler())
+        root.setLevel(logging.INFO)
+        root.propagate = False

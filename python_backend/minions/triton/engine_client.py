@@ -1,0 +1,47 @@
+"""EngineClient over Triton BLS calls: how the orchestrator reaches the llm and ssm_* models."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from ..engine_api import EngineRequest, EngineResult, build_engine_inputs
+
+log = logging.getLogger("minions.bls")
+
+
+class EngineCallError(RuntimeError):
+    """An engine model answered with an error (or not at all)."""
+
+    def __init__(self, model: str, message: str) -> None:
+        super().__init__(f"engine model {model!r} failed: {message}")
+        self.model = model
+
+
+class TritonEngineClient:
+    async def generate(self, model: str, request: EngineRequest) -> EngineResult:
+        tensors = [pb_utils.Tensor(name, array) for name, array in build_engine_inputs(request).items()]
+        infer = pb_utils.InferenceRequest(
+            model_name=model,
+            inputs=tensors,
+            requested_output_names=["output_ids", "sequence_length"],
+            request_id=request.request_id,
+        )
+        response = await infer.async_exec()
+        if response.has_error():
+            raise EngineCallError(model, response.error().message())
+        output_ids = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy()
+        length = int(np.asarray(pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy()).reshape(-1)[0])
+        tokens = np.asarray(output_ids).reshape(-1)[:length]
+        if not request.exclude_input_in_output:
+            tokens = tokens[len(request.input_ids):]
+        return EngineResult([int(t) for t in tokens])
+
+    async def release(self, model: str, request_id: str) -> None:
+        """Tell an engine the sequence is over (tensorrt_llm's `stop`), so it frees the cached state."""
+        try:
+            await self.generate(model, EngineRequest(request_id, [0], 1, stop=True, exclude_input_in_output=True))
+        except Exception as exc:  # freeing is best effort: LRU eviction reclaims the slot anyway
+            log.warning("could not release %s in %s: %s", request_id, model, exc)

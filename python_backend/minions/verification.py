@@ -1,0 +1,91 @@
+"""Verifying a draft against the LLM's logits: the exactness rules of speculative decoding.
+
+Given the LLM's logits at the k+1 positions a draft of k tokens exposes, return the accepted prefix of
+the draft plus one token of the LLM's own (a correction on rejection, a bonus when all pass), exactly
+like TensorRT-LLM's draft-tokens-external mode.
+
+Greedy: accept while the draft token equals the argmax, then append the argmax. Output is identical to
+plain greedy decoding.
+
+Sampling with a deterministic draft token d: accept with probability p(d) where p is the LLM's
+adjusted distribution (see sampling.target_probs); on rejection draw from p with d removed and
+renormalised. The emitted token then has law p exactly, so sampled output keeps the LLM's
+distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .bad_words import BadWords
+from .sampling import SamplingParams, draw, greedy_token, target_probs
+
+
+@dataclass(frozen=True)
+class Verdict:
+    tokens: list[int]
+    """Accepted draft tokens followed by the LLM's own token (truncated at end_id)."""
+    num_accepted: int
+    """How many draft tokens were accepted."""
+
+
+def verify_draft(
+    logits: np.ndarray,
+    draft: Sequence[int],
+    params: SamplingParams,
+    rng: np.random.Generator | None = None,
+    context: Sequence[int] = (),
+    bad_words: BadWords | None = None,
+    end_id: int | None = None,
+) -> Verdict:
+    """Apply the accept/resample rule row by row.
+
+    logits: shape [len(draft) + 1, vocab]; row i is the LLM's prediction for draft position i (row
+    len(draft) predicts the token after a fully accepted draft). context: the tokens before the draft,
+    needed only for multi-token bad words.
+    """
+    if logits.shape[0] != len(draft) + 1:
+        raise ValueError(f"need {len(draft) + 1} logit rows for a draft of {len(draft)}, got {logits.shape[0]}")
+    if not params.greedy and rng is None:
+        raise ValueError("sampling needs a random generator")
+    history = list(context[-8:]) if bad_words else []
+    tokens: list[int] = []
+    for i in range(len(draft) + 1):
+        banned = bad_words.banned_next(history) if bad_words else None
+        proposal = int(draft[i]) if i < len(draft) else None
+        token, accepted = _judge(logits[i], proposal, params, rng, banned)
+        tokens.append(token)
+        if end_id is not None and token == end_id:
+            return Verdict(tokens, i + int(accepted))
+        if not accepted:
+            return Verdict(tokens, i)
+        if bad_words:
+            history.append(token)
+    return Verdict(tokens, len(draft))
+
+
+def _judge(
+    row: np.ndarray,
+    proposal: int | None,
+    params: SamplingParams,
+    rng: np.random.Generator | None,
+    banned: list[int] | None,
+) -> tuple[int, bool]:
+    """One position: returns (emitted token, whether it is the accepted proposal)."""
+    if params.greedy:
+        token = greedy_token(row, banned)
+        return token, proposal is not None and token == proposal
+    assert rng is not None
+    probs = target_probs(row, params, banned)
+    if proposal is None:
+        return draw(probs, rng), False
+    if rng.random() < probs[proposal]:
+        return proposal, True
+    residual = probs.copy()
+    residual[proposal] = 0.0
+    if residual.sum() <= 0.0:  # p(d) == 1 cannot reach here; guards float rounding only
+        return proposal, True
+    return draw(residual, rng), False
