@@ -105,12 +105,14 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
     try:
         while produced < plan.max_new_tokens:
             remaining = plan.max_new_tokens - produced
-            k = min(plan.num_draft_tokens, remaining - 1) if ssm else 0
+            # The first round is plain decoding: the first token then costs one LLM prefill, as in
+            # `off` (TTFT), instead of waiting for the SSM's prefill and draft as well.
+            k = min(plan.num_draft_tokens, remaining - 1) if ssm and produced > 0 else 0
             draft: list[int] = []
             t0 = time.perf_counter()
             if k > 0:
                 proposal = await client.generate(
-                    ssm, EngineRequest(request_id, sequence, k, sampling=GREEDY, exclude_input_in_output=True)
+                    ssm, EngineRequest(request_id, list(sequence), k, sampling=GREEDY, exclude_input_in_output=True)
                 )
                 draft = proposal.tokens[:k]
             t1 = time.perf_counter()
@@ -118,7 +120,7 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
                 plan.llm,
                 EngineRequest(
                     request_id,
-                    sequence,
+                    list(sequence),
                     len(draft) + 1,
                     draft=draft,
                     sampling=plan.sampling,

@@ -131,6 +131,7 @@ def _engine_params(model: dict, dep: Deployment, max_context: int) -> dict[str, 
         "max_ngram": str(model.get("max_ngram", 3)),
         "min_ngram": str(model.get("min_ngram", 1)),
         "dtype": str(model.get("dtype", "float32")),
+        "draft_min_prob": str(model.get("draft_min_prob", 0.0)),
     }
     if model["engine"] == "torch":
         params["model_path"] = str(hf_dir_for(model["source"], dep))

@@ -25,6 +25,7 @@ def build_engine(params: Mapping[str, str]) -> Engine:
             int(params.get("num_threads", 2)),
             int(params.get("max_sequences", 4)),
             int(params.get("max_context", 2048)),
+            float(params.get("draft_min_prob", 0.0)),
         )
     if kind == "ngram":
         from .ngram_engine import NgramEngine

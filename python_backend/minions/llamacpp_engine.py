@@ -18,8 +18,18 @@ from .sequence_cache import CachedSequence, SequenceCache, common_prefix_len
 
 
 class LlamaCppEngine:
-    def __init__(self, model_path: str, num_threads: int = 2, max_sequences: int = 4, n_ctx: int = 2048) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        num_threads: int = 2,
+        max_sequences: int = 4,
+        n_ctx: int = 2048,
+        draft_min_prob: float = 0.0,
+    ) -> None:
         self.model_path = model_path
+        # Greedy drafting stops early once the model's own top-1 probability falls below this:
+        # an unsure draft token is likely rejected, and each one costs a full llama.cpp step.
+        self.draft_min_prob = draft_min_prob
         self.num_threads = num_threads
         self.n_ctx = n_ctx
         self.cache: SequenceCache = SequenceCache(max_sequences)
@@ -64,6 +74,8 @@ class LlamaCppEngine:
                 logits = _last_logits(ctx)
                 banned = request.bad_words.banned_next(sequence) if request.bad_words else None
                 token = pick_token(logits, request.sampling, rng, banned)
+                if tokens and self._unsure(logits, token, request):
+                    break
                 tokens.append(token)
                 sequence.append(token)
                 if request.end_id is not None and token == request.end_id:
@@ -72,6 +84,12 @@ class LlamaCppEngine:
                     ctx.eval([token])
             entry.tokens = sequence[: ctx.n_tokens]
         return EngineResult(tokens)
+
+    def _unsure(self, logits: np.ndarray, token: int, request: EngineRequest) -> bool:
+        if self.draft_min_prob <= 0.0 or not request.sampling.greedy:
+            return False
+        shifted = np.exp(logits - logits[token])  # logits[token] is the max when greedy
+        return 1.0 / float(shifted.sum()) < self.draft_min_prob
 
     def release(self, request_id: str) -> None:
         with self._lock:

@@ -51,7 +51,7 @@ def verify_draft(
         raise ValueError(f"need {len(draft) + 1} logit rows for a draft of {len(draft)}, got {logits.shape[0]}")
     if not params.greedy and rng is None:
         raise ValueError("sampling needs a random generator")
-    history = list(context[-8:]) if bad_words else []
+    history = list(context) if bad_words else []  # whole context: a bad word can be any length
     tokens: list[int] = []
     for i in range(len(draft) + 1):
         banned = bad_words.banned_next(history) if bad_words else None

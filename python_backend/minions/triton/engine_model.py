@@ -26,6 +26,13 @@ class TritonPythonModel:
         start = time.perf_counter()
         self.engine = build_engine(params)
         log.info("%s: %s engine ready in %.1f s", self.name, params.get("engine"), time.perf_counter() - start)
+        # The family must outlive its metrics, so keep a reference to it as well.
+        self.cached_family = pb_utils.MetricFamily(
+            name="minions_engine_cached_sequences",
+            description="Sequences whose state (KV cache or llama.cpp context) an engine holds",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self.cached_gauge = self.cached_family.Metric(labels={"model": self.name})
 
     def execute(self, requests):
         responses = []
@@ -37,6 +44,8 @@ class TritonPythonModel:
             except Exception as exc:  # a failing request must not take the model down
                 log.exception("%s: request failed", self.name)
                 responses.append(pb_utils.InferenceResponse(error=error(f"{self.name}: {type(exc).__name__}: {exc}")))
+        cache = getattr(self.engine, "cache", None)
+        self.cached_gauge.set(len(cache) if cache is not None else 0)
         return responses
 
     def _run(self, request):

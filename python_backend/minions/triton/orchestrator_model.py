@@ -163,6 +163,7 @@ class TritonPythonModel:
                 pb_utils.Tensor("acceptance_rate", np.array([stats.acceptance_rate], dtype=np.float32)),
                 pb_utils.Tensor("total_accepted_draft_tokens", np.array([stats.accepted_tokens], dtype=np.int32)),
                 pb_utils.Tensor("total_draft_tokens", np.array([stats.draft_tokens], dtype=np.int32)),
+                pb_utils.Tensor("num_verifications", np.array([stats.verifications], dtype=np.int32)),
             ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 

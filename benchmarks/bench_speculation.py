@@ -1,0 +1,167 @@
+"""`make bench`: speculative modes against plain decoding (`off`) through the same server, batch 1.
+
+Starts the real tritonserver with deploy.yaml, replays prompts from ../shared/datasets (finance,
+dialogue, alpaca, MT-bench) one at a time, greedy, and runs every mode on each prompt back to back so
+machine noise hits all modes alike. Prints a table per dataset and overall (tokens/s, normalised
+latency, TTFT, acceptance, tokens per verification, speedup over `off` from the same run, and whether
+the output equals `off` token for token), and writes JSON and a PNG chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from client.api import Completion, GenerationParams, generate_grpc
+
+from .datasets import DATASETS, load_prompts
+from .server_process import ROOT, TritonProcess
+
+
+@dataclass(frozen=True)
+class Mode:
+    label: str
+    speculation: str
+    k: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Mode":
+        spec, _, k = text.partition("@")
+        return cls(text, spec, int(k) if k else 4)
+
+
+@dataclass
+class Sample:
+    dataset: str
+    prompt_index: int
+    mode: str
+    tokens: int
+    latency_s: float
+    ttft_s: float
+    acceptance: float | None
+    tokens_per_verification: float | None
+    text: str
+
+
+def summarize(samples: list[Sample], baseline: str) -> list[dict]:
+    rows = []
+    base = [s for s in samples if s.mode == baseline]
+    base_tps = sum(s.tokens for s in base) / max(sum(s.latency_s for s in base), 1e-9)
+    base_text = {(s.dataset, s.prompt_index): s.text for s in base}
+    for mode in dict.fromkeys(s.mode for s in samples):
+        group = [s for s in samples if s.mode == mode]
+        tps = sum(s.tokens for s in group) / max(sum(s.latency_s for s in group), 1e-9)
+        acc = [s.acceptance for s in group if s.acceptance is not None]
+        tpv = [s.tokens_per_verification for s in group if s.tokens_per_verification]
+        rows.append({
+            "mode": mode,
+            "requests": len(group),
+            "tokens": sum(s.tokens for s in group),
+            "tokens_per_s": tps,
+            "normalized_latency_ms": 1000 * statistics.mean(s.latency_s / max(s.tokens, 1) for s in group),
+            "ttft_ms": 1000 * statistics.median(s.ttft_s for s in group),
+            "acceptance": statistics.mean(acc) if acc and mode != baseline else None,
+            "tokens_per_verification": statistics.mean(tpv) if tpv else None,
+            "speedup": tps / base_tps if base_tps else None,
+            "identical_to_off": sum(base_text.get((s.dataset, s.prompt_index)) == s.text for s in group),
+        })
+    return rows
+
+
+def format_table(title: str, rows: list[dict]) -> str:
+    head = f"{'mode':<22} {'req':>4} {'tok/s':>7} {'ms/tok':>7} {'TTFT ms':>8} {'accept':>7} {'tok/verif':>9} {'speedup':>8} {'same as off':>11}"
+    lines = [f"\n## {title}", head, "-" * len(head)]
+    for r in rows:
+        acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
+        tpv = f"{r['tokens_per_verification']:.2f}" if r["tokens_per_verification"] else "-"
+        lines.append(
+            f"{r['mode']:<22} {r['requests']:>4} {r['tokens_per_s']:>7.1f} {r['normalized_latency_ms']:>7.1f} "
+            f"{r['ttft_ms']:>8.0f} {acc:>7} {tpv:>9} {r['speedup']:>7.2f}x {r['identical_to_off']:>6}/{r['requests']}"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], per_dataset: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [r["mode"] for r in rows]
+    groups = ["all", *per_dataset]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / len(modes)
+    for i, mode in enumerate(modes):
+        values = [next(r["speedup"] for r in (rows if g == "all" else per_dataset[g]) if r["mode"] == mode) for g in groups]
+        ax.bar([x + i * width for x in range(len(groups))], values, width, label=mode)
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(groups))], groups)
+    ax.set_ylabel("speedup over off (tokens/s)")
+    ax.set_title("Minions, batch 1, greedy, SmolLM2-135M fp32 verifier (CPU)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run(args: argparse.Namespace) -> dict:
+    modes = [Mode.parse(m) for m in args.modes]
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prompts = {name: load_prompts(name, args.prompts_per_dataset) for name in args.datasets}
+    samples: list[Sample] = []
+    with TritonProcess(args.deploy, log_path=out_dir / "tritonserver.log") as server:
+        print(f"server ready: gRPC {server.grpc_url}", flush=True)
+        for mode in modes:  # warm-up: first calls pay one-off costs (allocations, page faults)
+            _complete(server.grpc_url, "Say hello.", mode, 16)
+        for name, texts in prompts.items():
+            for i, text in enumerate(texts):
+                for mode in modes:
+                    c = _complete(server.grpc_url, text, mode, args.max_tokens)
+                    samples.append(Sample(name, i, mode.label, c.num_output_tokens, c.latency_s, c.ttft_s or c.latency_s,
+                                          c.acceptance_rate if mode.speculation != "off" else None,
+                                          c.tokens_per_verification, c.text))
+                    print(f"{name}[{i}] {mode.label:<20} {c.num_output_tokens:>4} tok {c.tokens_per_s:6.1f} tok/s", flush=True)
+    baseline = modes[0].label
+    overall = summarize(samples, baseline)
+    per_dataset = {name: summarize([s for s in samples if s.dataset == name], baseline) for name in prompts}
+    report = {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "max_tokens": args.max_tokens,
+        "prompts_per_dataset": args.prompts_per_dataset,
+        "overall": overall,
+        "per_dataset": per_dataset,
+        "samples": [asdict(s) for s in samples],
+    }
+    for name, rows in per_dataset.items():
+        print(format_table(f"{name} ({len(prompts[name])} prompts)", rows))
+    print(format_table(f"all datasets ({len(samples) // len(modes)} prompts, max_tokens {args.max_tokens}, greedy, batch 1)", overall))
+    (out_dir / "bench_speculation.json").write_text(json.dumps(report, indent=2))
+    plot(overall, per_dataset, out_dir / "bench_speculation.png")
+    print(f"\nwrote {out_dir / 'bench_speculation.json'} and {out_dir / 'bench_speculation.png'}")
+    return report
+
+
+def _complete(url: str, prompt: str, mode: Mode, max_tokens: int) -> Completion:
+    params = GenerationParams(max_tokens=max_tokens, temperature=0.0, speculation=mode.speculation,
+                              num_draft_tokens=mode.k if mode.speculation != "off" else None, chat=True)
+    return generate_grpc(url, "minions", prompt, params, stream=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
+    p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    p.add_argument("--prompts-per-dataset", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--modes", nargs="+", default=["off", "single:ssm_q4@4", "single:ssm_q4@8", "single:ssm_ngram@4"],
+                   help="first is the baseline; MODE@K fixes the draft length")
+    p.add_argument("--out", default=str(ROOT / "bench_results"))
+    run(p.parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Run the real tritonserver with a deployment on free loopback ports, for benchmarks and tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+from minions.deploy import ROOT, load_deployment
+from minions.server import ServerPorts, free_port, start_server, wait_ready
+
+
+class TritonProcess:
+    """Context manager: start tritonserver, wait until ready, stop it (and its stubs) on exit."""
+
+    def __init__(self, deploy: str | Path = ROOT / "deploy.yaml", log_path: str | Path | None = None,
+                 build: str | Path | None = None) -> None:
+        self.deployment = load_deployment(deploy)
+        self.ports = ServerPorts("127.0.0.1", free_port(), free_port(), free_port())
+        self.build = Path(build) if build else Path(tempfile.mkdtemp(prefix="minions-build-"))
+        self.log_path = Path(log_path) if log_path else self.build / "tritonserver.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.ports.host}:{self.ports.grpc}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.ports.host}:{self.ports.http}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.ports.host}:{self.ports.metrics}/metrics"
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def __enter__(self) -> "TritonProcess":
+        self._log = open(self.log_path, "w")
+        self.proc = start_server(self.deployment, self.ports, self.build, stdout=self._log)
+        try:
+            wait_ready(self.ports, self.proc)
+        except Exception:
+            self.stop()
+            raise RuntimeError(f"tritonserver did not start; log tail:\n{self.log_text()[-4000:]}") from None
+        return self
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

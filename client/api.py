@@ -1,0 +1,244 @@
+"""Client library: one `generate` call over gRPC streaming, HTTP /generate or HTTP /generate_stream.
+
+The inputs are those of the `minions` model (tensorrt_llm_bls names plus ours); the result carries
+the text, the chunks as they arrived and the timing a user wants (TTFT, tokens/s, acceptance).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+# input name -> (Triton dtype, numpy dtype, is_list)
+INPUT_TYPES: dict[str, tuple[str, type, bool]] = {
+    "text_input": ("BYTES", np.object_, False),
+    "max_tokens": ("INT32", np.int32, False),
+    "stream": ("BOOL", np.bool_, False),
+    "temperature": ("FP32", np.float32, False),
+    "top_p": ("FP32", np.float32, False),
+    "top_k": ("INT32", np.int32, False),
+    "seed": ("UINT64", np.uint64, False),
+    "stop_words": ("BYTES", np.object_, True),
+    "bad_words": ("BYTES", np.object_, True),
+    "end_id": ("INT32", np.int32, False),
+    "pad_id": ("INT32", np.int32, False),
+    "exclude_input_in_output": ("BOOL", np.bool_, False),
+    "num_draft_tokens": ("INT32", np.int32, False),
+    "return_perf_metrics": ("BOOL", np.bool_, False),
+    "speculation": ("BYTES", np.object_, False),
+    "chat": ("BOOL", np.bool_, False),
+}
+
+
+class MinionsClientError(RuntimeError):
+    """The server answered with an error (its message is kept verbatim)."""
+
+
+@dataclass
+class GenerationParams:
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop_words: list[str] | None = None
+    bad_words: list[str] | None = None
+    end_id: int | None = None
+    exclude_input_in_output: bool | None = True
+    num_draft_tokens: int | None = None
+    return_perf_metrics: bool | None = True
+    speculation: str | None = None
+    chat: bool | None = None
+
+    def inputs(self, prompt: str, stream: bool) -> dict:
+        values = {k: v for k, v in asdict(self).items() if v is not None}
+        return {"text_input": prompt, "stream": stream, **values}
+
+
+@dataclass
+class Completion:
+    text: str = ""
+    chunks: list[str] = field(default_factory=list)
+    num_output_tokens: int = 0
+    finish_reason: str | None = None
+    acceptance_rate: float | None = None
+    total_accepted_draft_tokens: int | None = None
+    total_draft_tokens: int | None = None
+    num_verifications: int | None = None
+    ttft_s: float | None = None
+    latency_s: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_output_tokens / self.latency_s if self.latency_s > 0 else 0.0
+
+    @property
+    def tokens_per_verification(self) -> float | None:
+        """Mean tokens emitted per LLM call (accepted draft tokens + the LLM's own)."""
+        return self.num_output_tokens / self.num_verifications if self.num_verifications else None
+
+    @property
+    def normalized_latency_s(self) -> float:
+        """Latency per output token, the Minions paper's metric."""
+        return self.latency_s / self.num_output_tokens if self.num_output_tokens else float("inf")
+
+    def add(self, outputs: dict, elapsed: float) -> None:
+        chunk = outputs.get("text_output")
+        if chunk:
+            if self.ttft_s is None:
+                self.ttft_s = elapsed
+            self.chunks.append(chunk)
+            self.text += chunk
+        for key in ("num_output_tokens", "total_accepted_draft_tokens", "total_draft_tokens", "num_verifications"):
+            if outputs.get(key) is not None:
+                setattr(self, key, int(outputs[key]))
+        if outputs.get("acceptance_rate") is not None:
+            self.acceptance_rate = float(outputs["acceptance_rate"])
+        if outputs.get("finish_reason"):
+            self.finish_reason = outputs["finish_reason"]
+
+
+def _first(value):
+    """Scalars arrive as 1-element lists/arrays (batch dim); take the element, decode bytes."""
+    while isinstance(value, (list, tuple, np.ndarray)) and len(value) > 0:
+        value = value[0]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+# -- gRPC -------------------------------------------------------------------------------------------
+def _grpc_inputs(inputs: dict):
+    import tritonclient.grpc as grpcclient
+
+    tensors = []
+    for name, value in inputs.items():
+        triton_type, np_type, is_list = INPUT_TYPES[name]
+        items = list(value) if is_list else [value]
+        if np_type is np.object_:
+            items = [v.encode("utf-8") if isinstance(v, str) else v for v in items]
+        array = np.array([items], dtype=np_type)
+        tensor = grpcclient.InferInput(name, list(array.shape), triton_type)
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    return tensors
+
+
+def generate_grpc(
+    url: str,
+    model: str,
+    prompt: str,
+    params: GenerationParams,
+    stream: bool = True,
+    on_text: Callable[[str], None] | None = None,
+    timeout_s: float = 600.0,
+    cancel_after_chunks: int | None = None,
+) -> Completion:
+    """Stream over gRPC (bidirectional stream; decoupled model). Optionally cancel after N chunks."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    responses: queue.Queue = queue.Queue()
+    completion = Completion()
+    start = time.perf_counter()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer(
+            model, _grpc_inputs(params.inputs(prompt, stream)), request_id=uuid.uuid4().hex,
+            enable_empty_final_response=True,
+        )
+        while True:
+            result, error = responses.get(timeout=timeout_s)
+            if error is not None:
+                raise MinionsClientError(str(error))
+            response = result.get_response()
+            outputs = {o.name: _first(result.as_numpy(o.name)) for o in response.outputs}
+            completion.add(outputs, time.perf_counter() - start)
+            if on_text and outputs.get("text_output"):
+                on_text(outputs["text_output"])
+            if cancel_after_chunks is not None and len(completion.chunks) >= cancel_after_chunks:
+                client.stop_stream(cancel_requests=True)
+                completion.finish_reason = "cancelled"
+                break
+            if response.parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        completion.latency_s = time.perf_counter() - start
+        client.stop_stream()
+        client.close()
+    return completion
+
+
+# -- HTTP -------------------------------------------------------------------------------------------
+def _post(url: str, body: dict, timeout_s: float):
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        return urllib.request.urlopen(request, timeout=timeout_s)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", errors="replace")
+        try:
+            detail = json.loads(detail).get("error", detail)
+        except json.JSONDecodeError:
+            pass
+        raise MinionsClientError(detail) from None
+
+
+def generate_http(
+    url: str,
+    model: str,
+    prompt: str,
+    params: GenerationParams,
+    stream: bool = True,
+    on_text: Callable[[str], None] | None = None,
+    timeout_s: float = 600.0,
+) -> Completion:
+    """HTTP: /generate_stream (SSE, one event per chunk) when streaming, /generate (one JSON) otherwise."""
+    base = url if url.startswith("http") else f"http://{url}"
+    endpoint = f"{base}/v2/models/{model}/{'generate_stream' if stream else 'generate'}"
+    completion = Completion()
+    start = time.perf_counter()
+    with _post(endpoint, params.inputs(prompt, stream), timeout_s) as response:
+        if not stream:
+            completion.add(json.loads(response.read()), time.perf_counter() - start)
+        else:
+            for raw in response:
+                line = raw.decode("utf-8").strip()
+                if not line.startswith("data:"):
+                    continue
+                event = json.loads(line[5:])
+                if "error" in event:
+                    raise MinionsClientError(event["error"])
+                completion.add(event, time.perf_counter() - start)
+                if on_text and event.get("text_output"):
+                    on_text(event["text_output"])
+    completion.latency_s = time.perf_counter() - start
+    if not stream and on_text:
+        on_text(completion.text)
+    return completion
+
+
+def generate(
+    prompt: str,
+    params: GenerationParams | None = None,
+    protocol: str = "grpc",
+    url: str | None = None,
+    model: str = "minions",
+    stream: bool = True,
+    on_text: Callable[[str], None] | None = None,
+) -> Completion:
+    params = params or GenerationParams()
+    if protocol == "grpc":
+        return generate_grpc(url or "127.0.0.1:8001", model, prompt, params, stream, on_text)
+    if protocol == "http":
+        return generate_http(url or "127.0.0.1:8000", model, prompt, params, stream, on_text)
+    raise ValueError(f"protocol must be grpc or http, got {protocol!r}")

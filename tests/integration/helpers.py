@@ -1,0 +1,27 @@
+"""Small request helpers for the integration tests (raw tritonclient calls where the client library
+would hide what is under test)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+
+def http_post(url: str, body: dict | str, timeout: float = 120.0) -> tuple[int, str]:
+    data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def grpc_tensor(name: str, array: np.ndarray, triton_type: str):
+    t = grpcclient.InferInput(name, list(array.shape), triton_type)
+    t.set_data_from_numpy(array)
+    return t

@@ -1,0 +1,99 @@
+"""Bad input gets a clear error, and the server keeps serving the next good request."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from client.api import GenerationParams, MinionsClientError, generate_grpc
+from tests.integration.helpers import grpc_tensor, http_post
+
+BAD_HTTP_BODIES = {
+    "empty prompt": ({"text_input": ""}, "'text_input' is empty"),
+    "max_tokens zero": ({"text_input": "hi", "max_tokens": 0}, "'max_tokens' must be in [1,"),
+    "max_tokens negative": ({"text_input": "hi", "max_tokens": -5}, "'max_tokens' must be in [1,"),
+    "max_tokens above limit": ({"text_input": "hi", "max_tokens": 100000}, "'max_tokens' must be in [1, 1024]"),
+    "temperature negative": ({"text_input": "hi", "temperature": -0.5}, "'temperature' must be >= 0"),
+    "top_p zero": ({"text_input": "hi", "top_p": 0.0}, "'top_p' must be in (0, 1]"),
+    "top_p above one": ({"text_input": "hi", "top_p": 1.5}, "'top_p' must be in (0, 1]"),
+    "unknown ssm": ({"text_input": "hi", "speculation": "single:ssm_nope"}, "unknown SSM 'ssm_nope'"),
+    "unknown mode": ({"text_input": "hi", "speculation": "magic"}, "unknown speculation 'magic'"),
+    "too many draft tokens": ({"text_input": "hi", "num_draft_tokens": 99}, "'num_draft_tokens' must be in [0, 16]"),
+    "prompt longer than context": ({"text_input": "word " * 3000}, "the context holds 2048"),
+}
+
+
+def _good_request_works(server) -> None:
+    ok = generate_grpc(server.grpc_url, "minions", "Say hi.", GenerationParams(max_tokens=4, chat=True))
+    assert ok.num_output_tokens > 0 and ok.text
+
+
+@pytest.mark.parametrize("case", list(BAD_HTTP_BODIES))
+def test_bad_http_request_gets_a_400_with_a_clear_message(server, case):
+    body, message = BAD_HTTP_BODIES[case]
+    status, text = http_post(f"{server.http_url}/v2/models/minions/generate", body)
+    assert status == 400, text
+    error = json.loads(text)["error"]
+    assert message in error
+    _good_request_works(server)
+
+
+def test_wrong_json_type_is_rejected_by_triton_before_the_model(server):
+    """Triton's generate endpoint parses JSON itself and answers 500 (not 400) on a type mismatch;
+    the message still says what is wrong, and the server keeps serving."""
+    status, text = http_post(f"{server.http_url}/v2/models/minions/generate", {"text_input": "hi", "max_tokens": "ten"})
+    assert status in (400, 500)
+    assert "Unable to parse" in json.loads(text)["error"]
+    _good_request_works(server)
+
+
+def _grpc_infer(server, tensors):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results = []
+    client.start_stream(callback=lambda result, error: results.append((result, error)))
+    try:
+        client.async_stream_infer("minions", tensors)
+    finally:
+        client.stop_stream()  # waits for the stream to end
+        client.close()
+    return results
+
+
+def test_wrong_dtype_is_rejected_by_triton(server):
+    results = _grpc_infer(server, [
+        grpc_tensor("text_input", np.array([[b"hi"]], dtype=np.object_), "BYTES"),
+        grpc_tensor("max_tokens", np.array([[8.0]], dtype=np.float32), "FP32"),
+    ])
+    errors = [e for _, e in results if e is not None]
+    assert errors and "data-type" in str(errors[0]) or "datatype" in str(errors[0]).lower()
+    _good_request_works(server)
+
+
+def test_wrong_shape_is_rejected_by_triton(server):
+    results = _grpc_infer(server, [grpc_tensor("text_input", np.array([[b"a", b"b"]], dtype=np.object_), "BYTES")])
+    errors = [e for _, e in results if e is not None]
+    assert errors and "shape" in str(errors[0]).lower()
+    _good_request_works(server)
+
+
+def test_malformed_utf8_prompt_is_rejected(server):
+    results = _grpc_infer(server, [grpc_tensor("text_input", np.array([[b"caf\xe9 \xff"]], dtype=np.object_), "BYTES")])
+    errors = [e for _, e in results if e is not None]
+    assert errors and "not valid UTF-8" in str(errors[0])
+    _good_request_works(server)
+
+
+def test_client_library_raises_the_server_message(server):
+    with pytest.raises(MinionsClientError, match="'top_p' must be in"):
+        generate_grpc(server.grpc_url, "minions", "hi", GenerationParams(top_p=2.0))
+
+
+def test_missing_required_input_is_rejected(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException):
+        client.infer("minions", [grpc_tensor("max_tokens", np.array([[4]], dtype=np.int32), "INT32")])
+    _good_request_works(server)

@@ -1,0 +1,44 @@
+"""Cancelling a stream mid-generation ends the request promptly and frees the engines' state."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+from client.api import GenerationParams, generate_grpc
+
+
+def _gauge(server, name: str, model: str) -> float:
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + "{") and f'model="{model}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name} for {model} not found")
+
+
+def _wait_for(predicate, timeout: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def test_cancel_mid_stream_ends_request_and_frees_caches(server):
+    before = server.log_text().count("cancelled by the client")
+    # 600 tokens of plain decoding take ~35 s: cancelling after 3 chunks leaves nearly all the work.
+    params = GenerationParams(max_tokens=600, chat=True, speculation="single:ssm_q4")
+    cancelled = generate_grpc(server.grpc_url, "minions", "Write a very long story about a dragon.", params,
+                              cancel_after_chunks=3)
+    cancel_time = time.monotonic()
+    assert cancelled.finish_reason == "cancelled" and len(cancelled.chunks) == 3
+    waited = _wait_for(lambda: server.log_text().count("cancelled by the client") > before, timeout=20)
+    assert time.monotonic() - cancel_time < 10, "cancellation must stop the work well before it would end"
+    _wait_for(lambda: _gauge(server, "minions_engine_cached_sequences", "llm") == 0, timeout=20)
+    _wait_for(lambda: _gauge(server, "minions_engine_cached_sequences", "ssm_q4") == 0, timeout=20)
+    assert waited < 10
+    after = generate_grpc(server.grpc_url, "minions", "Say hi.", GenerationParams(max_tokens=4, chat=True))
+    assert after.num_output_tokens > 0
+    assert re.search(r"cancelled by the client", server.log_text())

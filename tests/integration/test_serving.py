@@ -1,0 +1,116 @@
+"""End to end through the real tritonserver: gRPC streaming, HTTP generate / generate_stream, metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from client.api import GenerationParams, generate_grpc, generate_http
+from tests.integration.helpers import http_post
+
+PROMPT = "Name three primary colors."
+
+
+def test_grpc_stream_yields_chunks_that_add_up_to_the_non_streamed_text(server):
+    params = GenerationParams(max_tokens=40, chat=True, speculation="single:ssm_q4")
+    streamed = generate_grpc(server.grpc_url, "minions", PROMPT, params, stream=True)
+    whole = generate_http(server.http_url, "minions", PROMPT, params, stream=False)
+    assert len(streamed.chunks) > 1
+    assert streamed.text == whole.text
+    assert streamed.num_output_tokens == whole.num_output_tokens > 0
+    assert streamed.finish_reason in ("stop", "length")
+    assert streamed.total_draft_tokens and streamed.total_draft_tokens >= streamed.total_accepted_draft_tokens > 0
+    assert 0.0 < streamed.acceptance_rate <= 1.0
+
+
+def test_http_generate_returns_exactly_one_json_response_with_the_prompt(server):
+    status, body = http_post(f"{server.http_url}/v2/models/minions/generate",
+                             {"text_input": PROMPT, "max_tokens": 12, "chat": True, "speculation": "single:ssm_q4"})
+    assert status == 200, body
+    payload = json.loads(body)  # one JSON object: a second response would break the generate endpoint
+    assert payload["text_output"].startswith(PROMPT), "exclude_input_in_output defaults to false, as in tensorrt_llm_bls"
+    assert len(payload["text_output"]) > len(PROMPT)
+    assert payload["num_output_tokens"] == 12 or payload["finish_reason"] == "stop"
+
+
+def test_http_generate_stream_sends_sse_events_and_a_final_one(server):
+    request = urllib.request.Request(
+        f"{server.http_url}/v2/models/minions/generate_stream",
+        data=json.dumps({"text_input": PROMPT, "max_tokens": 16, "stream": True, "chat": True,
+                         "exclude_input_in_output": True}).encode(),
+    )
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        events = [json.loads(line[5:]) for line in resp.read().decode().splitlines() if line.startswith("data:")]
+    assert len(events) > 1
+    assert all("error" not in e for e in events)
+    assert "finish_reason" in events[-1] and all("finish_reason" not in e for e in events[:-1])
+    assert events[-1]["num_output_tokens"] <= 16
+
+
+def test_stop_words_end_the_text_before_the_stop_string(server):
+    prompt = "Describe the ocean in two sentences."
+    full = generate_grpc(server.grpc_url, "minions", prompt, GenerationParams(max_tokens=40, chat=True))
+    words = re.findall(r"[A-Za-z]{4,}", full.text)
+    assert len(words) > 3, full.text
+    stop = words[3]
+    cut = generate_grpc(server.grpc_url, "minions", prompt,
+                        GenerationParams(max_tokens=40, chat=True, stop_words=[stop, "zzzz-never"]))
+    assert cut.text == full.text[: full.text.index(stop)]
+    assert cut.finish_reason == "stop"
+
+
+def test_seeded_sampling_is_reproducible(server):
+    params = GenerationParams(max_tokens=24, chat=True, temperature=0.9, top_p=0.95, seed=1234, speculation="single:ssm_q4")
+    a = generate_grpc(server.grpc_url, "minions", "Write a line of poetry.", params)
+    b = generate_grpc(server.grpc_url, "minions", "Write a line of poetry.", params)
+    assert a.text == b.text and a.num_output_tokens > 0
+
+
+def test_concurrent_streams_match_sequential_outputs(server):
+    """Each request runs in its own task in the BLS; concurrency must not mix up sequences or caches."""
+    prompts = ["What is rain?", "Give me a synonym for happy.", "What is 2 + 2?", "Describe a cat."]
+    modes = ["single:ssm_q4", "off", "single:ssm_ngram", "single:ssm_q4"]
+
+    def run(args):
+        prompt, mode = args
+        return generate_grpc(server.grpc_url, "minions", prompt,
+                             GenerationParams(max_tokens=20, chat=True, speculation=mode)).text
+
+    sequential = [run(a) for a in zip(prompts, modes)]
+    with ThreadPoolExecutor(4) as pool:
+        concurrent = list(pool.map(run, zip(prompts, modes)))
+    assert concurrent == sequential
+
+
+def test_metrics_count_drafts_and_accepted_tokens_per_ssm(server):
+    generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(max_tokens=24, chat=True, speculation="single:ssm_q4"))
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as resp:
+        text = resp.read().decode()
+
+    def value(name: str, **labels: str) -> float:
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    drafted = value("minions_spec_decode_num_draft_tokens", ssm="ssm_q4")
+    accepted = value("minions_spec_decode_num_accepted_tokens", ssm="ssm_q4")
+    assert drafted > 0 and 0 < accepted <= drafted
+    assert value("minions_spec_decode_num_accepted_tokens_per_pos", ssm="ssm_q4", position="0") > 0
+    assert value("minions_requests", outcome="success") >= 1
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_client_cli_streams_text(server, protocol, capsys):
+    from client.__main__ import main
+
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    assert main([PROMPT, "--protocol", protocol, "--url", url, "--max-tokens", "8", "--timing"]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip()
+    assert "tok/s" in out.err and "TTFT" in out.err

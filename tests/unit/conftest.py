@@ -1,0 +1,41 @@
+"""Shared fixtures for the unit tests: tiny random Llama models that run in milliseconds on a CPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from tiny_models import make_tiny_llama  # noqa: E402
+
+
+def pytest_configure(config):
+    """One torch thread: the models are tiny, and on a shared 2-core machine OpenMP workers spinning
+    against other processes made a 0.4 s test take over a minute."""
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_llm():
+    """The 'LLM' of the tests."""
+    return make_tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_ssm():
+    """A noisy copy of the LLM: a draft model that is right often but not always."""
+    import torch
+
+    model = make_tiny_llama(seed=0)
+    noise = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=noise) * 0.3 * param.std())
+    return model

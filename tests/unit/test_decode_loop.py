@@ -1,0 +1,237 @@
+"""minions.decode_loop: the orchestrator's loop against real engines over an in-process transport.
+
+InProcessClient is the test's EngineClient: it moves every call through the same tensor interface
+the Triton BLS uses (build_engine_inputs -> parse_engine_inputs -> engine -> encode_engine_outputs,
+then reads output_ids up to sequence_length), and releases with a `stop` request, as
+minions.triton.engine_client does. The engines behind it are real: TorchEngine and NgramEngine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from contextlib import aclosing
+
+import numpy as np
+import pytest
+import torch
+
+from minions.decode_loop import DecodePlan, DecodeStats, Round, round_seed, speculative_decode
+from minions.engine_api import (
+    EngineRequest,
+    EngineResult,
+    build_engine_inputs,
+    encode_engine_outputs,
+    parse_engine_inputs,
+)
+from minions.errors import InvalidRequest
+from minions.generation_request import SPECULATION_OFF, Speculation
+from minions.ngram_engine import NgramEngine
+from minions.sampling import SamplingParams
+from minions.torch_engine import TorchEngine
+
+PROMPTS = [[3, 7, 1, 9, 4], [0, 0, 5], [12, 2, 8, 8, 1, 6, 15, 12, 2]]
+SSMS = ("self", "other", "ngram")
+
+
+class InProcessClient:
+    """EngineClient over in-process engines, speaking the tensorrt_llm tensor interface."""
+
+    def __init__(self, engines: dict) -> None:
+        self.engines = engines
+        self.calls: list[tuple[str, EngineRequest]] = []
+        self.released: list[tuple[str, str]] = []
+
+    async def generate(self, model: str, request: EngineRequest) -> EngineResult:
+        # Snapshot: the loop passes its live sequence list as input_ids and extends it afterwards.
+        self.calls.append((model, dataclasses.replace(request, input_ids=list(request.input_ids))))
+        tensors = build_engine_inputs(request)
+        requests = parse_engine_inputs(tensors, request.request_id)
+        engine = self.engines[model]
+        results = [engine.generate(r) for r in requests]
+        outputs = encode_engine_outputs(requests, results)
+        length = int(outputs["sequence_length"].reshape(-1)[0])
+        tokens = outputs["output_ids"].reshape(-1)[:length]
+        if not request.exclude_input_in_output:
+            tokens = tokens[len(request.input_ids):]
+        await asyncio.sleep(0)  # a real transport yields to the event loop
+        return EngineResult([int(t) for t in tokens])
+
+    async def release(self, model: str, request_id: str) -> None:
+        self.released.append((model, request_id))
+        await self.generate(model, EngineRequest(request_id, [0], 1, stop=True, exclude_input_in_output=True))
+
+
+@pytest.fixture
+def engines(tiny_llm, tiny_ssm) -> dict:
+    """'self' drafts with the LLM's own weights (a perfect greedy drafter), 'other' with a noisy copy."""
+    return {
+        "llm": TorchEngine(tiny_llm, max_sequences=4),
+        "self": TorchEngine(tiny_llm, max_sequences=4),
+        "other": TorchEngine(tiny_ssm, max_sequences=4),
+        "ngram": NgramEngine(max_ngram=3),
+    }
+
+
+@pytest.fixture
+def client(engines) -> InProcessClient:
+    return InProcessClient(engines)
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=n, do_sample=False,
+        )
+    return out[0, len(prompt):].tolist()
+
+
+def plan(prompt, n, ssm=None, **kwargs) -> DecodePlan:
+    speculation = Speculation("single", (ssm,)) if ssm else Speculation(SPECULATION_OFF)
+    return DecodePlan(prompt_ids=list(prompt), max_new_tokens=n, speculation=speculation, **kwargs)
+
+
+async def collect(client, p: DecodePlan, request_id: str = "req") -> list[Round]:
+    async with aclosing(speculative_decode(client, p, request_id)) as rounds:
+        return [r async for r in rounds]
+
+
+def decode(client, p: DecodePlan, request_id: str = "req") -> tuple[list[int], DecodeStats, list[Round]]:
+    rounds = asyncio.run(collect(client, p, request_id))
+    stats = DecodeStats()
+    for r in rounds:
+        stats.add(r)
+    return [t for r in rounds for t in r.tokens], stats, rounds
+
+
+def assert_all_released(engines) -> None:
+    for name, engine in engines.items():
+        if isinstance(engine, TorchEngine):
+            assert len(engine.cache) == 0, f"{name} still caches {list(engine.cache._entries)}"
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_speculation_equals_plain_decoding(client, engines, tiny_llm, prompt):
+    """Greedy speculative decoding is exact: every SSM gives the LLM's own greedy output."""
+    want = hf_greedy(tiny_llm, prompt, 14)
+    off, _, _ = decode(client, plan(prompt, 14))
+    assert off == want
+    for ssm in SSMS:
+        tokens, _, _ = decode(client, plan(prompt, 14, ssm, num_draft_tokens=3))
+        assert tokens == want, f"speculation single:{ssm}"
+    assert_all_released(engines)
+
+
+def test_the_noisy_drafter_is_both_accepted_and_rejected(client):
+    """Guard for the equality test above: the 'other' SSM exercises both outcomes of verification."""
+    stats = DecodeStats()
+    for i, prompt in enumerate(PROMPTS):
+        for r in decode(client, plan(prompt, 14, "other", num_draft_tokens=3), f"r{i}")[2]:
+            stats.add(r)
+    assert 0.0 < stats.acceptance_rate < 1.0
+
+
+@pytest.mark.parametrize("ssm", SSMS)
+def test_stats_are_consistent(client, ssm):
+    tokens, stats, rounds = decode(client, plan(PROMPTS[0], 20, ssm, num_draft_tokens=4))
+    assert stats.emitted_tokens == len(tokens) == 20
+    assert stats.verifications == len(rounds)
+    assert stats.drafts == sum(1 for r in rounds if r.drafted)
+    assert stats.draft_tokens == sum(r.drafted for r in rounds)
+    assert 0 <= stats.accepted_tokens <= stats.draft_tokens
+    assert sum(stats.accepted_per_position) == stats.accepted_tokens
+    assert all(a >= b for a, b in zip(stats.accepted_per_position, stats.accepted_per_position[1:])), (
+        "a draft token can only be accepted if the one before it was"
+    )
+    for r in rounds:
+        assert r.drafted <= 4 and r.accepted <= r.drafted
+        assert len(r.tokens) == r.accepted + 1, "accepted prefix plus exactly one token of the LLM's own"
+        assert (r.ssm is None) == (r.drafted == 0)
+
+
+def test_perfect_drafter_is_always_accepted_and_saves_llm_calls(client):
+    tokens, stats, rounds = decode(client, plan(PROMPTS[0], 16, "self", num_draft_tokens=4))
+    assert stats.draft_tokens > 0 and stats.acceptance_rate == 1.0
+    assert stats.verifications < 16, "each verification must emit several tokens"
+
+
+def test_speculation_off_never_calls_an_ssm(client):
+    tokens, stats, _ = decode(client, plan(PROMPTS[0], 6))
+    assert len(tokens) == 6 and stats.drafts == 0 and stats.verifications == 6
+    assert {model for model, _ in client.calls} == {"llm"}
+
+
+@pytest.mark.parametrize("ssm", [None, *SSMS])
+@pytest.mark.parametrize("n", [1, 2, 5, 7])
+def test_respects_max_new_tokens_exactly(client, engines, ssm, n):
+    tokens, stats, _ = decode(client, plan(PROMPTS[1], n, ssm, num_draft_tokens=4))
+    assert len(tokens) == n == stats.emitted_tokens
+    for model, request in client.calls:
+        if not request.stop and request.draft:
+            assert len(request.draft) <= n - 1, "a draft must leave room for the LLM's own token"
+    assert_all_released(engines)
+
+
+@pytest.mark.parametrize("ssm", [None, *SSMS])
+def test_stops_at_end_id(client, engines, tiny_llm, ssm):
+    prompt = PROMPTS[0]
+    want = hf_greedy(tiny_llm, prompt, 12)
+    end_id = want[5]
+    expected = want[: want.index(end_id) + 1]
+    tokens, _, rounds = decode(client, plan(prompt, 12, ssm, end_id=end_id, num_draft_tokens=3))
+    assert tokens == expected
+    assert end_id not in [t for r in rounds[:-1] for t in r.tokens]
+    assert_all_released(engines)
+
+
+@pytest.mark.parametrize("ssm", [None, "self", "other"])
+def test_closing_early_releases_every_engine(client, engines, ssm):
+    """A client that disconnects closes the generator: the finally clause must free all cached state."""
+
+    async def first_round():
+        async with aclosing(speculative_decode(client, plan(PROMPTS[0], 30, ssm), "early")) as rounds:
+            async for r in rounds:
+                assert len(engines["llm"].cache) == 1, "the LLM holds state while the request runs"
+                return r
+
+    r = asyncio.run(first_round())
+    assert r.tokens
+    used = {"llm"} | ({ssm} if ssm else set())
+    assert set(client.released) == {(m, "early") for m in used}
+    assert_all_released(engines)
+
+
+def test_engine_error_still_releases(client, engines, tiny_llm):
+    """The LLM fails mid-request (context exceeded): the error propagates and caches are freed."""
+    engines["llm"] = TorchEngine(tiny_llm, max_context=12)
+    client.engines = engines
+    with pytest.raises(InvalidRequest, match="exceeds the engine's context"):
+        decode(client, plan(PROMPTS[0], 20, "self", num_draft_tokens=3), "fails")
+    assert {m for m, rid in client.released if rid == "fails"} == {"llm", "self"}
+    assert_all_released(engines)
+
+
+def test_sampled_decoding_is_reproducible_by_seed(client):
+    params = SamplingParams(temperature=1.0, top_p=0.95)
+    runs = [
+        decode(client, plan(PROMPTS[2], 12, "other", sampling=params, seed=seed), f"s{i}")[0]
+        for i, seed in enumerate((5, 5, 6))
+    ]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_sampled_rounds_use_per_position_seeds(client):
+    """Round seeds derive from the request seed and the sequence length, so a retry reproduces them."""
+    decode(client, plan(PROMPTS[0], 5, "self", sampling=SamplingParams(temperature=1.0), seed=11))
+    llm_seeds = [(len(req.input_ids), req.seed) for model, req in client.calls if model == "llm" and not req.stop]
+    assert llm_seeds and all(seed == round_seed(11, n) for n, seed in llm_seeds)
+    assert len({seed for _, seed in llm_seeds}) == len(llm_seeds)
+
+
+def test_round_seed_is_a_uint64_function_of_both_arguments():
+    assert round_seed(1, 5) == round_seed(1, 5)
+    assert len({round_seed(1, 5), round_seed(1, 6), round_seed(2, 5)}) == 3
+    assert 0 <= round_seed(2**62, 10**6) < 2**64
+    assert np.uint64(round_seed(3, 4)) == round_seed(3, 4)

@@ -1,0 +1,171 @@
+"""minions.engine_api: the tensorrt_llm tensor interface between the orchestrator and every engine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from minions.bad_words import BadWords
+from minions.engine_api import (
+    ENGINE_INPUTS,
+    EngineRequest,
+    EngineResult,
+    build_engine_inputs,
+    encode_engine_outputs,
+    parse_engine_inputs,
+)
+from minions.errors import InvalidRequest
+from minions.sampling import SamplingParams
+
+
+def ids(values) -> np.ndarray:
+    return np.array(values, dtype=np.int32)
+
+
+def fields(request: EngineRequest) -> dict:
+    """All fields, with BadWords (no __eq__) replaced by its word lists."""
+    out = dataclasses.asdict(dataclasses.replace(request, bad_words=BadWords([])))
+    out["bad_words"] = request.bad_words.words
+    return out
+
+
+FULL = EngineRequest(
+    request_id="req-1",
+    input_ids=[5, 9, 2, 7],
+    request_output_len=4,
+    draft=[3, 3, 1],
+    sampling=SamplingParams(temperature=0.75, top_k=20, top_p=0.5),  # exactly representable in float32
+    seed=2**64 - 3,
+    end_id=2,
+    pad_id=11,
+    bad_words=BadWords([[4, 5], [6]]),
+    return_generation_logits=True,
+    exclude_input_in_output=True,
+)
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        FULL,
+        EngineRequest("plain", [1, 2, 3], 8),
+        EngineRequest("sampled", [1], 1, sampling=SamplingParams(temperature=1.5), seed=0),
+        EngineRequest("stop", [1, 2], 1, stop=True),
+    ],
+    ids=["full", "plain", "sampled", "stop"],
+)
+def test_build_then_parse_round_trip(request_):
+    tensors = build_engine_inputs(request_)
+    for name, array in tensors.items():
+        dtype, dims = ENGINE_INPUTS[name]
+        assert array.dtype == dtype, name
+        assert array.shape[0] == 1 and array.ndim == len(dims) + 1, f"{name}: batch dim then config dims"
+    (parsed,) = parse_engine_inputs(tensors, request_.request_id)
+    assert fields(parsed) == fields(request_)
+
+
+def test_batched_rows_parse_independently():
+    """Triton batches two sequences: ids padded to the longer one, each row has its own length."""
+    a = EngineRequest("x", [1, 2, 3, 4, 5], 2, sampling=SamplingParams(temperature=0.5), seed=1, end_id=2)
+    b = EngineRequest("x", [7, 8], 3, sampling=SamplingParams(), seed=2, end_id=2)
+    ta, tb = build_engine_inputs(a), build_engine_inputs(b)
+    width = ta["input_ids"].shape[1]
+    tb["input_ids"] = np.pad(tb["input_ids"], ((0, 0), (0, width - tb["input_ids"].shape[1])), constant_values=0)
+    batched = {name: np.concatenate([ta[name], tb[name]]) for name in ta}
+    ra, rb = parse_engine_inputs(batched, "x")
+    assert (ra.request_id, rb.request_id) == ("x/0", "x/1")
+    assert ra.input_ids == a.input_ids and rb.input_ids == b.input_ids, "padding must not leak into input_ids"
+    assert (ra.request_output_len, rb.request_output_len) == (2, 3)
+    assert (ra.seed, rb.seed) == (1, 2)
+    assert ra.sampling == a.sampling and rb.sampling == b.sampling
+
+
+def test_defaults_when_optional_inputs_are_absent():
+    (r,) = parse_engine_inputs({"input_ids": np.array([[4, 5, 6]], dtype=np.int32)}, "r")
+    assert r.input_ids == [4, 5, 6]
+    assert r.request_output_len == 1 and r.draft == []
+    assert r.sampling == SamplingParams() and r.seed is None and r.end_id is None and r.pad_id == 0
+    assert not r.bad_words and not r.stop
+
+
+def test_output_len_defaults_to_draft_plus_one():
+    tensors = {"input_ids": ids([[1, 2]]), "draft_input_ids": ids([[3, 4, 5]])}
+    (r,) = parse_engine_inputs(tensors, "r")
+    assert r.draft == [3, 4, 5] and r.request_output_len == 4
+
+
+def test_seed_alias():
+    tensors = build_engine_inputs(EngineRequest("r", [1], 1))
+    tensors["seed"] = np.array([[77]], dtype=np.uint64)
+    assert parse_engine_inputs(tensors, "r")[0].seed == 77
+
+
+@pytest.mark.parametrize(
+    ("tensors", "message"),
+    [
+        ({}, "'input_ids' is required"),
+        ({"input_ids": ids([1, 2])}, r"must be \[batch, len\], got shape \[2\]"),
+        ({"input_ids": ids([[1, 2]]), "input_lengths": ids([[3]])}, "'input_lengths' 3 does not fit"),
+        ({"input_ids": ids([[1, 2]]), "input_lengths": ids([[0]])}, "'input_lengths' 0 does not fit"),
+        ({"input_ids": ids([[1]]), "request_output_len": ids([[0]])}, "'request_output_len' must be >= 1, got 0"),
+    ],
+)
+def test_parse_errors(tensors, message):
+    with pytest.raises(InvalidRequest, match=message):
+        parse_engine_inputs(tensors, "r")
+
+
+def test_stop_request_may_ask_for_zero_tokens():
+    tensors = {
+        "input_ids": np.array([[1]], dtype=np.int32),
+        "request_output_len": np.array([[0]], dtype=np.int32),
+        "stop": np.array([[True]]),
+    }
+    assert parse_engine_inputs(tensors, "r")[0].stop
+
+
+def test_encode_outputs_with_input_and_padding():
+    requests = [EngineRequest("a", [1, 2, 3], 2, pad_id=9), EngineRequest("b", [4], 2, pad_id=8)]
+    results = [EngineResult([5, 6]), EngineResult([7])]
+    out = encode_engine_outputs(requests, results)
+    assert out["output_ids"].dtype == np.int32 and out["output_ids"].shape == (2, 1, 5)
+    np.testing.assert_array_equal(out["output_ids"][:, 0], [[1, 2, 3, 5, 6], [4, 7, 8, 8, 8]])
+    np.testing.assert_array_equal(out["sequence_length"], [[5], [2]])
+    assert "generation_logits" not in out
+
+
+def test_encode_outputs_excluding_input():
+    requests = [
+        EngineRequest("a", [1, 2, 3], 2, exclude_input_in_output=True),
+        EngineRequest("b", [4], 3, exclude_input_in_output=True, pad_id=0),
+    ]
+    out = encode_engine_outputs(requests, [EngineResult([5]), EngineResult([6, 7, 8])])
+    assert out["output_ids"].shape == (2, 1, 3)
+    np.testing.assert_array_equal(out["output_ids"][:, 0], [[5, 0, 0], [6, 7, 8]])
+    np.testing.assert_array_equal(out["sequence_length"], [[1], [3]])
+
+
+def test_encode_generation_logits():
+    logits = np.arange(2 * 4, dtype=np.float32).reshape(2, 4)
+    requests = [EngineRequest("a", [1], 2, return_generation_logits=True), EngineRequest("b", [1], 1)]
+    out = encode_engine_outputs(requests, [EngineResult([2, 3], 1, logits), EngineResult([4])])
+    assert out["generation_logits"].shape == (2, 1, 2, 4)
+    np.testing.assert_array_equal(out["generation_logits"][0, 0], logits)
+    np.testing.assert_array_equal(out["generation_logits"][1], 0.0)
+
+
+def test_encode_then_read_back_tokens():
+    """What the orchestrator does with an engine's answer: sequence_length tells how much of a padded row is real."""
+    q = EngineRequest("a", [1, 2], 3, exclude_input_in_output=True, pad_id=0)
+    out = encode_engine_outputs([q], [EngineResult([0, 5, 0])])
+    n = int(out["sequence_length"][0, 0])
+    assert out["output_ids"][0, 0, :n].tolist() == [0, 5, 0], "pad ids inside the real output are kept"
+
+
+def test_bad_words_tensor_survives_the_batch_dimension():
+    bad = BadWords([[10, 11, 12], [13]])
+    tensors = build_engine_inputs(EngineRequest("r", [1, 2], 1, bad_words=bad))
+    assert tensors["bad_words_list"].shape == (1, 2, 4)
+    assert parse_engine_inputs(tensors, "r")[0].bad_words.words == bad.words

@@ -1,0 +1,190 @@
+"""minions.torch_engine: a transformers model as an engine, with a per-request prefix KV cache.
+
+Every expectation is computed from the same tiny random model without the engine (HF generate, or a
+from-scratch forward pass), never hard-coded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from minions.bad_words import BadWords
+from minions.engine_api import EngineRequest
+from minions.errors import InvalidRequest
+from minions.sampling import SamplingParams
+from minions.torch_engine import TorchEngine
+from tiny_models import VOCAB, full_logits
+
+PROMPTS = [[3, 7, 1, 9, 4], [0, 0, 5], [12, 2, 8, 8, 1, 6, 15]]
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """The reference: transformers' own greedy decoding."""
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=n, do_sample=False,
+        )
+    return out[0, len(prompt):].tolist()
+
+
+def cached_tokens(engine: TorchEngine, request_id: str) -> tuple[list[int], int]:
+    entry = engine.cache.get(request_id)
+    return list(entry.tokens), int(entry.state.get_seq_length())
+
+
+@pytest.fixture
+def engine(tiny_llm) -> TorchEngine:
+    return TorchEngine(tiny_llm, max_sequences=4)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_generation_equals_hf_generate(engine, tiny_llm, prompt):
+    want = hf_greedy(tiny_llm, prompt, 12)
+    assert engine.generate(EngineRequest("one-call", prompt, 12)).tokens == want
+    sequence = list(prompt)
+    for _ in range(12):  # one token per call, resending the whole sequence as the orchestrator does
+        sequence += engine.generate(EngineRequest("stepwise", sequence, 1)).tokens
+    assert sequence[len(prompt):] == want
+
+
+def test_generation_logits_match_a_from_scratch_forward(engine, tiny_llm):
+    """Cached KV must give the same logits as recomputing everything (fp32, tight tolerance)."""
+    prompt = PROMPTS[0]
+    engine.generate(EngineRequest("r", prompt + [1, 2], 1))  # warm the cache with a different tail
+    result = engine.generate(EngineRequest("r", prompt, 4, return_generation_logits=True))
+    want = full_logits(tiny_llm, prompt + result.tokens)[len(prompt) - 1 : -1]
+    assert result.logits.shape == (4, VOCAB)
+    np.testing.assert_allclose(result.logits, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_verifying_the_greedy_continuation_accepts_all_plus_bonus(engine, tiny_llm, prompt):
+    want = hf_greedy(tiny_llm, prompt, 5)
+    result = engine.generate(EngineRequest("r", prompt, 5, draft=want[:4]))
+    assert result.tokens == want and result.num_accepted == 4
+
+
+def test_wrong_draft_returns_accepted_prefix_and_correction(engine, tiny_llm):
+    prompt = PROMPTS[0]
+    want = hf_greedy(tiny_llm, prompt, 3)
+    wrong = (want[1] + 1) % VOCAB
+    result = engine.generate(EngineRequest("r", prompt, 4, draft=[want[0], wrong, want[2]]))
+    assert result.tokens == want[:2] and result.num_accepted == 1
+
+
+def test_draft_is_cut_to_request_output_len(engine, tiny_llm):
+    prompt = PROMPTS[1]
+    want = hf_greedy(tiny_llm, prompt, 3)
+    result = engine.generate(EngineRequest("r", prompt, 2, draft=want))
+    assert result.tokens == want[:2] and result.num_accepted == 1
+
+
+def test_cache_is_cropped_to_prompt_plus_accepted_after_rejection(engine, tiny_llm):
+    prompt = PROMPTS[2]
+    want = hf_greedy(tiny_llm, prompt, 8)
+    draft = [want[0], want[1], (want[2] + 3) % VOCAB, want[3]]
+    result = engine.generate(EngineRequest("r", prompt, 5, draft=draft))
+    assert result.tokens == want[:3] and result.num_accepted == 2
+    tokens, kv_len = cached_tokens(engine, "r")
+    assert tokens == prompt + want[:2], "KV of the rejected draft tokens must be gone"
+    assert kv_len == len(tokens)
+
+    sequence = prompt + result.tokens
+    before = engine.forward_tokens
+    second = engine.generate(EngineRequest("r", sequence, 4, draft=want[3:6]))
+    assert engine.forward_tokens - before == 1 + 3, "only the correction token and the new draft are computed"
+    assert second.tokens == want[3:7] and second.num_accepted == 3
+    tokens, kv_len = cached_tokens(engine, "r")
+    assert tokens == sequence + want[3:6] and kv_len == len(tokens)
+
+
+def test_plain_generation_reuses_the_prefix(engine):
+    prompt = PROMPTS[0]
+    before = engine.forward_tokens
+    first = engine.generate(EngineRequest("r", prompt, 3)).tokens
+    assert engine.forward_tokens - before == len(prompt) + 2, "prefill, then one token per further step"
+    before = engine.forward_tokens
+    engine.generate(EngineRequest("r", prompt + first, 1))
+    assert engine.forward_tokens - before == 1, "only the last generated token was not in the cache yet"
+
+
+@pytest.mark.parametrize("other", [[3, 14, 14, 2], [6, 6], [3, 7, 1, 9, 4, 0, 5]])
+def test_a_different_sequence_under_the_same_id_is_recomputed(engine, tiny_llm, other):
+    """The cache is keyed by request id but trusted only as far as the tokens agree."""
+    engine.generate(EngineRequest("r", PROMPTS[0] + [1, 2], 3))
+    result = engine.generate(EngineRequest("r", other, 3, return_generation_logits=True))
+    want = full_logits(tiny_llm, other + result.tokens)[len(other) - 1 : -1]
+    np.testing.assert_allclose(result.logits, want, atol=1e-4, rtol=1e-4)
+    assert result.tokens == hf_greedy(tiny_llm, other, 3)
+
+
+def test_release_and_stop_free_the_entry(engine):
+    engine.generate(EngineRequest("a", PROMPTS[0], 2))
+    engine.generate(EngineRequest("b", PROMPTS[1], 2))
+    engine.release("a")
+    assert "a" not in engine.cache and "b" in engine.cache
+    engine.release("a")  # twice is harmless
+    assert engine.generate(EngineRequest("b", PROMPTS[1], 1, stop=True)).tokens == []
+    assert len(engine.cache) == 0
+
+
+def test_lru_eviction_keeps_outputs_correct(tiny_llm):
+    """Three interleaved requests in a two-slot cache: evicted ones are recomputed, outputs unchanged."""
+    engine = TorchEngine(tiny_llm, max_sequences=2)
+    want = {i: hf_greedy(tiny_llm, p, 6) for i, p in enumerate(PROMPTS)}
+    seqs = {i: list(p) for i, p in enumerate(PROMPTS)}
+    for _ in range(3):
+        for i in seqs:
+            seqs[i] += engine.generate(EngineRequest(f"req{i}", seqs[i], 2)).tokens
+            assert len(engine.cache) <= 2
+    assert engine.cache.evictions > 0
+    for i, p in enumerate(PROMPTS):
+        assert seqs[i][len(p):] == want[i]
+
+
+def test_end_id_stops_generation(engine, tiny_llm):
+    prompt = PROMPTS[0]
+    want = hf_greedy(tiny_llm, prompt, 10)
+    end_id = want[3]
+    first = want.index(end_id)
+    assert engine.generate(EngineRequest("r", prompt, 10, end_id=end_id)).tokens == want[: first + 1]
+
+
+def test_bad_words_are_enforced_in_generation(engine, tiny_llm):
+    prompt = PROMPTS[0]
+    logits = full_logits(tiny_llm, prompt)[-1]
+    best, runner_up = np.argsort(-logits)[:2]
+    result = engine.generate(EngineRequest("r", prompt, 1, bad_words=BadWords([[int(best)]])))
+    assert result.tokens == [int(runner_up)]
+
+
+def test_bad_words_agree_between_generation_and_verification(engine, tiny_llm):
+    """A 12-token bad word completed across the prompt/draft boundary is banned on both paths alike
+    (verification once looked at only the last 8 context tokens and let it through)."""
+    prompt = PROMPTS[2] + PROMPTS[0]
+    greedy = hf_greedy(tiny_llm, prompt, 3)
+    bad = BadWords([prompt[-10:] + greedy[:2]])  # bans greedy[1] right after prompt + greedy[0]
+    plain = engine.generate(EngineRequest("plain", prompt, 2, bad_words=bad)).tokens
+    verified = engine.generate(EngineRequest("verify", prompt, 3, draft=greedy[:2], bad_words=bad))
+    assert plain[0] == greedy[0] and plain[1] != greedy[1]
+    assert verified.tokens == plain and verified.num_accepted == 1
+
+
+def test_sampling_is_reproducible_by_seed(engine):
+    params = SamplingParams(temperature=1.0)
+    runs = [engine.generate(EngineRequest(f"r{s}", PROMPTS[0], 8, sampling=params, seed=s)).tokens for s in (1, 1, 2)]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2], "different seeds should give different samples at temperature 1"
+
+
+def test_context_limit(tiny_llm):
+    engine = TorchEngine(tiny_llm, max_context=16)
+    with pytest.raises(InvalidRequest, match="sequence of 17 tokens exceeds the engine's context of 16"):
+        engine.generate(EngineRequest("r", list(range(10)), 7))
+    with pytest.raises(InvalidRequest, match="exceeds"):
+        engine.generate(EngineRequest("r", list(range(10)), 1, draft=[1] * 7))
+    assert engine.generate(EngineRequest("r", list(range(10)), 6)).tokens
+    assert TorchEngine(tiny_llm).max_context == tiny_llm.config.max_position_embeddings
