@@ -157,7 +157,7 @@ def main() -> None:
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     p.add_argument("--prompts-per-dataset", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--modes", nargs="+", default=["off", "single:ssm_q4@4", "single:ssm_q4@8", "single:ssm_ngram@4"],
+    p.add_argument("--modes", nargs="+", default=["off", "single:ssm_q4@4", "single:ssm_q4@8", "single:ssm_ngram@4", "single:ssm_ngram@8"],
                    help="first is the baseline; MODE@K fixes the draft length")
     p.add_argument("--out", default=str(ROOT / "bench_results"))
     run(p.parse_args())
