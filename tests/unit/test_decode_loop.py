@@ -14,7 +14,6 @@ from contextlib import aclosing
 
 import numpy as np
 import pytest
-import torch
 
 from minions.decode_loop import DecodePlan, DecodeStats, Round, round_seed, speculative_decode
 from minions.engine_api import (
@@ -29,6 +28,7 @@ from minions.generation_request import SPECULATION_OFF, Speculation
 from minions.ngram_engine import NgramEngine
 from minions.sampling import SamplingParams
 from minions.torch_engine import TorchEngine
+from tiny_models import hf_greedy
 
 PROMPTS = [[3, 7, 1, 9, 4], [0, 0, 5], [12, 2, 8, 8, 1, 6, 15, 12, 2]]
 SSMS = ("self", "other", "ngram")
@@ -77,14 +77,6 @@ def engines(tiny_llm, tiny_ssm) -> dict:
 def client(engines) -> InProcessClient:
     return InProcessClient(engines)
 
-
-def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=n, do_sample=False,
-        )
-    return out[0, len(prompt):].tolist()
 
 
 def plan(prompt, n, ssm=None, **kwargs) -> DecodePlan:

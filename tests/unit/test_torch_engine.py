@@ -15,19 +15,10 @@ from minions.engine_api import EngineRequest
 from minions.errors import InvalidRequest
 from minions.sampling import SamplingParams
 from minions.torch_engine import TorchEngine
-from tiny_models import VOCAB, full_logits
+from tiny_models import VOCAB, full_logits, hf_greedy
 
 PROMPTS = [[3, 7, 1, 9, 4], [0, 0, 5], [12, 2, 8, 8, 1, 6, 15]]
 
-
-def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    """The reference: transformers' own greedy decoding."""
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=n, do_sample=False,
-        )
-    return out[0, len(prompt):].tolist()
 
 
 def cached_tokens(engine: TorchEngine, request_id: str) -> tuple[list[int], int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 VOCAB = 16
 
@@ -47,3 +48,13 @@ def full_logits(model, tokens: list[int]) -> np.ndarray:
 def next_logits(model, tokens: list[int]) -> np.ndarray:
     """Logits predicting the token after `tokens`."""
     return full_logits(model, tokens)[-1]
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """The reference: transformers' own greedy decoding."""
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=n, do_sample=False,
+        )
+    return out[0, len(prompt):].tolist()
