@@ -102,7 +102,7 @@ def plot(rows: list[dict], per_dataset: dict[str, list[dict]], path: Path) -> No
     ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(groups))], groups)
     ax.set_ylabel("speedup over off (tokens/s)")
     ax.set_title("Minions, batch 1, greedy, SmolLM2-135M fp32 verifier (CPU)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, ncol=len(modes), loc="upper center", bbox_to_anchor=(0.5, -0.08), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
