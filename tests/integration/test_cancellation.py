@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 import time
 import urllib.request
 
@@ -42,3 +43,20 @@ def test_cancel_mid_stream_ends_request_and_frees_caches(server):
     after = generate_grpc(server.grpc_url, "minions", "Say hi.", GenerationParams(max_tokens=4, chat=True))
     assert after.num_output_tokens > 0
     assert re.search(r"cancelled by the client", server.log_text())
+
+
+def _shm_regions() -> dict[str, int]:
+    """Region name -> size; a region grows (by shm-growth-byte-size) when what is held in it outgrows it."""
+    return {p.name: p.stat().st_size for p in Path("/dev/shm").glob("triton_python_backend_shm_region*")}
+
+
+def test_cancellations_leak_no_shared_memory_regions(server):
+    """Triton's own QA checks fault paths for shm leaks: regions must not pile up with cancellations."""
+    generate_grpc(server.grpc_url, "minions", "Say hi.", GenerationParams(max_tokens=4, chat=True))
+    before = _shm_regions()
+    assert before, "the running server's stubs hold shared-memory regions"
+    for _ in range(3):
+        generate_grpc(server.grpc_url, "minions", "Tell me a long story.",
+                      GenerationParams(max_tokens=300, chat=True), cancel_after_chunks=2)
+    _wait_for(lambda: _gauge(server, "minions_engine_cached_sequences", "llm") == 0, timeout=20)
+    assert _shm_regions() == before
