@@ -87,15 +87,26 @@ class TritonPythonModel:
         except InvalidRequest as exc:
             log.info("%s: rejected: %s", request_id, exc)
             self.metrics.observe_request(mode, "invalid")
-            sender.send(pb_utils.InferenceResponse(error=error(str(exc), pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
+            self._finish(sender, request_id, error(str(exc), pb_utils.TritonError.INVALID_ARG))
         except RequestCancelled:
             log.info("%s: cancelled by the client", request_id)
             self.metrics.observe_request(mode, "cancelled")
-            sender.send(flags=FINAL)
+            self._finish(sender, request_id, None)
         except Exception as exc:
             log.exception("%s: failed", request_id)
             self.metrics.observe_request(mode, "error")
-            sender.send(pb_utils.InferenceResponse(error=error(f"{type(exc).__name__}: {exc}")), flags=FINAL)
+            self._finish(sender, request_id, error(f"{type(exc).__name__}: {exc}"))
+
+    @staticmethod
+    def _finish(sender, request_id: str, err) -> None:
+        """Close the stream with its one FINAL flag (with the error, if any); a vanished client is logged."""
+        try:
+            if err is None:
+                sender.send(flags=FINAL)
+            else:
+                sender.send(pb_utils.InferenceResponse(error=err), flags=FINAL)
+        except Exception as exc:
+            log.warning("%s: could not send the final response: %s", request_id, exc)
 
     async def _generate(self, greq: GenerationRequest, request_id: str, sender) -> None:
         prompt_ids = encode_prompt(self.tokenizer, greq.text, greq.chat)
