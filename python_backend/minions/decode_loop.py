@@ -9,6 +9,7 @@ engine's cached state for the request when it ends, however it ends.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -21,6 +22,11 @@ from .engine_api import EngineRequest, EngineResult
 from .generation_request import SPECULATION_OFF, Speculation
 from .sampling import GREEDY, SamplingParams
 from .sequence_cache import common_prefix_len
+
+log = logging.getLogger("minions.decode")
+
+MAX_SSM_FAILURES = 3
+"""Consecutive SSM failures after which a request stops asking that SSM and decodes plainly."""
 
 
 class EngineClient(Protocol):
@@ -52,6 +58,8 @@ class Round:
     accepted: int
     draft_seconds: float
     verify_seconds: float
+    ssm_failed: str | None = None
+    """Name of the SSM that failed to draft this round (the round went on without a draft)."""
 
 
 @dataclass
@@ -102,6 +110,7 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
     ssm = plan.speculation.ssms[0] if plan.speculation.mode != SPECULATION_OFF else None
     used = [plan.llm] + ([ssm] if ssm else [])
     produced = 0
+    failures = 0
     try:
         while produced < plan.max_new_tokens:
             remaining = plan.max_new_tokens - produced
@@ -109,12 +118,21 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
             # `off` (TTFT), instead of waiting for the SSM's prefill and draft as well.
             k = min(plan.num_draft_tokens, remaining - 1) if ssm and produced > 0 else 0
             draft: list[int] = []
+            failed = None
             t0 = time.perf_counter()
             if k > 0:
-                proposal = await client.generate(
-                    ssm, EngineRequest(request_id, list(sequence), k, sampling=GREEDY, exclude_input_in_output=True)
-                )
-                draft = proposal.tokens[:k]
+                try:
+                    proposal = await client.generate(
+                        ssm, EngineRequest(request_id, list(sequence), k, sampling=GREEDY, exclude_input_in_output=True)
+                    )
+                    draft = proposal.tokens[:k]
+                    failures = 0
+                except Exception as exc:  # a request never fails because of an SSM: verify without a draft
+                    failed, failures = ssm, failures + 1
+                    log.warning("%s: SSM %s failed (%d in a row): %s", request_id, ssm, failures, exc)
+                    if failures >= MAX_SSM_FAILURES:
+                        log.warning("%s: giving up on SSM %s; plain decoding from here", request_id, ssm)
+                        ssm = None
             t1 = time.perf_counter()
             verdict = await client.generate(
                 plan.llm,
@@ -138,7 +156,7 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
             produced += len(new)
             # TensorRT-LLM returns tokens only: the accepted count is the prefix shared with the draft.
             accepted = common_prefix_len(new, draft)
-            yield Round(new, ssm if draft else None, len(draft), accepted, t1 - t0, t2 - t1)
+            yield Round(new, ssm if draft else None, len(draft), accepted, t1 - t0, t2 - t1, failed)
             if plan.end_id is not None and plan.end_id in new:
                 return
     finally:

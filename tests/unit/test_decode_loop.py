@@ -78,7 +78,6 @@ def client(engines) -> InProcessClient:
     return InProcessClient(engines)
 
 
-
 def plan(prompt, n, ssm=None, **kwargs) -> DecodePlan:
     speculation = Speculation("single", (ssm,)) if ssm else Speculation(SPECULATION_OFF)
     return DecodePlan(prompt_ids=list(prompt), max_new_tokens=n, speculation=speculation, **kwargs)
@@ -227,3 +226,37 @@ def test_round_seed_is_a_uint64_function_of_both_arguments():
     assert len({round_seed(1, 5), round_seed(1, 6), round_seed(2, 5)}) == 3
     assert 0 <= round_seed(2**62, 10**6) < 2**64
     assert np.uint64(round_seed(3, 4)) == round_seed(3, 4)
+
+
+class BrokenEngine:
+    """An SSM whose drafting fails after `working_calls` calls, as a crashed stub or a timeout would."""
+
+    def __init__(self, inner, working_calls: int) -> None:
+        self.inner = inner
+        self.working_calls = working_calls
+        self.calls = 0
+
+    def generate(self, request: EngineRequest) -> EngineResult:
+        if request.stop:
+            return self.inner.generate(request)
+        self.calls += 1
+        if self.calls > self.working_calls:
+            raise RuntimeError("SSM stub is gone")
+        return self.inner.generate(request)
+
+    def release(self, request_id: str) -> None:
+        self.inner.release(request_id)
+
+
+def test_a_failing_ssm_never_fails_the_request(engines, tiny_llm):
+    """The round goes on without a draft; after MAX_SSM_FAILURES in a row the SSM is no longer asked."""
+    from minions.decode_loop import MAX_SSM_FAILURES
+
+    broken = BrokenEngine(engines["self"], working_calls=2)
+    client = InProcessClient({**engines, "broken": broken})
+    prompt = [3, 7, 1, 9, 4]
+    tokens, _, rounds = decode(client, plan(prompt, 16, ssm="broken", num_draft_tokens=2))
+    assert tokens == hf_greedy(tiny_llm, prompt, 16)
+    assert [r.ssm_failed for r in rounds].count("broken") == MAX_SSM_FAILURES
+    assert broken.calls == 2 + MAX_SSM_FAILURES
+    assert all(r.drafted == 0 for r in rounds if r.ssm_failed)

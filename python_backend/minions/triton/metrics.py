@@ -14,6 +14,7 @@ COUNTERS = {
     "minions_spec_decode_num_emitted_tokens": "Tokens emitted by verification rounds (accepted + the LLM's own)",
     "minions_num_verifications": "LLM calls made by the orchestrator",
     "minions_requests": "Finished requests by speculation mode and outcome",
+    "minions_ssm_failures": "SSM calls that failed; the round went on without a draft",
 }
 
 
@@ -35,6 +36,8 @@ class SpeculationMetrics:
         return metric
 
     def observe_round(self, r: Round, mode: str) -> None:
+        if r.ssm_failed:
+            self._counter("minions_ssm_failures", ssm=r.ssm_failed).increment(1)
         ssm = r.ssm or "none"
         self._counter("minions_num_verifications", speculation=mode).increment(1)
         self._counter("minions_spec_decode_num_emitted_tokens", ssm=ssm).increment(len(r.tokens))
