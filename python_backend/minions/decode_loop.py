@@ -22,11 +22,9 @@ from .engine_api import EngineRequest, EngineResult
 from .generation_request import SPECULATION_OFF, Speculation
 from .sampling import GREEDY, SamplingParams
 from .sequence_cache import common_prefix_len
+from .ssm_health import SsmHealth
 
 log = logging.getLogger("minions.decode")
-
-MAX_SSM_FAILURES = 3
-"""Consecutive SSM failures after which a request stops asking that SSM and decodes plainly."""
 
 
 class EngineClient(Protocol):
@@ -48,6 +46,8 @@ class DecodePlan:
     speculation: Speculation = field(default_factory=lambda: Speculation(SPECULATION_OFF))
     num_draft_tokens: int = 4
     llm: str = "llm"
+    health: SsmHealth = field(default_factory=SsmHealth)
+    """Shared across requests in the server, so a dead SSM is skipped by everyone."""
 
 
 @dataclass
@@ -60,6 +60,9 @@ class Round:
     verify_seconds: float
     ssm_failed: str | None = None
     """Name of the SSM that failed to draft this round (the round went on without a draft)."""
+    last: bool = False
+    """No round follows (max_new_tokens or end_id reached): the consumer can finish its stream
+    before the generator's clean-up releases the engines' state."""
 
 
 @dataclass
@@ -110,13 +113,14 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
     ssm = plan.speculation.ssms[0] if plan.speculation.mode != SPECULATION_OFF else None
     used = [plan.llm] + ([ssm] if ssm else [])
     produced = 0
-    failures = 0
     try:
         while produced < plan.max_new_tokens:
             remaining = plan.max_new_tokens - produced
             # The first round is plain decoding: the first token then costs one LLM prefill, as in
             # `off` (TTFT), instead of waiting for the SSM's prefill and draft as well.
             k = min(plan.num_draft_tokens, remaining - 1) if ssm and produced > 0 else 0
+            if k > 0 and not plan.health.available(ssm):
+                k = 0  # the SSM is failing: verify without a draft, i.e. plain decoding
             draft: list[int] = []
             failed = None
             t0 = time.perf_counter()
@@ -126,13 +130,12 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
                         ssm, EngineRequest(request_id, list(sequence), k, sampling=GREEDY, exclude_input_in_output=True)
                     )
                     draft = proposal.tokens[:k]
-                    failures = 0
+                    plan.health.succeeded(ssm)
                 except Exception as exc:  # a request never fails because of an SSM: verify without a draft
-                    failed, failures = ssm, failures + 1
-                    log.warning("%s: SSM %s failed (%d in a row): %s", request_id, ssm, failures, exc)
-                    if failures >= MAX_SSM_FAILURES:
-                        log.warning("%s: giving up on SSM %s; plain decoding from here", request_id, ssm)
-                        ssm = None
+                    failed = ssm
+                    log.warning("%s: SSM %s failed: %s", request_id, ssm, exc)
+                    if plan.health.failed(ssm):
+                        log.warning("SSM %s skipped by all requests for %.0f s", ssm, plan.health.cooldown_s)
             t1 = time.perf_counter()
             verdict = await client.generate(
                 plan.llm,
@@ -156,9 +159,11 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
             produced += len(new)
             # TensorRT-LLM returns tokens only: the accepted count is the prefix shared with the draft.
             accepted = common_prefix_len(new, draft)
-            yield Round(new, ssm if draft else None, len(draft), accepted, t1 - t0, t2 - t1, failed)
-            if plan.end_id is not None and plan.end_id in new:
+            last = produced >= plan.max_new_tokens or (plan.end_id is not None and plan.end_id in new)
+            yield Round(new, ssm if draft else None, len(draft), accepted, t1 - t0, t2 - t1, failed, last)
+            if last:
                 return
     finally:
         for model in used:
-            await client.release(model, request_id)
+            if model == plan.llm or plan.health.available(model):  # a dead stub would stall the release
+                await client.release(model, request_id)

@@ -249,14 +249,25 @@ class BrokenEngine:
 
 
 def test_a_failing_ssm_never_fails_the_request(engines, tiny_llm):
-    """The round goes on without a draft; after MAX_SSM_FAILURES in a row the SSM is no longer asked."""
-    from minions.decode_loop import MAX_SSM_FAILURES
+    """The round goes on without a draft; after `threshold` failures in a row the SSM is skipped."""
+    from minions.ssm_health import SsmHealth
 
+    health = SsmHealth(threshold=3, cooldown_s=3600)
     broken = BrokenEngine(engines["self"], working_calls=2)
     client = InProcessClient({**engines, "broken": broken})
     prompt = [3, 7, 1, 9, 4]
-    tokens, _, rounds = decode(client, plan(prompt, 16, ssm="broken", num_draft_tokens=2))
+    tokens, _, rounds = decode(client, plan(prompt, 16, ssm="broken", num_draft_tokens=2, health=health))
     assert tokens == hf_greedy(tiny_llm, prompt, 16)
-    assert [r.ssm_failed for r in rounds].count("broken") == MAX_SSM_FAILURES
-    assert broken.calls == 2 + MAX_SSM_FAILURES
+    assert [r.ssm_failed for r in rounds].count("broken") == 3
+    assert broken.calls == 2 + 3
     assert all(r.drafted == 0 for r in rounds if r.ssm_failed)
+    assert not health.available("broken")
+    assert ("broken", "req") not in client.released, "no release call to an SSM known to be failing"
+    # the breaker is shared: the next request does not ask the broken SSM at all
+    decode(client, plan(prompt, 8, ssm="broken", num_draft_tokens=2, health=health), request_id="next")
+    assert broken.calls == 5
+
+
+def test_last_round_is_flagged_so_the_stream_can_end_before_clean_up(client):
+    rounds = decode(client, plan([3, 7, 1, 9, 4], 9, ssm="self", num_draft_tokens=3))[2]
+    assert [r.last for r in rounds] == [False] * (len(rounds) - 1) + [True]

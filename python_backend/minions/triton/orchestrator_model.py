@@ -23,6 +23,7 @@ from ..detokenizer import IncrementalDetokenizer
 from ..errors import InvalidRequest
 from ..generation_request import GenerationRequest, Limits, parse_generation_request
 from ..prompt import encode_prompt
+from ..ssm_health import SsmHealth
 from ..stop_strings import StopStringMatcher
 from .common import error, input_arrays, model_config, setup_logging, string_parameters
 from .engine_client import TritonEngineClient
@@ -59,6 +60,7 @@ class TritonPythonModel:
         self.tokenizer = AutoTokenizer.from_pretrained(params["tokenizer_path"], local_files_only=True)
         self.client = TritonEngineClient()
         self.metrics = SpeculationMetrics(self.name)
+        self.health = SsmHealth()
         self.tasks: set[asyncio.Task] = set()
         self._executor_set = False
         log.info("%s: ready (llm=%s, ssms=%s, default speculation %s)", self.name, self.llm,
@@ -126,6 +128,7 @@ class TritonPythonModel:
             speculation=greq.speculation,
             num_draft_tokens=greq.num_draft_tokens,
             llm=self.llm,
+            health=self.health,
         )
         detok = IncrementalDetokenizer(self.tokenizer)
         stops = StopStringMatcher(greq.stop_words)
@@ -144,17 +147,20 @@ class TritonPythonModel:
                 pending += stops.feed(detok.push(tokens))
                 if stops.stopped:
                     finish_reason = "stop"
-                    break
                 if sender.is_cancelled():
                     raise RequestCancelled()
+                if r.last or stops.stopped:
+                    break
                 if greq.stream and pending:
                     sender.send(self._response(greq, pending, stats, None))
                     pending = ""
-        if not stops.stopped:
-            pending += stops.feed(detok.flush()) + stops.flush()
-        if not greq.stream and not greq.exclude_input_in_output:
-            pending = greq.text + pending
-        sender.send(self._response(greq, pending, stats, finish_reason), flags=FINAL)
+            # Still inside the block: the client gets its final response before the engines' caches
+            # are released (aclose), so freeing state never delays the end of the stream.
+            if not stops.stopped:
+                pending += stops.feed(detok.flush()) + stops.flush()
+            if not greq.stream and not greq.exclude_input_in_output:
+                pending = greq.text + pending
+            sender.send(self._response(greq, pending, stats, finish_reason), flags=FINAL)
         elapsed = time.perf_counter() - start
         log.info(
             "%s: %s, %d prompt + %d new tokens in %.2f s (%.1f tok/s), %d LLM calls, acceptance %.2f, finish %s",
