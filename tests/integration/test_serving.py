@@ -114,3 +114,27 @@ def test_client_cli_streams_text(server, protocol, capsys):
     out = capsys.readouterr()
     assert out.out.strip()
     assert "tok/s" in out.err and "TTFT" in out.err
+
+
+def test_a_short_request_is_not_queued_behind_a_long_one(server):
+    """One BLS instance serves many requests at once: each runs in its own task, interleaving rounds."""
+    import threading
+    import time
+
+    started = threading.Event()
+    finished: dict[str, float] = {}
+
+    def long_request():
+        generate_grpc(server.grpc_url, "minions", "Write a long essay about the sea.",
+                      GenerationParams(max_tokens=160, chat=True, speculation="off"),
+                      on_text=lambda _: started.set())
+        finished["long"] = time.monotonic()
+
+    worker = threading.Thread(target=long_request)
+    worker.start()
+    assert started.wait(60)
+    short = generate_grpc(server.grpc_url, "minions", "Say hi.", GenerationParams(max_tokens=3, chat=True, speculation="off"))
+    finished["short"] = time.monotonic()
+    worker.join(120)
+    assert short.num_output_tokens > 0
+    assert finished["short"] < finished["long"], "the short request waited for the long one to finish"
