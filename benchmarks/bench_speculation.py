@@ -47,7 +47,7 @@ class Sample:
     text: str
 
 
-def summarize(samples: list[Sample], baseline: str) -> list[dict]:
+def summarize(samples: list[Sample], baseline: str, compare_text: bool = True) -> list[dict]:
     rows = []
     base = [s for s in samples if s.mode == baseline]
     base_tps = sum(s.tokens for s in base) / max(sum(s.latency_s for s in base), 1e-9)
@@ -67,7 +67,9 @@ def summarize(samples: list[Sample], baseline: str) -> list[dict]:
             "acceptance": statistics.mean(acc) if acc and mode != baseline else None,
             "tokens_per_verification": statistics.mean(tpv) if tpv else None,
             "speedup": tps / base_tps if base_tps else None,
-            "identical_to_off": sum(base_text.get((s.dataset, s.prompt_index)) == s.text for s in group),
+            # sampled outputs legitimately differ from `off`: only greedy runs are compared
+            "identical_to_off": sum(base_text.get((s.dataset, s.prompt_index)) == s.text for s in group)
+            if compare_text else None,
         })
     return rows
 
@@ -80,7 +82,8 @@ def format_table(title: str, rows: list[dict]) -> str:
         tpv = f"{r['tokens_per_verification']:.2f}" if r["tokens_per_verification"] else "-"
         lines.append(
             f"{r['mode']:<22} {r['requests']:>4} {r['tokens_per_s']:>7.1f} {r['normalized_latency_ms']:>7.1f} "
-            f"{r['ttft_ms']:>8.0f} {acc:>7} {tpv:>9} {r['speedup']:>7.2f}x {r['identical_to_off']:>6}/{r['requests']}"
+            f"{r['ttft_ms']:>8.0f} {acc:>7} {tpv:>9} {r['speedup']:>7.2f}x "
+            + (f"{r['identical_to_off']:>6}/{r['requests']}" if r["identical_to_off"] is not None else f"{'n/a':>11}")
         )
     return "\n".join(lines)
 
@@ -116,21 +119,23 @@ def run(args: argparse.Namespace) -> dict:
     with TritonProcess(args.deploy, log_path=out_dir / "tritonserver.log") as server:
         print(f"server ready: gRPC {server.grpc_url}", flush=True)
         for mode in modes:  # warm-up: first calls pay one-off costs (allocations, page faults)
-            _complete(server.grpc_url, "Say hello.", mode, 16)
+            _complete(server.grpc_url, "Say hello.", mode, 16, args.temperature)
         for name, texts in prompts.items():
             for i, text in enumerate(texts):
                 for mode in modes:
-                    c = _complete(server.grpc_url, text, mode, args.max_tokens)
+                    c = _complete(server.grpc_url, text, mode, args.max_tokens, args.temperature)
                     samples.append(Sample(name, i, mode.label, c.num_output_tokens, c.latency_s, c.ttft_s or c.latency_s,
                                           c.acceptance_rate if mode.speculation != "off" else None,
                                           c.tokens_per_verification, c.text))
                     print(f"{name}[{i}] {mode.label:<20} {c.num_output_tokens:>4} tok {c.tokens_per_s:6.1f} tok/s", flush=True)
     baseline = modes[0].label
-    overall = summarize(samples, baseline)
-    per_dataset = {name: summarize([s for s in samples if s.dataset == name], baseline) for name in prompts}
+    greedy = args.temperature == 0
+    overall = summarize(samples, baseline, greedy)
+    per_dataset = {name: summarize([s for s in samples if s.dataset == name], baseline, greedy) for name in prompts}
     report = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
         "prompts_per_dataset": args.prompts_per_dataset,
         "overall": overall,
         "per_dataset": per_dataset,
@@ -138,15 +143,16 @@ def run(args: argparse.Namespace) -> dict:
     }
     for name, rows in per_dataset.items():
         print(format_table(f"{name} ({len(prompts[name])} prompts)", rows))
-    print(format_table(f"all datasets ({len(samples) // len(modes)} prompts, max_tokens {args.max_tokens}, greedy, batch 1)", overall))
+    decoding = "greedy" if greedy else f"sampled at temperature {args.temperature}, seeded"
+    print(format_table(f"all datasets ({len(samples) // len(modes)} prompts, max_tokens {args.max_tokens}, {decoding}, batch 1)", overall))
     (out_dir / "bench_speculation.json").write_text(json.dumps(report, indent=2))
     plot(overall, per_dataset, out_dir / "bench_speculation.png")
     print(f"\nwrote {out_dir / 'bench_speculation.json'} and {out_dir / 'bench_speculation.png'}")
     return report
 
 
-def _complete(url: str, prompt: str, mode: Mode, max_tokens: int) -> Completion:
-    params = GenerationParams(max_tokens=max_tokens, temperature=0.0, speculation=mode.speculation,
+def _complete(url: str, prompt: str, mode: Mode, max_tokens: int, temperature: float) -> Completion:
+    params = GenerationParams(max_tokens=max_tokens, temperature=temperature, seed=0, speculation=mode.speculation,
                               num_draft_tokens=mode.k if mode.speculation != "off" else None, chat=True)
     return generate_grpc(url, "minions", prompt, params, stream=True)
 
@@ -159,6 +165,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--modes", nargs="+", default=["off", "single:ssm_q4@4", "single:ssm_q4@8", "single:ssm_ngram@4", "single:ssm_ngram@8"],
                    help="first is the baseline; MODE@K fixes the draft length")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (outputs compared with off)")
     p.add_argument("--out", default=str(ROOT / "bench_results"))
     run(p.parse_args())
 
