@@ -40,9 +40,9 @@ ENGINE_INPUTS: dict[str, tuple[type, list[int]]] = {
     "bad_words_list": (np.int32, [2, -1]),
     "return_generation_logits": (np.bool_, [1]),
     "exclude_input_in_output": (np.bool_, [1]),
+    "streaming": (np.bool_, [1]),  # accepted for compatibility; these engines answer in one response
     "stop": (np.bool_, [1]),
 }
-ENGINE_OUTPUTS = ("output_ids", "sequence_length", "generation_logits")
 
 
 @dataclass

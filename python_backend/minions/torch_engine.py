@@ -47,7 +47,6 @@ class TorchEngine:
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 2048))
         self.cache: SequenceCache = SequenceCache(max_sequences)
         self._lock = threading.Lock()
-        self.forward_calls = 0
         self.forward_tokens = 0
 
     # -- Engine protocol -------------------------------------------------------------------------
@@ -122,7 +121,6 @@ class TorchEngine:
         entry.tokens = list(tokens) + list(extra)
         if pad:
             entry.state.crop(-pad)
-        self.forward_calls += 1
         self.forward_tokens += len(new)
         return entry, out.logits[0, :n_logits].float().numpy()
 

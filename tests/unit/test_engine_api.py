@@ -169,3 +169,19 @@ def test_bad_words_tensor_survives_the_batch_dimension():
     tensors = build_engine_inputs(EngineRequest("r", [1, 2], 1, bad_words=bad))
     assert tensors["bad_words_list"].shape == (1, 2, 4)
     assert parse_engine_inputs(tensors, "r")[0].bad_words.words == bad.words
+
+
+@pytest.mark.parametrize("model", ["llm", "ssm_q4", "ssm_ngram"])
+def test_engine_configs_declare_exactly_the_interface_the_code_speaks(model):
+    """config.pbtxt and engine_api must not drift apart: same input names, dtypes and dims."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "model_repository" / model / "config.pbtxt").read_text()
+    inputs_block = text[text.index("input ["): text.index("output [")]
+    declared = {
+        name: (dtype, [int(d) for d in dims.replace(" ", "").split(",")])
+        for name, dtype, dims in re.findall(r'name: "(\w+)"\s+data_type: TYPE_(\w+)\s+dims: \[([^\]]*)\]', inputs_block)
+    }
+    numpy_of = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}
+    assert {n: (numpy_of[t], d) for n, (t, d) in declared.items()} == ENGINE_INPUTS

@@ -163,9 +163,11 @@ class TritonPythonModel:
             sender.send(self._response(greq, pending, stats, finish_reason), flags=FINAL)
         elapsed = time.perf_counter() - start
         log.info(
-            "%s: %s, %d prompt + %d new tokens in %.2f s (%.1f tok/s), %d LLM calls, acceptance %.2f, finish %s",
+            "%s: %s, %d prompt + %d new tokens in %.2f s (%.1f tok/s; drafting %.2f s, verifying %.2f s), "
+            "%d LLM calls, acceptance %.2f, finish %s",
             request_id, greq.speculation, len(prompt_ids), stats.emitted_tokens, elapsed,
-            stats.emitted_tokens / max(elapsed, 1e-9), stats.verifications, stats.acceptance_rate, finish_reason,
+            stats.emitted_tokens / max(elapsed, 1e-9), stats.draft_seconds, stats.verify_seconds,
+            stats.verifications, stats.acceptance_rate, finish_reason,
         )
 
     def _response(self, greq: GenerationRequest, text: str, stats: DecodeStats, finish_reason: str | None):
