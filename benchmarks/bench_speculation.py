@@ -24,14 +24,18 @@ from .server_process import ROOT, TritonProcess
 
 @dataclass(frozen=True)
 class Mode:
+    """`SPECULATION[@K][+dl]`: @K fixes the draft length, +dl sends draft logits (sampled drafts)."""
+
     label: str
     speculation: str
     k: int
+    use_draft_logits: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Mode":
-        spec, _, k = text.partition("@")
-        return cls(text, spec, int(k) if k else 4)
+        body, dl = (text[:-3], True) if text.endswith("+dl") else (text, False)
+        spec, _, k = body.partition("@")
+        return cls(text, spec, int(k) if k else 4, dl)
 
 
 @dataclass
@@ -153,7 +157,8 @@ def run(args: argparse.Namespace) -> dict:
 
 def _complete(url: str, prompt: str, mode: Mode, max_tokens: int, temperature: float) -> Completion:
     params = GenerationParams(max_tokens=max_tokens, temperature=temperature, seed=0, speculation=mode.speculation,
-                              num_draft_tokens=mode.k if mode.speculation != "off" else None, chat=True)
+                              num_draft_tokens=mode.k if mode.speculation != "off" else None, chat=True,
+                              use_draft_logits=mode.use_draft_logits)
     return generate_grpc(url, "minions", prompt, params, stream=True)
 
 
@@ -164,7 +169,7 @@ def main() -> None:
     p.add_argument("--prompts-per-dataset", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--modes", nargs="+", default=["off", "single:ssm_q4@4", "single:ssm_q4@8", "single:ssm_ngram@4", "single:ssm_ngram@8"],
-                   help="first is the baseline; MODE@K fixes the draft length")
+                   help="first is the baseline; MODE@K fixes the draft length; MODE@K+dl sends draft logits")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (outputs compared with off)")
     p.add_argument("--out", default=str(ROOT / "bench_results"))
     run(p.parse_args())

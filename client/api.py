@@ -35,6 +35,7 @@ INPUT_TYPES: dict[str, tuple[str, type, bool]] = {
     "return_perf_metrics": ("BOOL", np.bool_, False),
     "speculation": ("BYTES", np.object_, False),
     "chat": ("BOOL", np.bool_, False),
+    "use_draft_logits": ("BOOL", np.bool_, False),
 }
 
 
@@ -57,6 +58,7 @@ class GenerationParams:
     return_perf_metrics: bool | None = True
     speculation: str | None = None
     chat: bool | None = None
+    use_draft_logits: bool | None = None
 
     def inputs(self, prompt: str, stream: bool) -> dict:
         values = {k: v for k, v in asdict(self).items() if v is not None}

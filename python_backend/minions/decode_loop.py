@@ -46,6 +46,10 @@ class DecodePlan:
     speculation: Speculation = field(default_factory=lambda: Speculation(SPECULATION_OFF))
     num_draft_tokens: int = 4
     llm: str = "llm"
+    use_draft_logits: bool = False
+    """When sampling: the SSM samples its draft with the request's parameters and sends its logits,
+    and the LLM verifies with the min(1, p/q) rule (ignored for greedy decoding and for SSMs that
+    have no logits, whose drafts are then judged as deterministic)."""
     health: SsmHealth = field(default_factory=SsmHealth)
     """Shared across requests in the server, so a dead SSM is skipped by everyone."""
 
@@ -97,9 +101,10 @@ class DecodeStats:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
 
 
-def round_seed(seed: int, position: int) -> int:
-    """A per-round seed derived from the request's seed and the sequence length (reproducible)."""
-    return int(np.random.SeedSequence([seed, position]).generate_state(1, np.uint64)[0])
+def round_seed(seed: int, position: int, stream: int = 0) -> int:
+    """A per-round seed from the request's seed and the sequence length (reproducible); `stream`
+    keeps the SSM's draws independent of the LLM's."""
+    return int(np.random.SeedSequence([seed, position, stream]).generate_state(1, np.uint64)[0])
 
 
 async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id: str) -> AsyncIterator[Round]:
@@ -113,6 +118,7 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
     ssm = plan.speculation.ssms[0] if plan.speculation.mode != SPECULATION_OFF else None
     used = [plan.llm] + ([ssm] if ssm else [])
     produced = 0
+    sampled_drafts = plan.use_draft_logits and not plan.sampling.greedy
     try:
         while produced < plan.max_new_tokens:
             remaining = plan.max_new_tokens - produced
@@ -122,14 +128,25 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
             if k > 0 and not plan.health.available(ssm):
                 k = 0  # the SSM is failing: verify without a draft, i.e. plain decoding
             draft: list[int] = []
+            draft_logits = None
             failed = None
             t0 = time.perf_counter()
             if k > 0:
                 try:
                     proposal = await client.generate(
-                        ssm, EngineRequest(request_id, list(sequence), k, sampling=GREEDY, exclude_input_in_output=True)
+                        ssm,
+                        EngineRequest(
+                            request_id,
+                            list(sequence),
+                            k,
+                            sampling=plan.sampling if sampled_drafts else GREEDY,
+                            seed=round_seed(seed, len(sequence), stream=1) if sampled_drafts else None,
+                            return_generation_logits=sampled_drafts,
+                            exclude_input_in_output=True,
+                        ),
                     )
                     draft = proposal.tokens[:k]
+                    draft_logits = proposal.logits[: len(draft)] if sampled_drafts and proposal.logits is not None else None
                     plan.health.succeeded(ssm)
                 except Exception as exc:  # a request never fails because of an SSM: verify without a draft
                     failed = ssm
@@ -144,6 +161,7 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
                     list(sequence),
                     len(draft) + 1,
                     draft=draft,
+                    draft_logits=draft_logits if draft else None,
                     sampling=plan.sampling,
                     seed=round_seed(seed, len(sequence)),
                     end_id=plan.end_id,

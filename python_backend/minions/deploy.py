@@ -171,6 +171,7 @@ def render_repository(dep: Deployment, out_dir: Path) -> Path:
             "max_tokens_limit": str(orch.get("max_tokens_limit", 1024)),
             "max_context": str(max_context),
             "default_chat": str(bool(orch.get("default_chat", False))).lower(),
+            "default_use_draft_logits": str(bool(orch.get("default_use_draft_logits", False))).lower(),
             "instance_count": str(orch.get("instance_count", 1)),
         },
     )

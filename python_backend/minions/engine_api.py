@@ -8,7 +8,8 @@ Semantics kept from TensorRT-LLM:
 - `input_ids` is the whole sequence so far (the orchestrator resends it every round).
 - without `draft_input_ids`: generate `request_output_len` tokens.
 - with `draft_input_ids` (k tokens, `request_output_len` = k + 1): verify the draft and return the
-  accepted draft tokens plus one token of the engine's own (draft-tokens-external mode).
+  accepted draft tokens plus one token of the engine's own (draft-tokens-external mode); with
+  `draft_logits` too, the draft counts as sampled from them (see verification.py).
 - `stop` = true ends the sequence `request_id` names and frees its cached state.
 """
 
@@ -30,6 +31,7 @@ ENGINE_INPUTS: dict[str, tuple[type, list[int]]] = {
     "input_lengths": (np.int32, [1]),
     "request_output_len": (np.int32, [1]),
     "draft_input_ids": (np.int32, [-1]),
+    "draft_logits": (np.float32, [-1, -1]),
     "end_id": (np.int32, [1]),
     "pad_id": (np.int32, [1]),
     "temperature": (np.float32, [1]),
@@ -51,6 +53,8 @@ class EngineRequest:
     input_ids: list[int]
     request_output_len: int
     draft: list[int] = field(default_factory=list)
+    draft_logits: np.ndarray | None = None
+    """[len(draft), vocab]: the SSM's logits when it sampled the draft."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
     end_id: int | None = None
@@ -104,6 +108,11 @@ def parse_engine_inputs(inputs: Mapping[str, np.ndarray], request_id: str) -> li
             raise InvalidRequest(f"'input_lengths' {length} does not fit input_ids of length {ids.shape[1]}")
         draft_row = _row(inputs, "draft_input_ids", b)
         draft = [int(t) for t in np.asarray(draft_row).reshape(-1)] if draft_row is not None else []
+        draft_logits = _row(inputs, "draft_logits", b)
+        if draft_logits is not None:
+            draft_logits = np.asarray(draft_logits, dtype=np.float32)
+            if draft_logits.ndim != 2 or draft_logits.shape[0] < len(draft):
+                raise InvalidRequest(f"'draft_logits' must be [>= {len(draft)}, vocab], got {list(draft_logits.shape)}")
         out_len = int(_row_scalar(inputs, "request_output_len", b, len(draft) + 1))
         if out_len < 1 and not _row_scalar(inputs, "stop", b, False):
             raise InvalidRequest(f"'request_output_len' must be >= 1, got {out_len}")
@@ -118,6 +127,7 @@ def parse_engine_inputs(inputs: Mapping[str, np.ndarray], request_id: str) -> li
                 input_ids=[int(t) for t in ids[b, :length]],
                 request_output_len=out_len,
                 draft=draft,
+                draft_logits=draft_logits,
                 sampling=SamplingParams(
                     temperature=float(_row_scalar(inputs, "temperature", b, 0.0)),
                     top_k=top_k,
@@ -175,6 +185,8 @@ def build_engine_inputs(request: EngineRequest) -> dict[str, np.ndarray]:
     }
     if request.draft:
         tensors["draft_input_ids"] = np.asarray([request.draft], dtype=np.int32)
+    if request.draft_logits is not None:
+        tensors["draft_logits"] = np.asarray(request.draft_logits, dtype=np.float32)[None]
     if request.seed is not None:
         tensors["random_seed"] = np.array([[request.seed]], dtype=np.uint64)
     if request.end_id is not None:

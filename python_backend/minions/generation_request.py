@@ -29,6 +29,7 @@ class Limits:
     max_num_draft_tokens: int = 16
     default_speculation: str = SPECULATION_OFF
     default_chat: bool = False
+    default_use_draft_logits: bool = False
     ssm_names: tuple[str, ...] = ()
 
 
@@ -72,6 +73,7 @@ class GenerationRequest:
     return_perf_metrics: bool = False
     speculation: Speculation = field(default_factory=lambda: Speculation(SPECULATION_OFF))
     chat: bool = False
+    use_draft_logits: bool = False
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str, kind: type, default):
@@ -150,4 +152,5 @@ def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Limits) -
         return_perf_metrics=_scalar(inputs, "return_perf_metrics", bool, False),
         speculation=speculation,
         chat=_scalar(inputs, "chat", bool, limits.default_chat),
+        use_draft_logits=_scalar(inputs, "use_draft_logits", bool, limits.default_use_draft_logits),
     )

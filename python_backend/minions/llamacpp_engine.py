@@ -56,8 +56,6 @@ class LlamaCppEngine:
             return EngineResult([])
         if request.draft:
             raise InvalidRequest("this engine drafts only: draft_input_ids are not supported")
-        if request.return_generation_logits:
-            raise InvalidRequest("this engine does not return generation logits")
         n = request.request_output_len
         if len(request.input_ids) + n > self.n_ctx:
             raise InvalidRequest(f"sequence of {len(request.input_ids) + n} tokens exceeds the context of {self.n_ctx}")
@@ -70,6 +68,7 @@ class LlamaCppEngine:
             ctx.n_tokens = keep
             ctx.eval(sequence[keep:])
             tokens: list[int] = []
+            rows: list[np.ndarray] = []
             for i in range(n):
                 logits = _last_logits(ctx)
                 banned = request.bad_words.banned_next(sequence) if request.bad_words else None
@@ -78,12 +77,14 @@ class LlamaCppEngine:
                     break
                 tokens.append(token)
                 sequence.append(token)
+                if request.return_generation_logits:
+                    rows.append(logits.copy())  # llama.cpp reuses its buffer on the next eval
                 if request.end_id is not None and token == request.end_id:
                     break
                 if i < n - 1:
                     ctx.eval([token])
             entry.tokens = sequence[: ctx.n_tokens]
-        return EngineResult(tokens)
+        return EngineResult(tokens, 0, np.stack(rows) if rows else None)
 
     def _unsure(self, logits: np.ndarray, token: int, request: EngineRequest) -> bool:
         if self.draft_min_prob <= 0.0 or not request.sampling.greedy:

@@ -19,8 +19,8 @@ class NgramEngine:
             return EngineResult([])
         if request.draft:
             raise InvalidRequest("this engine drafts only: draft_input_ids are not supported")
-        if request.return_generation_logits:
-            raise InvalidRequest("this engine has no logits to return")
+        # return_generation_logits: a lookup has no logits, so none are returned (the draft is then
+        # treated as deterministic, which is exactly what it is).
         tokens = ngram_draft(request.input_ids, request.request_output_len, self.max_ngram, self.min_ngram)
         if request.end_id is not None and request.end_id in tokens:
             tokens = tokens[: tokens.index(request.end_id) + 1]

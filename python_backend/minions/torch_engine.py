@@ -71,9 +71,13 @@ class TorchEngine:
     def _verify(self, request: EngineRequest, rng: np.random.Generator) -> EngineResult:
         draft = request.draft[: max(request.request_output_len - 1, 0)]
         entry, logits = self._forward(request.request_id, request.input_ids, draft, len(draft) + 1)
-        verdict = verify_draft(
-            logits, draft, request.sampling, rng, request.input_ids, request.bad_words, request.end_id
-        )
+        try:
+            verdict = verify_draft(
+                logits, draft, request.sampling, rng, request.input_ids, request.bad_words, request.end_id,
+                request.draft_logits,
+            )
+        except ValueError as exc:  # draft_logits that do not fit the draft or the vocabulary
+            raise InvalidRequest(str(exc)) from None
         self._crop(entry, len(request.input_ids) + verdict.num_accepted)
         return EngineResult(
             verdict.tokens,

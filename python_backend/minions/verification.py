@@ -11,6 +11,12 @@ Sampling with a deterministic draft token d: accept with probability p(d) where 
 adjusted distribution (see sampling.target_probs); on rejection draw from p with d removed and
 renormalised. The emitted token then has law p exactly, so sampled output keeps the LLM's
 distribution.
+
+Sampling with a sampled draft (the SSM drew d from its own distribution q and sent its logits, as
+TensorRT-LLM's `draft_logits`): accept with probability min(1, p(d) / q(d)); on rejection draw from
+norm(max(0, p - q)). Also exact, and it accepts far more often than a greedy draft when q is close
+to p. q is computed from the draft logits with the same temperature/top-k/top-p as p, which is the
+distribution the SSM must have sampled from.
 """
 
 from __future__ import annotations
@@ -40,23 +46,29 @@ def verify_draft(
     context: Sequence[int] = (),
     bad_words: BadWords | None = None,
     end_id: int | None = None,
+    draft_logits: np.ndarray | None = None,
 ) -> Verdict:
     """Apply the accept/resample rule row by row.
 
     logits: shape [len(draft) + 1, vocab]; row i is the LLM's prediction for draft position i (row
     len(draft) predicts the token after a fully accepted draft). context: the tokens before the draft,
-    needed only for multi-token bad words.
+    needed only for multi-token bad words. draft_logits: [len(draft), vocab], the SSM's logits when it
+    sampled its draft (ignored for greedy decoding, where the draft is judged by argmax alone).
     """
     if logits.shape[0] != len(draft) + 1:
         raise ValueError(f"need {len(draft) + 1} logit rows for a draft of {len(draft)}, got {logits.shape[0]}")
     if not params.greedy and rng is None:
         raise ValueError("sampling needs a random generator")
+    if draft_logits is not None and (draft_logits.shape[0] < len(draft) or draft_logits.shape[-1] != logits.shape[-1]):
+        raise ValueError(f"draft_logits of shape {list(draft_logits.shape)} do not fit {len(draft)} tokens "
+                         f"over a vocabulary of {logits.shape[-1]}")
     history = list(context) if bad_words else []  # whole context: a bad word can be any length
     tokens: list[int] = []
     for i in range(len(draft) + 1):
         banned = bad_words.banned_next(history) if bad_words else None
         proposal = int(draft[i]) if i < len(draft) else None
-        token, accepted = _judge(logits[i], proposal, params, rng, banned)
+        q_row = draft_logits[i] if draft_logits is not None and proposal is not None else None
+        token, accepted = _judge(logits[i], proposal, params, rng, banned, q_row)
         tokens.append(token)
         if end_id is not None and token == end_id:
             return Verdict(tokens, i + int(accepted))
@@ -73,6 +85,7 @@ def _judge(
     params: SamplingParams,
     rng: np.random.Generator | None,
     banned: list[int] | None,
+    draft_row: np.ndarray | None = None,
 ) -> tuple[int, bool]:
     """One position: returns (emitted token, whether it is the accepted proposal)."""
     if params.greedy:
@@ -82,10 +95,24 @@ def _judge(
     probs = target_probs(row, params, banned)
     if proposal is None:
         return draw(probs, rng), False
+    if draft_row is not None:
+        return _judge_sampled_draft(probs, target_probs(draft_row, params), proposal, rng)
     if rng.random() < probs[proposal]:
         return proposal, True
     residual = probs.copy()
     residual[proposal] = 0.0
     if residual.sum() <= 0.0:  # p(d) == 1 cannot reach here; guards float rounding only
+        return proposal, True
+    return draw(residual, rng), False
+
+
+def _judge_sampled_draft(p: np.ndarray, q: np.ndarray, proposal: int, rng: np.random.Generator) -> tuple[int, bool]:
+    """Speculative sampling for d ~ q: accept with min(1, p(d)/q(d)), else draw from norm(max(0, p - q))."""
+    if q[proposal] <= 0.0:
+        raise ValueError(f"draft token {proposal} has probability 0 under the draft distribution it came from")
+    if rng.random() < min(1.0, p[proposal] / q[proposal]):
+        return proposal, True
+    residual = np.maximum(p - q, 0.0)
+    if residual.sum() <= 0.0:  # p == q accepts surely; guards float rounding only
         return proposal, True
     return draw(residual, rng), False

@@ -138,3 +138,20 @@ def test_a_short_request_is_not_queued_behind_a_long_one(server):
     worker.join(120)
     assert short.num_output_tokens > 0
     assert finished["short"] < finished["long"], "the short request waited for the long one to finish"
+
+
+@pytest.mark.parametrize("ssm", ["ssm_q4", "ssm_ngram"])
+def test_sampled_drafts_with_draft_logits_work_and_reproduce(server, ssm):
+    """use_draft_logits: ssm_q4 samples its draft and sends logits (min(1, p/q) rule); ssm_ngram has none
+    and is judged as deterministic. Neither may count as an SSM failure."""
+    params = GenerationParams(max_tokens=32, chat=True, temperature=0.8, top_p=0.95, seed=7,
+                              speculation=f"single:{ssm}", use_draft_logits=True)
+    a = generate_grpc(server.grpc_url, "minions", "Write a line of poetry about rivers.", params)
+    b = generate_grpc(server.grpc_url, "minions", "Write a line of poetry about rivers.", params)
+    assert a.text == b.text and a.num_output_tokens > 0
+    if ssm == "ssm_q4":
+        assert a.total_draft_tokens > 0 and a.total_accepted_draft_tokens > 0
+    with urllib.request.urlopen(server.metrics_url, timeout=30) as resp:
+        failures = [line for line in resp.read().decode().splitlines()
+                    if line.startswith("minions_ssm_failures{") and f'ssm="{ssm}"' in line]
+    assert all(float(line.rsplit(" ", 1)[1]) == 0 for line in failures), failures

@@ -54,8 +54,11 @@ class InProcessClient:
         tokens = outputs["output_ids"].reshape(-1)[:length]
         if not request.exclude_input_in_output:
             tokens = tokens[len(request.input_ids):]
+        logits = None
+        if request.return_generation_logits and outputs["generation_logits"].shape[-1] > 0:
+            logits = outputs["generation_logits"][0, 0, : len(tokens)]
         await asyncio.sleep(0)  # a real transport yields to the event loop
-        return EngineResult([int(t) for t in tokens])
+        return EngineResult([int(t) for t in tokens], logits=logits)
 
     async def release(self, model: str, request_id: str) -> None:
         self.released.append((model, request_id))
@@ -271,3 +274,24 @@ def test_a_failing_ssm_never_fails_the_request(engines, tiny_llm):
 def test_last_round_is_flagged_so_the_stream_can_end_before_clean_up(client):
     rounds = decode(client, plan([3, 7, 1, 9, 4], 9, ssm="self", num_draft_tokens=3))[2]
     assert [r.last for r in rounds] == [False] * (len(rounds) - 1) + [True]
+
+
+def test_sampled_drafts_send_logits_and_stay_reproducible(client):
+    """use_draft_logits: the SSM samples with the request's parameters and its logits reach the LLM."""
+    params = SamplingParams(temperature=0.9, top_p=0.95)
+    p = plan([3, 7, 1, 9, 4], 12, ssm="other", num_draft_tokens=3, sampling=params, seed=5, use_draft_logits=True)
+    first = decode(client, p)[0]
+    ssm_calls = [r for m, r in client.calls if m == "other" and not r.stop]
+    assert ssm_calls and all(r.return_generation_logits and r.sampling == params for r in ssm_calls)
+    verifications = [r for m, r in client.calls if m == "llm" and r.draft]
+    assert verifications and all(r.draft_logits is not None and r.draft_logits.shape[0] == len(r.draft)
+                                 for r in verifications)
+    assert decode(client, p, request_id="again")[0] == first, "same seed, same output"
+
+
+def test_ngram_drafts_fall_back_to_the_deterministic_rule(client):
+    """An SSM without logits: its draft is judged as deterministic (still exact), no draft_logits sent."""
+    p = plan([3, 7, 3, 7, 3, 7, 3], 10, ssm="ngram", num_draft_tokens=3,
+             sampling=SamplingParams(temperature=0.9), seed=1, use_draft_logits=True)
+    decode(client, p)
+    assert all(r.draft_logits is None for m, r in client.calls if m == "llm")

@@ -364,3 +364,111 @@ def test_torch_engine_first_token_marginal_matches_p(tiny_llm):
         for seed in range(400)
     ]
     assert goodness_of_fit(np.bincount(firsts, minlength=VOCAB), p1) > 1e-3
+
+
+# -- sampled drafts (draft_logits): accept with min(1, p/q), resample from norm(max(0, p - q)) ---------
+
+def sample_two_tokens_with_sampled_draft(target: NextLogits, drafter: NextLogits, verifier, params, rng) -> int:
+    """The SSM samples a 2-token draft from its own q and sends its logits; then as sample_two_tokens."""
+    draft, rows = [], []
+    for _ in range(2):
+        row = drafter(PROMPT + draft)
+        rows.append(row)
+        draft.append(draw(target_probs(row, params), rng))
+    out = verifier(target.rows(PROMPT, draft), draft, params, rng, np.stack(rows)).tokens[:2]
+    if len(out) < 2:
+        out += verifier(target.rows(PROMPT + out, []), [], params, rng, None).tokens
+    return out[0] * VOCAB + out[1]
+
+
+def correct_rule(logits, draft, params, rng, draft_logits):
+    return verify_draft(logits, draft, params, rng, draft_logits=draft_logits)
+
+
+def wrong_rule_resample_from_p(logits, draft, params, rng, draft_logits):
+    """Wrong: accept with min(1, p/q) but on rejection draw from p instead of norm(max(0, p - q))."""
+    tokens = []
+    for i, row in enumerate(logits):
+        p = target_probs(row, params)
+        if i == len(draft):
+            return Verdict(tokens + [draw(p, rng)], len(draft))
+        q = target_probs(draft_logits[i], params)
+        if rng.random() < min(1.0, p[draft[i]] / q[draft[i]]):
+            tokens.append(int(draft[i]))
+            continue
+        return Verdict(tokens + [draw(p, rng)], i)
+    raise AssertionError("unreachable")
+
+
+def wrong_rule_inverted_ratio(logits, draft, params, rng, draft_logits):
+    """Wrong: accept with min(1, q/p) instead of min(1, p/q); the residual is right.
+
+    (Judging a sampled draft as deterministic, accept with p(d), is NOT wrong: it keeps p exactly for
+    any draft distribution and only accepts less often; see the test below.)"""
+    tokens = []
+    for i, row in enumerate(logits):
+        p = target_probs(row, params)
+        if i == len(draft):
+            return Verdict(tokens + [draw(p, rng)], len(draft))
+        q = target_probs(draft_logits[i], params)
+        d = draft[i]
+        if p[d] > 0 and rng.random() < min(1.0, q[d] / p[d]):
+            tokens.append(int(d))
+            continue
+        return Verdict(tokens + [draw(np.maximum(p - q, 0.0), rng)], i)
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="module")
+def ssm_logits(tiny_ssm) -> NextLogits:
+    return NextLogits(tiny_ssm)
+
+
+def run_sampled_draft(next_logits, ssm_logits, rule, params, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    outcomes = [sample_two_tokens_with_sampled_draft(next_logits, ssm_logits, rule, params, rng) for _ in range(N_SAMPLES)]
+    return np.bincount(outcomes, minlength=VOCAB * VOCAB)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_sampled_draft_verification_preserves_the_llm_distribution(next_logits, ssm_logits, setting):
+    params = SETTINGS[setting]
+    counts = run_sampled_draft(next_logits, ssm_logits, correct_rule, params, seed=11)
+    assert goodness_of_fit(counts, exact_two_token_law(next_logits, params)) > 1e-3
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("wrong", [wrong_rule_resample_from_p, wrong_rule_inverted_ratio])
+def test_goodness_of_fit_detects_wrong_sampled_draft_rules(next_logits, ssm_logits, setting, wrong):
+    params = SETTINGS[setting]
+    counts = run_sampled_draft(next_logits, ssm_logits, wrong, params, seed=11)
+    assert goodness_of_fit(counts, exact_two_token_law(next_logits, params)) < 1e-6
+
+
+def test_sampled_draft_judged_as_deterministic_still_keeps_p(next_logits, ssm_logits):
+    """SSMs without logits (n-gram) fall back to the deterministic rule even for sampled drafts: exact."""
+    params = SETTINGS["T0.8-top_p0.9"]
+    ignore = lambda logits, draft, params, rng, draft_logits: verify_draft(logits, draft, params, rng)  # noqa: E731
+    counts = run_sampled_draft(next_logits, ssm_logits, ignore, params, seed=12)
+    assert goodness_of_fit(counts, exact_two_token_law(next_logits, params)) > 1e-3
+
+
+def test_sampled_draft_accepts_more_often_than_judging_it_deterministic(next_logits, ssm_logits):
+    """Why draft logits are worth sending: with q close to p, min(1, p/q) accepts more than p(d)."""
+    params = SETTINGS["T0.8-top_p0.9"]
+    rng = np.random.default_rng(3)
+    accepted = {"with logits": 0, "as deterministic": 0}
+    for _ in range(2000):
+        row = ssm_logits(PROMPT)
+        d = draw(target_probs(row, params), rng)
+        rows = next_logits.rows(PROMPT, [d])
+        accepted["with logits"] += verify_draft(rows, [d], params, rng, draft_logits=row[None]).num_accepted
+        accepted["as deterministic"] += verify_draft(rows, [d], params, rng).num_accepted
+    assert accepted["with logits"] > accepted["as deterministic"]
+
+
+def test_draft_logits_of_the_wrong_shape_are_rejected(next_logits):
+    rows = next_logits.rows(PROMPT, [1, 2])
+    with pytest.raises(ValueError, match="draft_logits"):
+        verify_draft(rows, [1, 2], SETTINGS["T0.8-top_p0.9"], np.random.default_rng(0),
+                     draft_logits=np.zeros((1, VOCAB)))

@@ -26,7 +26,8 @@ class TritonEngineClient:
         infer = pb_utils.InferenceRequest(
             model_name=model,
             inputs=tensors,
-            requested_output_names=["output_ids", "sequence_length"],
+            requested_output_names=["output_ids", "sequence_length"]
+            + (["generation_logits"] if request.return_generation_logits else []),
             request_id=request.request_id,
         )
         response = await infer.async_exec()
@@ -37,7 +38,13 @@ class TritonEngineClient:
         tokens = np.asarray(output_ids).reshape(-1)[:length]
         if not request.exclude_input_in_output:
             tokens = tokens[len(request.input_ids):]
-        return EngineResult([int(t) for t in tokens])
+        logits = None
+        if request.return_generation_logits:
+            tensor = pb_utils.get_output_tensor_by_name(response, "generation_logits")
+            rows = np.asarray(tensor.as_numpy())[0, 0] if tensor is not None else None
+            if rows is not None and rows.shape[-1] > 0:  # an engine without logits sends a 0-wide tensor
+                logits = rows[: len(tokens)]
+        return EngineResult([int(t) for t in tokens], logits=logits)
 
     async def release(self, model: str, request_id: str) -> None:
         """Tell an engine the sequence is over (tensorrt_llm's `stop`), so it frees the cached state."""

@@ -53,6 +53,7 @@ class TritonPythonModel:
             max_num_draft_tokens=int(params["max_num_draft_tokens"]),
             default_speculation=params["default_speculation"],
             default_chat=params["default_chat"] == "true",
+            default_use_draft_logits=params.get("default_use_draft_logits", "false") == "true",
             ssm_names=tuple(n for n in params["ssm_model_names"].split(",") if n),
         )
         from transformers import AutoTokenizer
@@ -127,6 +128,7 @@ class TritonPythonModel:
             bad_words=BadWords([self.tokenizer.encode(w, add_special_tokens=False) for w in greq.bad_words]),
             speculation=greq.speculation,
             num_draft_tokens=greq.num_draft_tokens,
+            use_draft_logits=greq.use_draft_logits,
             llm=self.llm,
             health=self.health,
         )
