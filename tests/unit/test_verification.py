@@ -239,40 +239,47 @@ def run_sampler(next_logits, verifier, draft, params, seed: int) -> np.ndarray:
     return np.bincount(outcomes, minlength=VOCAB * VOCAB)
 
 
-def wrong_verify_no_residual(logits, draft, params, rng) -> Verdict:
-    """Wrong: accept d with probability p(d), but on rejection draw from p itself (d not removed)."""
-    tokens = []
-    for i, row in enumerate(logits):
-        probs = target_probs(row, params)
-        if i == len(draft):
-            return Verdict(tokens + [draw(probs, rng)], len(draft))
-        if rng.random() < probs[draft[i]]:
-            tokens.append(int(draft[i]))
-            continue
-        return Verdict(tokens + [draw(probs, rng)], i)
-    raise AssertionError("unreachable")
+def rule(name: str, accept, resample):
+    """A verifier made of an acceptance probability accept(p, q, d, row) and a resampling vector
+    resample(p, q, d); q is None for a deterministic draft. Used to build deliberately wrong rules."""
+
+    def verify(logits, draft, params, rng, draft_logits=None) -> Verdict:
+        tokens = []
+        for i, row in enumerate(logits):
+            p = target_probs(row, params)
+            if i == len(draft):
+                return Verdict(tokens + [draw(p, rng)], len(draft))
+            q = target_probs(draft_logits[i], params) if draft_logits is not None else None
+            d = int(draft[i])
+            if rng.random() < accept(p, q, d, row):
+                tokens.append(d)
+                continue
+            return Verdict(tokens + [draw(resample(p, q, d), rng)], i)
+        raise AssertionError("unreachable")
+
+    verify.__name__ = name
+    return verify
+
+
+def without(p: np.ndarray, d: int) -> np.ndarray:
+    out = p.copy()
+    out[d] = 0.0
+    return out
+
+
+# Wrong: accept d with probability p(d), but on rejection draw from p itself (d not removed).
+wrong_verify_no_residual = rule("wrong_verify_no_residual", lambda p, q, d, row: p[d], lambda p, q, d: p)
+# Wrong: accept d with its raw softmax probability (no temperature, top-k, top-p), resample correctly.
+wrong_verify_raw_softmax_acceptance = rule(
+    "wrong_verify_raw_softmax_acceptance",
+    lambda p, q, d, row: target_probs(row, SamplingParams(temperature=1.0))[d],
+    lambda p, q, d: without(p, d),
+)
 
 
 def wrong_verify_always_accept(logits, draft, params, rng) -> Verdict:
     """Wrong: trust the draft blindly and only sample the bonus token."""
     return Verdict([int(t) for t in draft] + [draw(target_probs(logits[-1], params), rng)], len(draft))
-
-
-def wrong_verify_raw_softmax_acceptance(logits, draft, params, rng) -> Verdict:
-    """Wrong: accept d with its raw softmax probability (no temperature, top-k, top-p), resample correctly."""
-    tokens = []
-    for i, row in enumerate(logits):
-        probs = target_probs(row, params)
-        if i == len(draft):
-            return Verdict(tokens + [draw(probs, rng)], len(draft))
-        raw = target_probs(row, SamplingParams(temperature=1.0))
-        if rng.random() < raw[draft[i]]:
-            tokens.append(int(draft[i]))
-            continue
-        residual = probs.copy()
-        residual[draft[i]] = 0.0
-        return Verdict(tokens + [draw(residual, rng)], i)
-    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="module")
@@ -385,38 +392,18 @@ def correct_rule(logits, draft, params, rng, draft_logits):
     return verify_draft(logits, draft, params, rng, draft_logits=draft_logits)
 
 
-def wrong_rule_resample_from_p(logits, draft, params, rng, draft_logits):
-    """Wrong: accept with min(1, p/q) but on rejection draw from p instead of norm(max(0, p - q))."""
-    tokens = []
-    for i, row in enumerate(logits):
-        p = target_probs(row, params)
-        if i == len(draft):
-            return Verdict(tokens + [draw(p, rng)], len(draft))
-        q = target_probs(draft_logits[i], params)
-        if rng.random() < min(1.0, p[draft[i]] / q[draft[i]]):
-            tokens.append(int(draft[i]))
-            continue
-        return Verdict(tokens + [draw(p, rng)], i)
-    raise AssertionError("unreachable")
-
-
-def wrong_rule_inverted_ratio(logits, draft, params, rng, draft_logits):
-    """Wrong: accept with min(1, q/p) instead of min(1, p/q); the residual is right.
-
-    (Judging a sampled draft as deterministic, accept with p(d), is NOT wrong: it keeps p exactly for
-    any draft distribution and only accepts less often; see the test below.)"""
-    tokens = []
-    for i, row in enumerate(logits):
-        p = target_probs(row, params)
-        if i == len(draft):
-            return Verdict(tokens + [draw(p, rng)], len(draft))
-        q = target_probs(draft_logits[i], params)
-        d = draft[i]
-        if p[d] > 0 and rng.random() < min(1.0, q[d] / p[d]):
-            tokens.append(int(d))
-            continue
-        return Verdict(tokens + [draw(np.maximum(p - q, 0.0), rng)], i)
-    raise AssertionError("unreachable")
+# Wrong: accept with min(1, p/q) but on rejection draw from p instead of norm(max(0, p - q)).
+wrong_rule_resample_from_p = rule(
+    "wrong_rule_resample_from_p", lambda p, q, d, row: min(1.0, p[d] / q[d]), lambda p, q, d: p
+)
+# Wrong: accept with min(1, q/p) instead of min(1, p/q); the residual is right. (Judging a sampled
+# draft as deterministic, accept with p(d), is NOT wrong: it keeps p exactly for any draft
+# distribution and only accepts less often; see the test below.)
+wrong_rule_inverted_ratio = rule(
+    "wrong_rule_inverted_ratio",
+    lambda p, q, d, row: min(1.0, q[d] / p[d]) if p[d] > 0 else 0.0,
+    lambda p, q, d: np.maximum(p - q, 0.0),
+)
 
 
 @pytest.fixture(scope="module")
