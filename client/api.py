@@ -92,13 +92,16 @@ class Completion:
         """Latency per output token, the Minions paper's metric."""
         return self.latency_s / self.num_output_tokens if self.num_output_tokens else float("inf")
 
-    def add(self, outputs: dict, elapsed: float) -> None:
+    def add(self, outputs: dict, elapsed: float, on_text: Callable[[str], None] | None = None) -> None:
+        """Fold one response's outputs in; `on_text` sees each non-empty text chunk as it arrives."""
         chunk = outputs.get("text_output")
         if chunk:
             if self.ttft_s is None:
                 self.ttft_s = elapsed
             self.chunks.append(chunk)
             self.text += chunk
+            if on_text:
+                on_text(chunk)
         for key in ("num_output_tokens", "total_accepted_draft_tokens", "total_draft_tokens", "num_verifications"):
             if outputs.get(key) is not None:
                 setattr(self, key, int(outputs[key]))
@@ -165,9 +168,7 @@ def generate_grpc(
                 raise MinionsClientError(str(error))
             response = result.get_response()
             outputs = {o.name: _first(result.as_numpy(o.name)) for o in response.outputs}
-            completion.add(outputs, time.perf_counter() - start)
-            if on_text and outputs.get("text_output"):
-                on_text(outputs["text_output"])
+            completion.add(outputs, time.perf_counter() - start, on_text)
             if cancel_after_chunks is not None and len(completion.chunks) >= cancel_after_chunks:
                 client.stop_stream(cancel_requests=True)
                 completion.finish_reason = "cancelled"
@@ -211,7 +212,7 @@ def generate_http(
     start = time.perf_counter()
     with _post(endpoint, params.inputs(prompt, stream), timeout_s) as response:
         if not stream:
-            completion.add(json.loads(response.read()), time.perf_counter() - start)
+            completion.add(json.loads(response.read()), time.perf_counter() - start, on_text)
         else:
             for raw in response:
                 line = raw.decode("utf-8").strip()
@@ -220,12 +221,8 @@ def generate_http(
                 event = json.loads(line[5:])
                 if "error" in event:
                     raise MinionsClientError(event["error"])
-                completion.add(event, time.perf_counter() - start)
-                if on_text and event.get("text_output"):
-                    on_text(event["text_output"])
+                completion.add(event, time.perf_counter() - start, on_text)
     completion.latency_s = time.perf_counter() - start
-    if not stream and on_text:
-        on_text(completion.text)
     return completion
 
 
