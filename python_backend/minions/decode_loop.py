@@ -146,7 +146,8 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
                         ),
                     )
                     draft = proposal.tokens[:k]
-                    draft_logits = proposal.logits[: len(draft)] if sampled_drafts and proposal.logits is not None else None
+                    if draft and sampled_drafts and proposal.logits is not None:
+                        draft_logits = proposal.logits[: len(draft)]
                     plan.health.succeeded(ssm)
                 except Exception as exc:  # a request never fails because of an SSM: verify without a draft
                     failed = ssm
@@ -161,7 +162,7 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
                     list(sequence),
                     len(draft) + 1,
                     draft=draft,
-                    draft_logits=draft_logits if draft else None,
+                    draft_logits=draft_logits,
                     sampling=plan.sampling,
                     seed=round_seed(seed, len(sequence)),
                     end_id=plan.end_id,
