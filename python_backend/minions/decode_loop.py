@@ -1,7 +1,8 @@
 """The orchestrator's decoding loop, free of Triton so it can be tested against in-process engines.
 
-One round: the chosen SSM drafts k tokens from the whole sequence; the LLM verifies them and returns
-the accepted prefix plus one token of its own. With speculation `off` the LLM is called with no draft
+One round: a drafter (one SSM, a weighted vote of several, or a bandit's pick; see drafting.py)
+proposes k tokens from the whole sequence; the LLM verifies them and returns the accepted prefix plus
+one token of its own; the drafter learns from the outcome. With speculation `off` the LLM is called with no draft
 and returns one token, which is plain decoding through the very same engine and path. The loop
 resends the whole sequence every round (engines keep their own prefix KV caches) and releases every
 engine's cached state for the request when it ends, however it ends.
@@ -13,26 +14,20 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from .bad_words import BadWords
-from .engine_api import EngineRequest, EngineResult
-from .generation_request import SPECULATION_OFF, Speculation
+from .bandit import Ucb1
+from .drafting import BanditDrafter, Drafter, DraftRound, EngineClient, Proposal, SingleDrafter, VoteDrafter
+from .engine_api import EngineRequest
+from .generation_request import SPECULATION_BANDIT, SPECULATION_OFF, SPECULATION_VOTE, Speculation
 from .sampling import GREEDY, SamplingParams
 from .sequence_cache import common_prefix_len
 from .ssm_health import SsmHealth
+from .ssm_weights import SsmWeights
 
 log = logging.getLogger("minions.decode")
-
-
-class EngineClient(Protocol):
-    """How the loop reaches engine models (Triton BLS calls in production, objects in tests)."""
-
-    async def generate(self, model: str, request: EngineRequest) -> EngineResult: ...
-
-    async def release(self, model: str, request_id: str) -> None: ...
 
 
 @dataclass
@@ -52,6 +47,24 @@ class DecodePlan:
     have no logits, whose drafts are then judged as deterministic)."""
     health: SsmHealth = field(default_factory=SsmHealth)
     """Shared across requests in the server, so a dead SSM is skipped by everyone."""
+    weights: SsmWeights | None = None
+    """The vote's global SSM weights, shared across requests (None: fresh ones for this request)."""
+    bandit: Ucb1 | None = None
+    """The bandit policy, shared across requests (None: a fresh one for this request)."""
+    vote_deadline_s: float = 0.5
+    vote_explore_every: int = 4
+
+    def drafter(self) -> Drafter | None:
+        spec = self.speculation
+        sampled = self.use_draft_logits and not self.sampling.greedy
+        if spec.mode == SPECULATION_OFF or not spec.ssms:
+            return None
+        if spec.mode == SPECULATION_VOTE:
+            weights = self.weights or SsmWeights(spec.ssms)
+            return VoteDrafter(spec.ssms, self.health, weights, self.vote_deadline_s, self.vote_explore_every, sampled)
+        if spec.mode == SPECULATION_BANDIT:
+            return BanditDrafter(spec.ssms, self.health, self.bandit or Ucb1(spec.ssms), sampled)
+        return SingleDrafter(spec.ssms[0], self.health, sampled)
 
 
 @dataclass
@@ -62,11 +75,19 @@ class Round:
     accepted: int
     draft_seconds: float
     verify_seconds: float
-    ssm_failed: str | None = None
-    """Name of the SSM that failed to draft this round (the round went on without a draft)."""
+    failed: tuple[str, ...] = ()
+    """SSMs that failed or missed the deadline this round (the round went on without them)."""
     last: bool = False
     """No round follows (max_new_tokens or end_id reached): the consumer can finish its stream
     before the generator's clean-up releases the engines' state."""
+    drafts: dict[str, list[int]] = field(default_factory=dict)
+    """Each SSM's own draft this round (several under a vote)."""
+    control_seconds: float = 0.0
+    """Time spent in voting, weight updates and SSM selection (not waiting for engines)."""
+
+    def ssm_matched(self) -> dict[str, int]:
+        """Per SSM: how many of its own draft tokens the LLM's output confirms."""
+        return {ssm: common_prefix_len(d, self.tokens) for ssm, d in self.drafts.items()}
 
 
 @dataclass
@@ -80,6 +101,7 @@ class DecodeStats:
     emitted_tokens: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    control_seconds: float = 0.0
     accepted_per_position: list[int] = field(default_factory=list)
 
     def add(self, r: Round) -> None:
@@ -87,6 +109,7 @@ class DecodeStats:
         self.emitted_tokens += len(r.tokens)
         self.draft_seconds += r.draft_seconds
         self.verify_seconds += r.verify_seconds
+        self.control_seconds += r.control_seconds
         if r.drafted:
             self.drafts += 1
             self.draft_tokens += r.drafted
@@ -115,45 +138,22 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
     """
     sequence = list(plan.prompt_ids)
     seed = plan.seed if plan.seed is not None else int(np.random.default_rng().integers(2**62))
-    ssm = plan.speculation.ssms[0] if plan.speculation.mode != SPECULATION_OFF else None
-    used = [plan.llm] + ([ssm] if ssm else [])
+    drafter = plan.drafter()
     produced = 0
-    sampled_drafts = plan.use_draft_logits and not plan.sampling.greedy
+    index = 0
     try:
         while produced < plan.max_new_tokens:
             remaining = plan.max_new_tokens - produced
             # The first round is plain decoding: the first token then costs one LLM prefill, as in
-            # `off` (TTFT), instead of waiting for the SSM's prefill and draft as well.
-            k = min(plan.num_draft_tokens, remaining - 1) if ssm and produced > 0 else 0
-            if k > 0 and not plan.health.available(ssm):
-                k = 0  # the SSM is failing: verify without a draft, i.e. plain decoding
-            draft: list[int] = []
-            draft_logits = None
-            failed = None
+            # `off` (TTFT), instead of waiting for the SSMs' prefill and draft as well.
+            k = min(plan.num_draft_tokens, remaining - 1) if drafter and produced > 0 else 0
             t0 = time.perf_counter()
+            proposal = Proposal()
             if k > 0:
-                try:
-                    proposal = await client.generate(
-                        ssm,
-                        EngineRequest(
-                            request_id,
-                            list(sequence),
-                            k,
-                            sampling=plan.sampling if sampled_drafts else GREEDY,
-                            seed=round_seed(seed, len(sequence), stream=1) if sampled_drafts else None,
-                            return_generation_logits=sampled_drafts,
-                            exclude_input_in_output=True,
-                        ),
-                    )
-                    draft = proposal.tokens[:k]
-                    if draft and sampled_drafts and proposal.logits is not None:
-                        draft_logits = proposal.logits[: len(draft)]
-                    plan.health.succeeded(ssm)
-                except Exception as exc:  # a request never fails because of an SSM: verify without a draft
-                    failed = ssm
-                    log.warning("%s: SSM %s failed: %s", request_id, ssm, exc)
-                    if plan.health.failed(ssm):
-                        log.warning("SSM %s skipped by all requests for %.0f s", ssm, plan.health.cooldown_s)
+                proposal = await drafter.propose(client, DraftRound(
+                    request_id, list(sequence), k, plan.sampling, round_seed(seed, len(sequence), stream=1), index,
+                ))
+            draft = proposal.draft[:k]
             t1 = time.perf_counter()
             verdict = await client.generate(
                 plan.llm,
@@ -162,7 +162,7 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
                     list(sequence),
                     len(draft) + 1,
                     draft=draft,
-                    draft_logits=draft_logits,
+                    draft_logits=proposal.logits,
                     sampling=plan.sampling,
                     seed=round_seed(seed, len(sequence)),
                     end_id=plan.end_id,
@@ -176,13 +176,18 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
                 raise RuntimeError(f"engine {plan.llm!r} returned no token")
             sequence += new
             produced += len(new)
+            index += 1
+            control = proposal.control_seconds
+            if k > 0:
+                control += drafter.observe(proposal, new, t1 - t0, t2 - t1)
             # TensorRT-LLM returns tokens only: the accepted count is the prefix shared with the draft.
             accepted = common_prefix_len(new, draft)
             last = produced >= plan.max_new_tokens or (plan.end_id is not None and plan.end_id in new)
-            yield Round(new, ssm if draft else None, len(draft), accepted, t1 - t0, t2 - t1, failed, last)
+            yield Round(new, proposal.chosen if draft else None, len(draft), accepted, t1 - t0 - proposal.control_seconds,
+                        t2 - t1, proposal.failed, last, proposal.drafts, control)
             if last:
                 return
     finally:
-        for model in used:
+        for model in [plan.llm, *(drafter.ssms if drafter else ())]:
             if model == plan.llm or plan.health.available(model):  # a dead stub would stall the release
                 await client.release(model, request_id)

@@ -16,6 +16,9 @@ from .errors import InvalidRequest
 from .sampling import SamplingParams
 
 SPECULATION_OFF = "off"
+SPECULATION_SINGLE = "single"
+SPECULATION_VOTE = "vote"
+SPECULATION_BANDIT = "bandit"
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,12 @@ class Limits:
 
 @dataclass(frozen=True)
 class Speculation:
-    """How a request is decoded: `off` (plain LLM decoding) or `single:<ssm>`."""
+    """How a request is decoded.
+
+    `off`: plain LLM decoding. `single:<ssm>`: one SSM drafts. `vote` (or `vote:<ssm>,<ssm>...`):
+    every (listed) SSM drafts and a weighted vote picks the draft. `bandit` (or `bandit:<ssm>,...`):
+    a learnt policy picks one SSM per round.
+    """
 
     mode: str
     ssms: tuple[str, ...] = ()
@@ -45,16 +53,25 @@ class Speculation:
         text = text.strip()
         if text == SPECULATION_OFF:
             return cls(SPECULATION_OFF)
-        kind, _, name = text.partition(":")
-        if kind == "single":
-            if name not in known_ssms:
-                raise InvalidRequest(f"unknown SSM {name!r} in speculation {text!r}; known: {', '.join(known_ssms)}")
-            return cls("single", (name,))
-        choices = ["off"] + [f"single:{n}" for n in known_ssms]
+        kind, sep, names = text.partition(":")
+        listed = tuple(n.strip() for n in names.split(",")) if sep else ()
+        unknown = [n for n in listed if n not in known_ssms]
+        if kind in (SPECULATION_SINGLE, SPECULATION_VOTE, SPECULATION_BANDIT) and unknown:
+            raise InvalidRequest(f"unknown SSM {unknown[0]!r} in speculation {text!r}; known: {', '.join(known_ssms)}")
+        if kind == SPECULATION_SINGLE and len(listed) == 1:
+            return cls(SPECULATION_SINGLE, listed)
+        if kind in (SPECULATION_VOTE, SPECULATION_BANDIT) and (listed or known_ssms):
+            return cls(kind, tuple(dict.fromkeys(listed)) if listed else known_ssms)
+        choices = ["off", "vote", "bandit"] + [f"single:{n}" for n in known_ssms]
         raise InvalidRequest(f"unknown speculation {text!r}; use one of: {', '.join(choices)}")
 
     def __str__(self) -> str:
         return self.mode if self.mode == SPECULATION_OFF else f"{self.mode}:{','.join(self.ssms)}"
+
+    @property
+    def label(self) -> str:
+        """Short name for metrics and logs: `vote`, not `vote:a,b,c`."""
+        return str(self) if self.mode == SPECULATION_SINGLE else self.mode
 
 
 @dataclass(frozen=True)

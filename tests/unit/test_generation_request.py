@@ -130,8 +130,10 @@ def test_default_speculation_comes_from_limits():
         ({"speculation": text(b"single:nope")}, "unknown SSM 'nope'.*known: ssm_q4, ngram"),
         (
             {"speculation": text(b"tree:ssm_q4")},
-            "unknown speculation 'tree:ssm_q4'; use one of: off, single:ssm_q4, single:ngram",
+            "unknown speculation 'tree:ssm_q4'; use one of: off, vote, bandit, single:ssm_q4, single:ngram",
         ),
+        ({"speculation": text(b"vote:ssm_q4,nope")}, "unknown SSM 'nope' in speculation 'vote:ssm_q4,nope'"),
+        ({"speculation": text(b"single:ssm_q4,ngram")}, "unknown speculation 'single:ssm_q4,ngram'"),
         ({"speculation": text(b"\xc3")}, "'speculation' is not valid UTF-8"),
         ({"stop_words": np.array([[b"ok", b"\xff"]], dtype=object)}, "'stop_words' is not valid UTF-8"),
     ],
@@ -168,3 +170,18 @@ def test_speculation_parse_single():
     assert Speculation.parse("single:a", ("a", "b")) == Speculation("single", ("a",))
     with pytest.raises(InvalidRequest, match="unknown SSM ''"):
         Speculation.parse("single:", ("a",))
+
+
+def test_vote_and_bandit_use_every_ssm_unless_listed():
+    known = ("a", "b", "c")
+    assert Speculation.parse("vote", known) == Speculation("vote", known)
+    assert Speculation.parse("bandit", known) == Speculation("bandit", known)
+    assert Speculation.parse("vote:c, a", known) == Speculation("vote", ("c", "a"))
+    assert Speculation.parse("vote:a,a", known) == Speculation("vote", ("a",))
+    assert Speculation.parse("vote:a,b", known).label == "vote"
+    assert Speculation.parse("single:b", known).label == "single:b"
+
+
+def test_vote_needs_at_least_one_ssm():
+    with pytest.raises(InvalidRequest, match="unknown speculation 'vote'"):
+        Speculation.parse("vote", ())

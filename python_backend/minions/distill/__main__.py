@@ -1,0 +1,168 @@
+"""`make distill`: train the distilled SSMs from the deployment's LLM and write them to the cache.
+
+1. The LLM greedily continues chat-formatted prompts of ../shared/datasets (a training range that
+   the benchmarks' prompts never touch, and a validation range), labelled per position.
+2. `ssm_d2`: the LLM's embeddings + layers 0-1 + a reduced-vocabulary head, trained on those labels.
+3. `ssm_d4b`: layers 0-3, "boost-tuned": positions ssm_d2 gets wrong weigh more, so the two SSMs
+   err differently, which is what a vote needs.
+4. Each is replayed on the validation split (greedy acceptance at k=4, ms per draft token) and the
+   result goes into its manifest.json; the deployment serves every SSM whose directory is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ..deploy import ROOT, hf_dir_for, load_deployment, smollm2_gguf
+from ..prompt import encode_prompt
+from ..torch_engine import TorchEngine, load_causal_lm
+from .draft_model import DistilledDraftModel
+from .evaluate import replay_acceptance
+from .teacher_data import Example, teacher_generate
+from .train import TrainConfig, boost_weights, greedy_predictions, reduced_vocab, train_draft, vocab_coverage
+
+log = logging.getLogger("minions.distill")
+DATASETS = {
+    "finance": "finance_alpaca.jsonl",
+    "dialogue": "empathetic_dialogues.jsonl",
+    "alpaca": "alpaca.jsonl",
+    "mt_bench": "mt_bench_question.jsonl",
+}
+BENCH_PROMPTS = 20
+"""The benchmarks read the first prompts of each dataset; validation starts after them, training after that."""
+
+
+def read_prompts(datasets_dir: Path, name: str, start: int, stop: int) -> list[str]:
+    texts = []
+    with (datasets_dir / DATASETS[name]).open() as f:
+        for line in f:
+            row = json.loads(line)
+            text = row["turns"][0] if "turns" in row else row["prompt"]
+            if text.strip():
+                texts.append(text)
+            if len(texts) >= stop:
+                break
+    return texts[start:stop]
+
+
+def interleave(groups: list[list]) -> list:
+    """Round-robin over the datasets, so a time budget that stops early still covers all of them."""
+    out = []
+    for i in range(max(len(g) for g in groups)):
+        out += [g[i] for g in groups if i < len(g)]
+    return out
+
+
+def encode_all(tokenizer, texts: list[str], max_prompt_tokens: int) -> list[list[int]]:
+    ids = [encode_prompt(tokenizer, t, chat=True) for t in texts]
+    return [p for p in ids if len(p) <= max_prompt_tokens]
+
+
+def build_data(args, teacher, tokenizer, out: Path) -> tuple[list[Example], list[Example], dict]:
+    cache = out / "teacher_data.pt"
+    if cache.exists() and not args.regenerate:
+        saved = torch.load(cache, weights_only=False)
+        log.info("reusing %s (%d train, %d validation examples)", cache, len(saved["train"]), len(saved["val"]))
+        return saved["train"], saved["val"], saved["meta"]
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    names = list(DATASETS)
+    val_stop = BENCH_PROMPTS + args.val_per_dataset
+    val_prompts = encode_all(tokenizer, interleave([read_prompts(args.datasets, n, BENCH_PROMPTS, val_stop) for n in names]), args.max_prompt_tokens)
+    train_prompts = encode_all(tokenizer, interleave([read_prompts(args.datasets, n, val_stop, 10**9) for n in names]), args.max_prompt_tokens)
+    val = teacher_generate(teacher, val_prompts, args.max_new_tokens, args.batch_size, pad, eos, 1e9, "teacher (validation)")
+    train = teacher_generate(teacher, train_prompts, args.max_new_tokens, args.batch_size, pad, eos, args.gen_minutes * 60, "teacher (train)")
+    meta = {
+        "datasets": {n: DATASETS[n] for n in names}, "chat_template": True, "max_new_tokens": args.max_new_tokens,
+        "validation_prompt_range": [BENCH_PROMPTS, val_stop], "train_prompt_start": val_stop,
+        "train_examples": len(train), "validation_examples": len(val),
+        "train_tokens": sum(len(e.tokens) for e in train),
+        "train_continuation_tokens": sum(len(e.tokens) - e.prompt_len for e in train),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save({"train": train, "val": val, "meta": meta}, cache)
+    return train, val, meta
+
+
+def evaluate(model, val: list[Example], k: int) -> dict:
+    return replay_acceptance(TorchEngine(model, max_sequences=2), val, k).as_dict()
+
+
+def distill_one(name: str, teacher, layers: list[int], vocab, train: list[Example], val: list[Example], cfg: TrainConfig,
+                weights, meta: dict, out: Path, k: int) -> DistilledDraftModel:
+    model = DistilledDraftModel.from_teacher(teacher, layers, vocab)
+    report = train_draft(model, train, cfg, weights, desc=f"train {name}")
+    quality = evaluate(model, val, k)
+    manifest = {
+        "name": name, "engine": "distilled", "teacher": meta.get("teacher"), "layers_from_teacher": layers,
+        "reduced_vocab": int(vocab.numel()), "vocab_coverage_validation": round(vocab_coverage(val, vocab), 4),
+        "data": meta, "train": {**asdict(cfg), **asdict(report)}, "validation": quality,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    model.save(out / name, manifest)
+    log.info("%s: acceptance@%d %.3f, %.2f ms/draft token, %d steps", name, k, quality["acceptance"], quality["ms_per_draft_token"], report.steps)
+    return model
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--deploy", default=os.environ.get("DEPLOY", str(ROOT / "deploy.yaml")))
+    p.add_argument("--datasets", type=Path, default=Path(os.environ.get("MINIONS_DATASETS", ROOT.parent / "shared" / "datasets")))
+    p.add_argument("--gen-minutes", type=float, default=10.0, help="time budget for the LLM's training continuations")
+    p.add_argument("--train-minutes", type=float, nargs=2, default=[12.0, 14.0], help="budgets of ssm_d2 and ssm_d4b")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--max-prompt-tokens", type=int, default=192)
+    p.add_argument("--val-per-dataset", type=int, default=6)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--vocab", type=int, default=8192, help="reduced head size (most frequent teacher labels)")
+    p.add_argument("--boost", type=float, default=2.0)
+    p.add_argument("--k", type=int, default=4, help="draft length of the validation replay")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--regenerate", action="store_true", help="regenerate the teacher data even if cached")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(args.threads)
+    from transformers import AutoTokenizer
+
+    dep = load_deployment(args.deploy)
+    teacher_dir = hf_dir_for(dep.llm["source"], dep)
+    out = dep.cache_dir / "distill"
+    teacher = load_causal_lm(str(teacher_dir))
+    tokenizer = AutoTokenizer.from_pretrained(teacher_dir, local_files_only=True)
+    train, val, meta = build_data(args, teacher, tokenizer, out)
+    meta["teacher"] = str(teacher_dir)
+    vocab = reduced_vocab(train, args.vocab, [tokenizer.eos_token_id])
+    log.info("reduced vocabulary %d tokens covers %.2f%% of validation continuations", vocab.numel(), 100 * vocab_coverage(val, vocab))
+    d2 = distill_one("ssm_d2", teacher, [0, 1], vocab, train, val, TrainConfig(args.train_minutes[0]), None, meta, out, args.k)
+    weights = boost_weights(train, greedy_predictions(d2, train), args.boost)
+    distill_one("ssm_d4b", teacher, [0, 1, 2, 3], vocab, train, val, TrainConfig(args.train_minutes[1], boost=args.boost, seed=1),
+                weights, meta, out, args.k)
+    summary = {"ssm_q4 (llama.cpp Q4_1, reference)": _llamacpp_reference(val, args.k),
+               "ssm_d2 with the full 49152-token head (cost only)": _full_head_cost(teacher, val, args.k)}
+    (out / "reference.json").write_text(json.dumps(summary, indent=2))
+    log.info("references: %s", summary)
+
+
+def _llamacpp_reference(val: list[Example], k: int) -> dict:
+    from ..llamacpp_engine import LlamaCppEngine
+
+    return replay_acceptance(LlamaCppEngine(str(smollm2_gguf()), 2, 2, 2048), val, k).as_dict()
+
+
+def _full_head_cost(teacher, val: list[Example], k: int) -> dict:
+    """Drafting cost of the same 2-layer model with a head over the whole vocabulary (untrained: cost only)."""
+    full = DistilledDraftModel.from_teacher(teacher, [0, 1], torch.arange(teacher.config.vocab_size))
+    return {"ms_per_draft_token": evaluate(full, val[:4], k)["ms_per_draft_token"]}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Vote and bandit drafting inside the real decoding loop (tiny torch engines + n-gram, in process)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from test_decode_loop import PROMPTS, BrokenEngine, InProcessClient, assert_all_released, client, decode, engines  # noqa: F401
+from test_verification import goodness_of_fit
+
+from minions.bandit import Ucb1
+from minions.decode_loop import DecodePlan
+from minions.engine_api import EngineRequest, EngineResult
+from minions.generation_request import Speculation
+from minions.sampling import SamplingParams, target_probs
+from minions.ssm_health import SsmHealth
+from minions.ssm_weights import SsmWeights
+from tiny_models import VOCAB, hf_greedy, next_logits
+
+ALL = ("self", "other", "ngram")
+
+
+def vote_plan(prompt, n, ssms=ALL, **kwargs) -> DecodePlan:
+    return DecodePlan(prompt_ids=list(prompt), max_new_tokens=n, speculation=Speculation("vote", ssms), **kwargs)
+
+
+def bandit_plan(prompt, n, ssms=ALL, **kwargs) -> DecodePlan:
+    return DecodePlan(prompt_ids=list(prompt), max_new_tokens=n, speculation=Speculation("bandit", ssms), **kwargs)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_vote_and_bandit_greedy_equal_plain_decoding(client, engines, tiny_llm, prompt):
+    want = hf_greedy(tiny_llm, prompt, 14)
+    assert decode(client, vote_plan(prompt, 14, num_draft_tokens=3))[0] == want
+    assert decode(client, bandit_plan(prompt, 14, num_draft_tokens=3))[0] == want
+    assert_all_released(engines)
+    for ssm in ALL:
+        assert (ssm, "req") in client.released
+
+
+def test_vote_asks_every_ssm_and_sends_one_draft_per_round(client):
+    tokens, stats, rounds = decode(client, vote_plan(PROMPTS[0], 12, num_draft_tokens=3, vote_explore_every=1))
+    llm_calls = [r for m, r in client.calls if m == "llm" and not r.stop]
+    assert len(llm_calls) == len(rounds) == stats.verifications
+    voted = [r for r in rounds if r.drafts]
+    assert voted and all(set(r.drafts) == set(ALL) for r in voted)
+    for r in voted:
+        if r.drafted:
+            assert r.ssm is not None and r.drafts[r.ssm][: r.drafted] == [c.draft for m, c in client.calls if m == "llm"][rounds.index(r)]
+
+
+def test_weights_learn_which_ssm_the_llm_agrees_with(client):
+    """'self' drafts with the LLM's own weights: across requests it must end up the heaviest."""
+    rng = np.random.default_rng(0)
+    weights = SsmWeights(ALL)
+    for i in range(4):
+        prompt = [int(t) for t in rng.integers(0, VOCAB, 6)]
+        decode(client, vote_plan(prompt, 30, num_draft_tokens=3, weights=weights, vote_explore_every=1), f"r{i}")
+    w = weights.snapshot()
+    assert w["self"] > w["ngram"] and w["self"] > w["other"]
+    assert w["self"] > 1.0
+
+
+def test_a_dominant_ssm_drafts_alone_between_exploration_rounds(client):
+    weights = SsmWeights(ALL, initial={"self": 10.0, "other": 0.1, "ngram": 0.1})
+    _, _, rounds = decode(client, vote_plan(PROMPTS[0], 20, num_draft_tokens=2, weights=weights, vote_explore_every=3))
+    asked = [sorted(r.drafts) for r in rounds if r.drafts]  # the first and last rounds draft nothing
+    assert ["self"] in asked and sorted(ALL) in asked
+    assert all(a in (["self"], sorted(ALL)) for a in asked)
+
+
+class SlowClient(InProcessClient):
+    """Delays one model's answers, as a slow SSM on a loaded machine would."""
+
+    def __init__(self, engines, slow: str, delay_s: float) -> None:
+        super().__init__(engines)
+        self.slow, self.delay_s = slow, delay_s
+
+    async def generate(self, model: str, request: EngineRequest) -> EngineResult:
+        if model == self.slow and not request.stop:
+            await asyncio.sleep(self.delay_s)
+        return await super().generate(model, request)
+
+
+def test_a_round_waits_for_the_deadline_not_for_the_slowest_ssm(engines, tiny_llm):
+    client = SlowClient(engines, "other", delay_s=0.5)
+    health = SsmHealth(threshold=1000)
+    tokens, _, rounds = decode(client, vote_plan(PROMPTS[1], 10, num_draft_tokens=2, vote_deadline_s=0.05,
+                                                 vote_explore_every=1, health=health))
+    assert tokens == hf_greedy(tiny_llm, PROMPTS[1], 10)
+    voted = rounds[1:]
+    assert voted and all(r.failed == ("other",) for r in voted)
+    assert all("other" not in r.drafts for r in voted)
+    assert all(r.draft_seconds < 0.4 for r in voted)
+
+
+def test_ssm_failing_mid_request_under_vote_never_fails_the_request(engines, tiny_llm):
+    broken = BrokenEngine(engines["self"], working_calls=2)
+    client = InProcessClient({**engines, "broken": broken})
+    health = SsmHealth(threshold=2, cooldown_s=3600)
+    ssms = ("broken", "other")
+    tokens, _, rounds = decode(client, vote_plan(PROMPTS[0], 16, ssms, num_draft_tokens=2, health=health, vote_explore_every=1))
+    assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 16)
+    assert any(r.failed == ("broken",) for r in rounds)
+    assert not health.available("broken")
+    later = rounds[[i for i, r in enumerate(rounds) if r.failed][-1] + 1 :]
+    assert later and all(set(r.drafts) <= {"other"} for r in later), "the broken SSM is skipped once its breaker opens"
+
+
+def test_no_ssm_answering_means_plain_decoding(engines, tiny_llm):
+    client = InProcessClient({**engines, "b1": BrokenEngine(engines["self"], 0), "b2": BrokenEngine(engines["other"], 0)})
+    tokens, stats, _ = decode(client, vote_plan(PROMPTS[0], 8, ("b1", "b2"), num_draft_tokens=2, health=SsmHealth(threshold=100)))
+    assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 8)
+    assert stats.draft_tokens == 0
+
+
+def test_bandit_tries_every_ssm_and_prefers_the_best(client):
+    bandit = Ucb1(ALL)
+    for i in range(3):
+        decode(client, bandit_plan(PROMPTS[i % 3], 24, num_draft_tokens=3, bandit=bandit), request_id=f"r{i}")
+    arms = bandit.arms
+    assert all(a.pulls > 0 for a in arms.values())
+    assert arms["self"].mean > arms["other"].mean
+
+
+def test_bandit_sampled_drafts_carry_logits(client):
+    p = bandit_plan(PROMPTS[0], 10, ("other",), num_draft_tokens=2, sampling=SamplingParams(temperature=0.8), seed=3,
+                    use_draft_logits=True)
+    decode(client, p)
+    drafted = [r for m, r in client.calls if m == "llm" and r.draft]
+    assert drafted and all(r.draft_logits is not None for r in drafted)
+
+
+def test_sampled_vote_is_lossless(client, tiny_llm):
+    """End to end: with a vote of several SSMs (greedy drafts, deterministic rule) and T=1 sampling,
+    tokens 2 and 3 (the first speculative round) follow the LLM's exact joint law (chi-square)."""
+    params = SamplingParams(temperature=1.0)
+    prompt = [3, 7, 1]
+    law = np.zeros(VOCAB * VOCAB)
+    p1 = target_probs(next_logits(tiny_llm, prompt), params)
+    for t1 in range(VOCAB):
+        p2 = target_probs(next_logits(tiny_llm, prompt + [t1]), params)
+        for t2 in range(VOCAB):
+            if p1[t1] * p2[t2] > 0:
+                p3 = target_probs(next_logits(tiny_llm, prompt + [t1, t2]), params)
+                law[t2 * VOCAB : (t2 + 1) * VOCAB] += p1[t1] * p2[t2] * p3
+    counts = np.zeros(VOCAB * VOCAB, dtype=np.int64)
+    weights = SsmWeights(ALL)
+    for seed in range(1200):
+        tokens = decode(client, vote_plan(prompt, 3, ("self", "other"), num_draft_tokens=2, sampling=params, seed=seed,
+                                          weights=weights, vote_explore_every=1, use_draft_logits=True), f"s{seed}")[0]
+        counts[tokens[1] * VOCAB + tokens[2]] += 1
+    assert all(r.draft_logits is None for m, r in client.calls if m == "llm"), "a vote's draft is judged as deterministic"
+    assert goodness_of_fit(counts, law) > 1e-3
