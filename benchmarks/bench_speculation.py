@@ -3,8 +3,10 @@
 Starts the real tritonserver with deploy.yaml, replays prompts from ../shared/datasets (finance,
 dialogue, alpaca, MT-bench) one at a time, greedy, and runs every mode on each prompt back to back so
 machine noise hits all modes alike. Prints a table per dataset and overall (tokens/s, normalised
-latency, TTFT, acceptance, tokens per verification, speedup over `off` from the same run, and whether
-the output equals `off` token for token), and writes JSON and a PNG chart.
+latency, TTFT, acceptance, tokens per verification, speedup over `off` from the same run, the share of
+request time the server spent in control (voting, weight updates, SSM selection), and whether the
+output equals `off` token for token), and writes JSON and a PNG chart. By default it runs `off`,
+every served SSM alone (`single:<ssm>`), `bandit` and `vote`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import json
 import statistics
 import time
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,14 +31,15 @@ class Mode:
 
     label: str
     speculation: str
-    k: int
+    k: int | None
+    """None: the deployment's default_num_draft_tokens."""
     use_draft_logits: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Mode":
         body, dl = (text[:-3], True) if text.endswith("+dl") else (text, False)
         spec, _, k = body.partition("@")
-        return cls(text, spec, int(k) if k else 4, dl)
+        return cls(text, spec, int(k) if k else None, dl)
 
 
 @dataclass
@@ -49,6 +53,8 @@ class Sample:
     acceptance: float | None
     tokens_per_verification: float | None
     text: str
+    control_s: float = 0.0
+    """Server time spent voting, updating weights and choosing SSMs (minions_control_seconds)."""
 
 
 def summarize(samples: list[Sample], baseline: str, compare_text: bool = True) -> list[dict]:
@@ -71,6 +77,7 @@ def summarize(samples: list[Sample], baseline: str, compare_text: bool = True) -
             "acceptance": statistics.mean(acc) if acc and mode != baseline else None,
             "tokens_per_verification": statistics.mean(tpv) if tpv else None,
             "speedup": tps / base_tps if base_tps else None,
+            "control_share": sum(s.control_s for s in group) / max(sum(s.latency_s for s in group), 1e-9),
             # sampled outputs legitimately differ from `off`: only greedy runs are compared
             "identical_to_off": sum(base_text.get((s.dataset, s.prompt_index)) == s.text for s in group)
             if compare_text else None,
@@ -79,14 +86,15 @@ def summarize(samples: list[Sample], baseline: str, compare_text: bool = True) -
 
 
 def format_table(title: str, rows: list[dict]) -> str:
-    head = f"{'mode':<22} {'req':>4} {'tok/s':>7} {'ms/tok':>7} {'TTFT ms':>8} {'accept':>7} {'tok/verif':>9} {'speedup':>8} {'same as off':>11}"
+    head = (f"{'mode':<22} {'req':>4} {'tok/s':>7} {'ms/tok':>7} {'TTFT ms':>8} {'accept':>7} {'tok/verif':>9} "
+            f"{'speedup':>8} {'control':>8} {'same as off':>11}")
     lines = [f"\n## {title}", head, "-" * len(head)]
     for r in rows:
         acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
         tpv = f"{r['tokens_per_verification']:.2f}" if r["tokens_per_verification"] else "-"
         lines.append(
             f"{r['mode']:<22} {r['requests']:>4} {r['tokens_per_s']:>7.1f} {r['normalized_latency_ms']:>7.1f} "
-            f"{r['ttft_ms']:>8.0f} {acc:>7} {tpv:>9} {r['speedup']:>7.2f}x "
+            f"{r['ttft_ms']:>8.0f} {acc:>7} {tpv:>9} {r['speedup']:>7.2f}x {100 * r['control_share']:>7.2f}% "
             + (f"{r['identical_to_off']:>6}/{r['requests']}" if r["identical_to_off"] is not None else f"{'n/a':>11}")
         )
     return "\n".join(lines)
@@ -115,7 +123,7 @@ def plot(rows: list[dict], per_dataset: dict[str, list[dict]], path: Path) -> No
 
 
 def run(args: argparse.Namespace) -> dict:
-    modes = [Mode.parse(m) for m in args.modes]
+    modes = [Mode.parse(m) for m in (args.modes or default_modes(args.deploy))]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = {name: load_prompts(name, args.prompts_per_dataset) for name in args.datasets}
@@ -127,10 +135,12 @@ def run(args: argparse.Namespace) -> dict:
         for name, texts in prompts.items():
             for i, text in enumerate(texts):
                 for mode in modes:
+                    control_before = control_seconds(server.metrics_url)
                     c = _complete(server.grpc_url, text, mode, args.max_tokens, args.temperature)
                     samples.append(Sample(name, i, mode.label, c.num_output_tokens, c.latency_s, c.ttft_s or c.latency_s,
                                           c.acceptance_rate if mode.speculation != "off" else None,
-                                          c.tokens_per_verification, c.text))
+                                          c.tokens_per_verification, c.text,
+                                          control_seconds(server.metrics_url) - control_before))
                     print(f"{name}[{i}] {mode.label:<20} {c.num_output_tokens:>4} tok {c.tokens_per_s:6.1f} tok/s", flush=True)
     baseline = modes[0].label
     greedy = args.temperature == 0
@@ -155,6 +165,20 @@ def run(args: argparse.Namespace) -> dict:
     return report
 
 
+def default_modes(deploy: str) -> list[str]:
+    """`off`, then every SSM the deployment serves alone, then `bandit` and `vote` over all of them."""
+    from minions.deploy import load_deployment
+
+    return ["off", *(f"single:{s['name']}" for s in load_deployment(deploy).ssms), "bandit", "vote"]
+
+
+def control_seconds(metrics_url: str) -> float:
+    """The server's minions_control_seconds, all modes together (requests here run one at a time)."""
+    with urllib.request.urlopen(metrics_url, timeout=30) as resp:
+        lines = resp.read().decode().splitlines()
+    return sum(float(l.rsplit(" ", 1)[1]) for l in lines if l.startswith("minions_control_seconds{"))
+
+
 def _complete(url: str, prompt: str, mode: Mode, max_tokens: int, temperature: float) -> Completion:
     params = GenerationParams(max_tokens=max_tokens, temperature=temperature, seed=0, speculation=mode.speculation,
                               num_draft_tokens=mode.k if mode.speculation != "off" else None, chat=True,
@@ -168,8 +192,9 @@ def main() -> None:
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     p.add_argument("--prompts-per-dataset", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--modes", nargs="+", default=["off", "single:ssm_q4@4", "single:ssm_q4@8", "single:ssm_ngram@4", "single:ssm_ngram@8"],
-                   help="first is the baseline; MODE@K fixes the draft length; MODE@K+dl sends draft logits")
+    p.add_argument("--modes", nargs="+", default=None,
+                   help="first is the baseline; MODE@K fixes the draft length (default: the deployment's); "
+                        "MODE@K+dl sends draft logits. Default: off, single:<each SSM>, bandit, vote")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (outputs compared with off)")
     p.add_argument("--out", default=str(ROOT / "bench_results"))
     run(p.parse_args())

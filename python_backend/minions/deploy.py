@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "model_repository"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-TEMPLATE_BY_ENGINE = {"torch": "llm", "llamacpp": "ssm_q4", "ngram": "ssm_ngram"}
+TEMPLATE_BY_ENGINE = {"torch": "llm", "distilled": "llm", "llamacpp": "ssm_q4", "ngram": "ssm_ngram"}
 
 
 @dataclass
@@ -43,7 +43,12 @@ class Deployment:
 
     @property
     def ssms(self) -> list[dict]:
-        return list(self.raw.get("ssms", []))
+        """The SSMs to serve: optional ones only when their artifacts exist (e.g. after `make distill`)."""
+        return [s for s in self.raw.get("ssms", []) if not s.get("optional") or _artifacts_present(s, self)]
+
+    @property
+    def missing_ssms(self) -> list[dict]:
+        return [s for s in self.raw.get("ssms", []) if s not in self.ssms]
 
     @property
     def orchestrator(self) -> dict:
@@ -68,6 +73,17 @@ def load_deployment(path: str | Path) -> Deployment:
         if m.get("engine") not in TEMPLATE_BY_ENGINE:
             raise ValueError(f"{path}: model {m.get('name')!r} has unknown engine {m.get('engine')!r}")
     return Deployment(raw, path, dict(raw.get("server", {})))
+
+
+def distilled_dir(model: dict, dep: Deployment) -> Path:
+    """A distilled SSM's directory: `source` relative to the cache directory (where make distill writes)."""
+    return _resolve(model.get("source", model["name"]), dep.cache_dir)
+
+
+def _artifacts_present(model: dict, dep: Deployment) -> bool:
+    from .distill.draft_model import is_distilled_dir
+
+    return model.get("engine") != "distilled" or is_distilled_dir(distilled_dir(model, dep))
 
 
 def smollm2_gguf() -> Path:
@@ -138,6 +154,8 @@ def _engine_params(model: dict, dep: Deployment, max_context: int) -> dict[str, 
         params["model_path"] = str(hf_dir_for(model["source"], dep))
     elif model["engine"] == "llamacpp":
         params["model_path"] = str(gguf_for(model["source"], dep))
+    elif model["engine"] == "distilled":
+        params["model_path"] = str(distilled_dir(model, dep))
     return params
 
 
@@ -147,13 +165,26 @@ def _fill(template_dir: Path, out_dir: Path, params: dict[str, str]) -> None:
     config.write_text(string.Template(config.read_text()).substitute(params))
 
 
+def _check_default_speculation(text: str, dep: Deployment) -> None:
+    from .errors import InvalidRequest
+    from .generation_request import Speculation
+
+    try:
+        Speculation.parse(text, tuple(s["name"] for s in dep.ssms))
+    except InvalidRequest as exc:
+        raise ValueError(f"{dep.path}: orchestrator.default_speculation: {exc}") from None
+
+
 def render_repository(dep: Deployment, out_dir: Path) -> Path:
     """Write a complete model repository for the deployment; returns its path."""
     orch = dep.orchestrator
     max_context = int(orch.get("max_context", 2048))
+    _check_default_speculation(str(orch.get("default_speculation", "off")), dep)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
+    for model in dep.missing_ssms:
+        log.warning("SSM %s not served: %s is missing (run `make distill`)", model["name"], distilled_dir(model, dep))
     for model in [dep.llm, *dep.ssms]:
         _fill(TEMPLATES / TEMPLATE_BY_ENGINE[model["engine"]], out_dir / model["name"], _engine_params(model, dep, max_context))
     _fill(
@@ -172,6 +203,8 @@ def render_repository(dep: Deployment, out_dir: Path) -> Path:
             "max_context": str(max_context),
             "default_chat": str(bool(orch.get("default_chat", False))).lower(),
             "default_use_draft_logits": str(bool(orch.get("default_use_draft_logits", False))).lower(),
+            "vote_deadline_ms": str(orch.get("vote_deadline_ms", 500)),
+            "vote_explore_every": str(orch.get("vote_explore_every", 4)),
             "instance_count": str(orch.get("instance_count", 1)),
         },
     )

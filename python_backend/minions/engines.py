@@ -22,6 +22,15 @@ def build_engine(params: Mapping[str, str]) -> Engine:
             int(params.get("max_context", 2048)),
             int(params.get("min_forward_tokens", 1)),
         )
+    if kind == "distilled":
+        import torch
+
+        from .distill.draft_model import load_draft_model
+        from .torch_engine import TorchEngine
+
+        torch.set_num_threads(int(params.get("num_threads", 2)))
+        return TorchEngine(load_draft_model(params["model_path"]), int(params.get("max_sequences", 8)),
+                           int(params.get("max_context", 2048)))
     if kind == "llamacpp":
         from .llamacpp_engine import LlamaCppEngine
 
@@ -36,4 +45,4 @@ def build_engine(params: Mapping[str, str]) -> Engine:
         from .ngram_engine import NgramEngine
 
         return NgramEngine(int(params.get("max_ngram", 3)), int(params.get("min_ngram", 1)))
-    raise ValueError(f"unknown engine {kind!r}: use torch, llamacpp or ngram")
+    raise ValueError(f"unknown engine {kind!r}: use torch, distilled, llamacpp or ngram")

@@ -25,3 +25,14 @@ def grpc_tensor(name: str, array: np.ndarray, triton_type: str):
     t = grpcclient.InferInput(name, list(array.shape), triton_type)
     t.set_data_from_numpy(array)
     return t
+
+
+def metric_value(metrics_url: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus metric's samples on Triton's metrics port whose labels include `labels`."""
+    with urllib.request.urlopen(metrics_url, timeout=30) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

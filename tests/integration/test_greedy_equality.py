@@ -13,7 +13,7 @@ from benchmarks.datasets import load_prompts
 from client.api import GenerationParams, generate_grpc
 
 PROMPTS = load_prompts("alpaca", 4) + load_prompts("finance", 3) + load_prompts("dialogue", 2) + load_prompts("mt_bench", 1)
-MODES = ["single:ssm_q4", "single:ssm_ngram"]
+MODES = ["single:ssm_q4", "single:ssm_ngram", "vote", "bandit"]
 
 
 @pytest.mark.parametrize("index", range(len(PROMPTS)))

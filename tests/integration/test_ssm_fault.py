@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import urllib.request
 
 import pytest
 
 from benchmarks.server_process import TritonProcess
 from client.api import GenerationParams, generate_grpc
+from tests.integration.helpers import metric_value
 
 PROMPT = "Name three colors."
 
@@ -39,15 +39,41 @@ def _stub_pid(server: TritonProcess, instance: str) -> int:
 
 
 def _failures(server: TritonProcess) -> float:
-    with urllib.request.urlopen(server.metrics_url, timeout=30) as resp:
-        lines = [l for l in resp.read().decode().splitlines() if l.startswith("minions_ssm_failures{") and 'ssm="ssm_q4"' in l]
-    return sum(float(l.rsplit(" ", 1)[1]) for l in lines)
+    return metric_value(server.metrics_url, "minions_ssm_failures", ssm="ssm_q4")
+
+
+def _kill(server: TritonProcess, instance: str) -> None:
+    try:
+        os.kill(_stub_pid(server, instance), signal.SIGKILL)
+    except AssertionError:
+        pass  # already dead (killed by an earlier test of this module)
+
+
+def test_ssm_killed_in_the_middle_of_a_voted_request(doomed_server):
+    """The vote goes on with the SSMs that still answer; the text is still exactly `off`'s."""
+    params = {"max_tokens": 64, "chat": True}
+    prompt = "Explain in a few sentences why the sky is blue."
+    plain = generate_grpc(doomed_server.grpc_url, "minions", prompt, GenerationParams(speculation="off", **params))
+    victim = _stub_pid(doomed_server, "ssm_q4_0_0")
+    chunks: list[str] = []
+
+    def kill_on_first_chunk(chunk: str) -> None:
+        chunks.append(chunk)
+        if len(chunks) == 2:  # the first round is plain decoding; the second already used the SSMs
+            os.kill(victim, signal.SIGKILL)
+
+    voted = generate_grpc(doomed_server.grpc_url, "minions", prompt, GenerationParams(speculation="vote", **params),
+                          on_text=kill_on_first_chunk)
+    assert len(chunks) > 2, "the request went on streaming after the kill"
+    assert (voted.text, voted.num_output_tokens) == (plain.text, plain.num_output_tokens)
+    assert _failures(doomed_server) >= 1
+    assert metric_value(doomed_server.metrics_url, "minions_ssm_drafts", ssm="ssm_ngram") > 0
 
 
 def test_killed_ssm_stub_does_not_fail_requests(doomed_server):
     params = {"max_tokens": 24, "chat": True}
     plain = generate_grpc(doomed_server.grpc_url, "minions", PROMPT, GenerationParams(speculation="off", **params))
-    os.kill(_stub_pid(doomed_server, "ssm_q4_0_0"), signal.SIGKILL)
+    _kill(doomed_server, "ssm_q4_0_0")
 
     first = generate_grpc(doomed_server.grpc_url, "minions", PROMPT, GenerationParams(speculation="single:ssm_q4", **params))
     assert (first.text, first.num_output_tokens) == (plain.text, plain.num_output_tokens)

@@ -18,12 +18,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ..bad_words import BadWords
+from ..bandit import Ucb1
 from ..decode_loop import DecodePlan, DecodeStats, speculative_decode
 from ..detokenizer import IncrementalDetokenizer
 from ..errors import InvalidRequest
 from ..generation_request import GenerationRequest, Limits, parse_generation_request
 from ..prompt import encode_prompt
 from ..ssm_health import SsmHealth
+from ..ssm_weights import SsmWeights
 from ..stop_strings import StopStringMatcher
 from .common import error, input_arrays, model_config, setup_logging, string_parameters
 from .engine_client import TritonEngineClient
@@ -62,6 +64,11 @@ class TritonPythonModel:
         self.client = TritonEngineClient()
         self.metrics = SpeculationMetrics(self.name)
         self.health = SsmHealth()
+        # Learnt across requests: the vote's SSM weights and the bandit's arm statistics.
+        self.weights = SsmWeights(self.limits.ssm_names)
+        self.bandit = Ucb1(self.limits.ssm_names)
+        self.vote_deadline_s = float(params.get("vote_deadline_ms", 500)) / 1000.0
+        self.vote_explore_every = int(params.get("vote_explore_every", 4))
         self.tasks: set[asyncio.Task] = set()
         self._executor_set = False
         log.info("%s: ready (llm=%s, ssms=%s, default speculation %s)", self.name, self.llm,
@@ -84,9 +91,11 @@ class TritonPythonModel:
         mode = "invalid"
         try:
             greq = parse_generation_request(input_arrays(request, self.input_names), self.limits)
-            mode = str(greq.speculation)
+            mode = greq.speculation.label
+            start = time.perf_counter()
             await self._generate(greq, request_id, sender)
-            self.metrics.observe_request(mode, "success")
+            self.metrics.observe_request(mode, "success", time.perf_counter() - start)
+            self.metrics.observe_weights(self.weights.snapshot())
         except InvalidRequest as exc:
             log.info("%s: rejected: %s", request_id, exc)
             self.metrics.observe_request(mode, "invalid")
@@ -131,6 +140,10 @@ class TritonPythonModel:
             use_draft_logits=greq.use_draft_logits,
             llm=self.llm,
             health=self.health,
+            weights=self.weights,
+            bandit=self.bandit,
+            vote_deadline_s=self.vote_deadline_s,
+            vote_explore_every=self.vote_explore_every,
         )
         detok = IncrementalDetokenizer(self.tokenizer)
         stops = StopStringMatcher(greq.stop_words)
@@ -141,7 +154,7 @@ class TritonPythonModel:
         async with aclosing(speculative_decode(self.client, plan, request_id)) as rounds:
             async for r in rounds:
                 stats.add(r)
-                self.metrics.observe_round(r, str(greq.speculation))
+                self.metrics.observe_round(r, greq.speculation.label)
                 tokens = r.tokens
                 if end_id in tokens:
                     tokens = tokens[: tokens.index(end_id)]
@@ -165,10 +178,10 @@ class TritonPythonModel:
             sender.send(self._response(greq, pending, stats, finish_reason), flags=FINAL)
         elapsed = time.perf_counter() - start
         log.info(
-            "%s: %s, %d prompt + %d new tokens in %.2f s (%.1f tok/s; drafting %.2f s, verifying %.2f s), "
-            "%d LLM calls, acceptance %.2f, finish %s",
+            "%s: %s, %d prompt + %d new tokens in %.2f s (%.1f tok/s; drafting %.2f s, verifying %.2f s, "
+            "control %.4f s), %d LLM calls, acceptance %.2f, finish %s",
             request_id, greq.speculation, len(prompt_ids), stats.emitted_tokens, elapsed,
-            stats.emitted_tokens / max(elapsed, 1e-9), stats.draft_seconds, stats.verify_seconds,
+            stats.emitted_tokens / max(elapsed, 1e-9), stats.draft_seconds, stats.verify_seconds, stats.control_seconds,
             stats.verifications, stats.acceptance_rate, finish_reason,
         )
 
