@@ -8,7 +8,7 @@ DEPLOY ?= deploy.yaml
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv serve prepare test test-unit test-integration bench clean
+.PHONY: venv serve prepare test test-unit test-integration bench distill clean
 
 # The Triton stub links Debian's libpython3.11, so the venv must come from the system python3.11.
 $(STAMP): requirements.txt
@@ -40,6 +40,10 @@ test-integration: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench_speculation
+
+# Train the distilled SSMs (about 40 minutes on 2 cores); `make serve` picks them up when present.
+distill: $(STAMP)
+	$(PY) -m minions.distill --deploy $(DEPLOY)
 
 clean:
 	rm -rf build bench_results

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.datasets import DATASETS, load_prompts
+
 from ..deploy import ROOT, hf_dir_for, load_deployment, smollm2_gguf
 from ..prompt import encode_prompt
 from ..torch_engine import TorchEngine, load_causal_lm
@@ -30,27 +32,9 @@ from .teacher_data import Example, teacher_generate
 from .train import TrainConfig, boost_weights, greedy_predictions, reduced_vocab, train_draft, vocab_coverage
 
 log = logging.getLogger("minions.distill")
-DATASETS = {
-    "finance": "finance_alpaca.jsonl",
-    "dialogue": "empathetic_dialogues.jsonl",
-    "alpaca": "alpaca.jsonl",
-    "mt_bench": "mt_bench_question.jsonl",
-}
 BENCH_PROMPTS = 20
-"""The benchmarks read the first prompts of each dataset; validation starts after them, training after that."""
-
-
-def read_prompts(datasets_dir: Path, name: str, start: int, stop: int) -> list[str]:
-    texts = []
-    with (datasets_dir / DATASETS[name]).open() as f:
-        for line in f:
-            row = json.loads(line)
-            text = row["turns"][0] if "turns" in row else row["prompt"]
-            if text.strip():
-                texts.append(text)
-            if len(texts) >= stop:
-                break
-    return texts[start:stop]
+"""The benchmarks read the first prompts of each dataset (benchmarks.datasets, MINIONS_DATASETS to move it);
+validation starts after them, training after that."""
 
 
 def interleave(groups: list[list]) -> list:
@@ -76,8 +60,8 @@ def build_data(args, teacher, tokenizer, out: Path) -> tuple[list[Example], list
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     names = list(DATASETS)
     val_stop = BENCH_PROMPTS + args.val_per_dataset
-    val_prompts = encode_all(tokenizer, interleave([read_prompts(args.datasets, n, BENCH_PROMPTS, val_stop) for n in names]), args.max_prompt_tokens)
-    train_prompts = encode_all(tokenizer, interleave([read_prompts(args.datasets, n, val_stop, 10**9) for n in names]), args.max_prompt_tokens)
+    val_prompts = encode_all(tokenizer, interleave([load_prompts(n, args.val_per_dataset, BENCH_PROMPTS) for n in names]), args.max_prompt_tokens)
+    train_prompts = encode_all(tokenizer, interleave([load_prompts(n, 10**9, val_stop) for n in names]), args.max_prompt_tokens)
     val = teacher_generate(teacher, val_prompts, args.max_new_tokens, args.batch_size, pad, eos, 1e9, "teacher (validation)")
     train = teacher_generate(teacher, train_prompts, args.max_new_tokens, args.batch_size, pad, eos, args.gen_minutes * 60, "teacher (train)")
     meta = {
@@ -115,7 +99,6 @@ def distill_one(name: str, teacher, layers: list[int], vocab, train: list[Exampl
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--deploy", default=os.environ.get("DEPLOY", str(ROOT / "deploy.yaml")))
-    p.add_argument("--datasets", type=Path, default=Path(os.environ.get("MINIONS_DATASETS", ROOT.parent / "shared" / "datasets")))
     p.add_argument("--gen-minutes", type=float, default=10.0, help="time budget for the LLM's training continuations")
     p.add_argument("--train-minutes", type=float, nargs=2, default=[12.0, 14.0], help="budgets of ssm_d2 and ssm_d4b")
     p.add_argument("--max-new-tokens", type=int, default=96)
