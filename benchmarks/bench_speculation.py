@@ -53,6 +53,7 @@ class Sample:
     acceptance: float | None
     tokens_per_verification: float | None
     text: str
+    accepted_per_verification: float | None = None
     control_s: float = 0.0
     """Server time spent voting, updating weights and choosing SSMs (minions_control_seconds)."""
 
@@ -67,6 +68,7 @@ def summarize(samples: list[Sample], baseline: str, compare_text: bool = True) -
         tps = sum(s.tokens for s in group) / max(sum(s.latency_s for s in group), 1e-9)
         acc = [s.acceptance for s in group if s.acceptance is not None]
         tpv = [s.tokens_per_verification for s in group if s.tokens_per_verification]
+        apv = [s.accepted_per_verification for s in group if s.accepted_per_verification is not None]
         rows.append({
             "mode": mode,
             "requests": len(group),
@@ -76,6 +78,7 @@ def summarize(samples: list[Sample], baseline: str, compare_text: bool = True) -
             "ttft_ms": 1000 * statistics.median(s.ttft_s for s in group),
             "acceptance": statistics.mean(acc) if acc and mode != baseline else None,
             "tokens_per_verification": statistics.mean(tpv) if tpv else None,
+            "accepted_per_verification": statistics.mean(apv) if apv else None,
             "speedup": tps / base_tps if base_tps else None,
             "control_share": sum(s.control_s for s in group) / max(sum(s.latency_s for s in group), 1e-9),
             # sampled outputs legitimately differ from `off`: only greedy runs are compared
@@ -86,15 +89,16 @@ def summarize(samples: list[Sample], baseline: str, compare_text: bool = True) -
 
 
 def format_table(title: str, rows: list[dict]) -> str:
-    head = (f"{'mode':<22} {'req':>4} {'tok/s':>7} {'ms/tok':>7} {'TTFT ms':>8} {'accept':>7} {'tok/verif':>9} "
+    head = (f"{'mode':<22} {'req':>4} {'tok/s':>7} {'ms/tok':>7} {'TTFT ms':>8} {'accept':>7} {'acc/verif':>9} {'tok/verif':>9} "
             f"{'speedup':>8} {'control':>8} {'same as off':>11}")
     lines = [f"\n## {title}", head, "-" * len(head)]
     for r in rows:
         acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
         tpv = f"{r['tokens_per_verification']:.2f}" if r["tokens_per_verification"] else "-"
+        apv = f"{r['accepted_per_verification']:.2f}" if r["accepted_per_verification"] is not None else "-"
         lines.append(
             f"{r['mode']:<22} {r['requests']:>4} {r['tokens_per_s']:>7.1f} {r['normalized_latency_ms']:>7.1f} "
-            f"{r['ttft_ms']:>8.0f} {acc:>7} {tpv:>9} {r['speedup']:>7.2f}x {100 * r['control_share']:>7.2f}% "
+            f"{r['ttft_ms']:>8.0f} {acc:>7} {apv:>9} {tpv:>9} {r['speedup']:>7.2f}x {100 * r['control_share']:>7.2f}% "
             + (f"{r['identical_to_off']:>6}/{r['requests']}" if r["identical_to_off"] is not None else f"{'n/a':>11}")
         )
     return "\n".join(lines)
@@ -140,6 +144,7 @@ def run(args: argparse.Namespace) -> dict:
                     samples.append(Sample(name, i, mode.label, c.num_output_tokens, c.latency_s, c.ttft_s or c.latency_s,
                                           c.acceptance_rate if mode.speculation != "off" else None,
                                           c.tokens_per_verification, c.text,
+                                          (c.total_accepted_draft_tokens or 0) / c.num_verifications if c.num_verifications else None,
                                           control_seconds(server.metrics_url) - control_before))
                     print(f"{name}[{i}] {mode.label:<20} {c.num_output_tokens:>4} tok {c.tokens_per_s:6.1f} tok/s", flush=True)
     baseline = modes[0].label

@@ -66,6 +66,8 @@ class Proposal:
     """SSMs that failed or missed the deadline this round."""
     control_seconds: float = 0.0
     """Time spent choosing (vote, bandit), not waiting for engines."""
+    exploring: dict[str, asyncio.Future] = field(default_factory=dict)
+    """Drafts still being made by SSMs the round did not wait for (scored if done by verification's end)."""
 
 
 class Drafter(Protocol):
@@ -117,8 +119,11 @@ class VoteDrafter:
 
     When one SSM outweighs all the others together, the vote's result begins with its whole draft
     whatever the others say (voting.dominant), so only it is asked, except on every
-    `explore_every`-th round, when all are, to keep their weights honest. A lone SSM may sample its draft (and send logits);
-    a vote of several uses greedy drafts, judged by the deterministic rule.
+    `explore_every`-th round, when all are, to keep their weights honest. Even then the round waits
+    only for the dominant SSM: the others join the vote if they are done by then, and are otherwise
+    scored once verification is over (or dropped, if still drafting), so exploring never delays a
+    round. A lone SSM may sample its draft (and send logits); a vote of several uses greedy drafts,
+    judged by the deterministic rule.
     """
 
     def __init__(self, ssms: tuple[str, ...], health: SsmHealth, weights: SsmWeights, deadline_s: float,
@@ -144,27 +149,37 @@ class VoteDrafter:
         if len(asked) <= 1:
             return await ask_one(client, self.health, asked[0], rnd, self.sampled) if asked else Proposal()
         tasks = {ssm: asyncio.ensure_future(ask_one(client, self.health, ssm, rnd, False)) for ssm in asked}
-        done, late = await asyncio.wait(tasks.values(), timeout=self.deadline_s)
+        top = dominant(self.weights.snapshot(asked))
+        await asyncio.wait([tasks[top]] if top else tasks.values(), timeout=self.deadline_s)
         failed: list[str] = []
         drafts: dict[str, list[int]] = {}
+        exploring: dict[str, asyncio.Future] = {}
         for ssm, task in tasks.items():
-            if task in late:
+            if task.done():
+                result = task.result()
+                failed += result.failed
+                drafts.update(result.drafts)
+            elif top is not None and ssm != top:
+                exploring[ssm] = task
+            else:
                 task.cancel()  # the engine finishes its call on its own; its draft is dropped
                 _record_failure(self.health, ssm, rnd.request_id, f"missed the {self.deadline_s * 1000:.0f} ms deadline")
                 failed.append(ssm)
-                continue
-            result = task.result()
-            failed += result.failed
-            drafts.update(result.drafts)
         t0 = time.perf_counter()
         chosen = vote(drafts, self.weights.snapshot(list(drafts))) if drafts else None
         control = time.perf_counter() - t0
-        if chosen is None or not chosen.draft:
-            return Proposal(drafts=drafts, failed=tuple(failed), control_seconds=control)
-        return Proposal(chosen.draft, None, chosen.supporters[0], drafts, tuple(failed), control)
+        proposal = Proposal(drafts=drafts, failed=tuple(failed), control_seconds=control, exploring=exploring)
+        if chosen is not None and chosen.draft:
+            proposal.draft, proposal.chosen = chosen.draft, chosen.supporters[0]
+        return proposal
 
     def observe(self, proposal: Proposal, emitted: list[int], draft_seconds: float, verify_seconds: float) -> float:
         t0 = time.perf_counter()
+        for ssm, task in proposal.exploring.items():
+            if task.done() and not task.cancelled():
+                proposal.drafts.update(task.result().drafts)
+            else:
+                log.debug("SSM %s still exploring after verification: not scored this round", ssm)
         scores = {ssm: score for ssm, draft in proposal.drafts.items() if (score := draft_score(draft, emitted)) is not None}
         self.weights.update(scores)
         self.global_weights.update(scores)

@@ -153,3 +153,16 @@ def test_sampled_vote_is_lossless(client, tiny_llm):
         counts[tokens[1] * VOCAB + tokens[2]] += 1
     assert all(r.draft_logits is None for m, r in client.calls if m == "llm"), "a vote's draft is judged as deterministic"
     assert goodness_of_fit(counts, law) > 1e-3
+
+
+def test_exploration_rounds_wait_only_for_the_dominant_ssm(engines, tiny_llm):
+    """The others are scored if they finish during verification, and are never counted as failures."""
+    client = SlowClient(engines, "other", delay_s=0.3)
+    weights = SsmWeights(ALL, initial={"self": 10.0, "other": 0.1, "ngram": 0.1})
+    tokens, _, rounds = decode(client, vote_plan(PROMPTS[0], 12, num_draft_tokens=2, weights=weights,
+                                                 vote_explore_every=1, vote_deadline_s=5.0))
+    assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 12)
+    drafted = [r for r in rounds if r.drafts]
+    assert drafted and all(r.failed == () for r in rounds)
+    assert all("ngram" in r.drafts and "other" not in r.drafts for r in drafted), "fast explorers join, slow ones do not"
+    assert all(r.draft_seconds < 0.25 for r in drafted)
