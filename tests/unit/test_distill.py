@@ -27,7 +27,9 @@ from tiny_models import VOCAB, full_logits, hf_greedy
 def examples(tiny_llm):
     rng = np.random.default_rng(0)
     prompts = [[int(t) for t in rng.integers(0, VOCAB, 5)] for _ in range(24)]
-    return teacher_generate(tiny_llm, prompts, 12, 8, pad_id=0, eos_id=None, deadline_s=60, desc="test")
+    examples, used = teacher_generate(tiny_llm, prompts, 12, 8, pad_id=0, eos_id=None, deadline_s=60, desc="test")
+    assert used == len(prompts)
+    return examples
 
 
 def test_teacher_data_is_the_llms_greedy_output_labelled_by_its_argmax(examples, tiny_llm):
@@ -36,6 +38,13 @@ def test_teacher_data_is_the_llms_greedy_output_labelled_by_its_argmax(examples,
     assert e.labels == [int(t) for t in full_logits(tiny_llm, e.tokens).argmax(-1)]
     # on the continuation, the label is the next token itself (greedy)
     assert e.labels[e.prompt_len - 1 : -1] == e.tokens[e.prompt_len :]
+
+
+def test_prompt_only_examples_are_labelled_at_every_position(tiny_llm):
+    from minions.distill.teacher_data import label_prompts
+
+    (e,) = label_prompts(tiny_llm, [[3, 7, 1, 9]], 4, pad_id=0)
+    assert e.prompt_len == 4 and e.labels == [int(t) for t in full_logits(tiny_llm, [3, 7, 1, 9]).argmax(-1)]
 
 
 def test_reduced_vocab_keeps_the_most_frequent_labels(examples):
@@ -62,9 +71,11 @@ def test_training_lowers_the_loss_and_raises_acceptance(tiny_llm, examples):
     vocab = reduced_vocab(examples, VOCAB, always=[])
     model = DistilledDraftModel.from_teacher(tiny_llm, [0], vocab)
     before = replay_acceptance(TorchEngine(model), examples[:8], 3)
-    report = train_draft(model, examples, TrainConfig(minutes=0.15, batch_size=8, lr=3e-3))
+    report = train_draft(model, examples[8:], TrainConfig(minutes=0.15, batch_size=8, lr=3e-3, eval_every_s=2.0),
+                         validation=examples[:8])
     after = replay_acceptance(TorchEngine(model), examples[:8], 3)
     assert report.steps > 5 and report.tokens > 0
+    assert report.best_validation_loss is not None and 0 <= report.best_step <= report.steps
     assert after.acceptance > before.acceptance
     assert after.drafted > 0 and after.ms_per_draft_token > 0
 

@@ -2,7 +2,9 @@
 
 1. The LLM greedily continues chat-formatted prompts of ../shared/datasets (a training range that
    the benchmarks' prompts never touch, and a validation range), labelled per position.
-2. `ssm_d2`: the LLM's embeddings + layers 0-1 + a reduced-vocabulary head, trained on those labels.
+   Prompts left when the generation budget runs out are labelled prompt-only (one forward each).
+2. `ssm_d2`: the LLM's embeddings + layers 0-1 + a reduced-vocabulary head, trained on those labels
+   (keeping the weights with the best validation loss).
 3. `ssm_d4b`: layers 0-3, "boost-tuned": positions ssm_d2 gets wrong weigh more, so the two SSMs
    err differently, which is what a vote needs.
 4. Each is replayed on the validation split (greedy acceptance at k=4, ms per draft token) and the
@@ -28,7 +30,7 @@ from ..prompt import encode_prompt
 from ..torch_engine import TorchEngine, load_causal_lm
 from .draft_model import DistilledDraftModel
 from .evaluate import replay_acceptance
-from .teacher_data import Example, teacher_generate
+from .teacher_data import Example, label_prompts, teacher_generate
 from .train import TrainConfig, boost_weights, greedy_predictions, reduced_vocab, train_draft, vocab_coverage
 
 log = logging.getLogger("minions.distill")
@@ -51,29 +53,39 @@ def encode_all(tokenizer, texts: list[str], max_prompt_tokens: int) -> list[list
 
 
 def build_data(args, teacher, tokenizer, out: Path) -> tuple[list[Example], list[Example], dict]:
-    cache = out / "teacher_data.pt"
-    if cache.exists() and not args.regenerate:
-        saved = torch.load(cache, weights_only=False)
-        log.info("reusing %s (%d train, %d validation examples)", cache, len(saved["train"]), len(saved["val"]))
-        return saved["train"], saved["val"], saved["meta"]
+    """Generated examples, then the leftover training prompts labelled prompt-only; both cached."""
+    cache, prompt_cache = out / "teacher_data.pt", out / "teacher_prompts.pt"
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     names = list(DATASETS)
     val_stop = BENCH_PROMPTS + args.val_per_dataset
-    val_prompts = encode_all(tokenizer, interleave([load_prompts(n, args.val_per_dataset, BENCH_PROMPTS) for n in names]), args.max_prompt_tokens)
     train_prompts = encode_all(tokenizer, interleave([load_prompts(n, 10**9, val_stop) for n in names]), args.max_prompt_tokens)
-    val = teacher_generate(teacher, val_prompts, args.max_new_tokens, args.batch_size, pad, eos, 1e9, "teacher (validation)")
-    train = teacher_generate(teacher, train_prompts, args.max_new_tokens, args.batch_size, pad, eos, args.gen_minutes * 60, "teacher (train)")
-    meta = {
-        "datasets": {n: DATASETS[n] for n in names}, "chat_template": True, "max_new_tokens": args.max_new_tokens,
-        "validation_prompt_range": [BENCH_PROMPTS, val_stop], "train_prompt_start": val_stop,
-        "train_examples": len(train), "validation_examples": len(val),
-        "train_tokens": sum(len(e.tokens) for e in train),
-        "train_continuation_tokens": sum(len(e.tokens) - e.prompt_len for e in train),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    torch.save({"train": train, "val": val, "meta": meta}, cache)
-    return train, val, meta
+    if cache.exists() and not args.regenerate:
+        saved = torch.load(cache, weights_only=False)
+        train, val, meta = saved["train"], saved["val"], saved["meta"]
+        log.info("reusing %s (%d train, %d validation examples)", cache, len(train), len(val))
+    else:
+        val_prompts = encode_all(tokenizer, interleave([load_prompts(n, args.val_per_dataset, BENCH_PROMPTS) for n in names]), args.max_prompt_tokens)
+        val, _ = teacher_generate(teacher, val_prompts, args.max_new_tokens, args.batch_size, pad, eos, 1e9, "teacher (validation)")
+        train, used = teacher_generate(teacher, train_prompts, args.max_new_tokens, args.batch_size, pad, eos, args.gen_minutes * 60, "teacher (train)")
+        meta = {
+            "datasets": {n: DATASETS[n] for n in names}, "chat_template": True, "max_new_tokens": args.max_new_tokens,
+            "validation_prompt_range": [BENCH_PROMPTS, val_stop], "train_prompt_start": val_stop,
+            "generated_prompts": used, "train_examples": len(train), "validation_examples": len(val),
+            "train_tokens": sum(len(e.tokens) for e in train),
+            "train_continuation_tokens": sum(len(e.tokens) - e.prompt_len for e in train),
+        }
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save({"train": train, "val": val, "meta": meta}, cache)
+    if prompt_cache.exists() and not args.regenerate:
+        extra = torch.load(prompt_cache, weights_only=False)
+    else:
+        leftover = train_prompts[meta.get("generated_prompts", len(train)) :][: args.label_prompts]
+        extra = label_prompts(teacher, leftover, args.batch_size, pad, "teacher (prompt-only labels)")
+        torch.save(extra, prompt_cache)
+    meta["prompt_only_examples"] = len(extra)
+    meta["prompt_only_tokens"] = sum(len(e.tokens) for e in extra)
+    return train + extra, val, meta
 
 
 def evaluate(model, val: list[Example], k: int) -> dict:
@@ -83,7 +95,7 @@ def evaluate(model, val: list[Example], k: int) -> dict:
 def distill_one(name: str, teacher, layers: list[int], vocab, train: list[Example], val: list[Example], cfg: TrainConfig,
                 weights, meta: dict, out: Path, k: int) -> DistilledDraftModel:
     model = DistilledDraftModel.from_teacher(teacher, layers, vocab)
-    report = train_draft(model, train, cfg, weights, desc=f"train {name}")
+    report = train_draft(model, train, cfg, weights, desc=f"train {name}", validation=val)
     quality = evaluate(model, val, k)
     manifest = {
         "name": name, "engine": "distilled", "teacher": meta.get("teacher"), "layers_from_teacher": layers,
@@ -109,6 +121,7 @@ def main() -> None:
     p.add_argument("--boost", type=float, default=2.0)
     p.add_argument("--k", type=int, default=4, help="draft length of the validation replay")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--label-prompts", type=int, default=2400, help="leftover training prompts labelled prompt-only")
     p.add_argument("--regenerate", action="store_true", help="regenerate the teacher data even if cached")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

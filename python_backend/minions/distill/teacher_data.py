@@ -3,6 +3,8 @@
 Each example is prompt + continuation with a label per position: the LLM's argmax next token there.
 On continuation positions that is the next token itself (the continuation is greedy); on prompt
 positions it is what the LLM would have said instead, extra teacher signal at no generation cost.
+Generating is the expensive part (about one prompt a second here), so prompts left over when the
+generation budget runs out are still labelled, prompt-only, by one LLM forward each.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ class Example:
 def teacher_generate(
     teacher, prompts: list[list[int]], max_new_tokens: int, batch_size: int, pad_id: int, eos_id: int | None,
     deadline_s: float, desc: str = "teacher",
-) -> list[Example]:
-    """Greedy continuations in left-padded batches until the prompts or the time budget run out."""
+) -> tuple[list[Example], int]:
+    """Greedy continuations in left-padded batches until the prompts or the time budget run out;
+    returns the examples and how many prompts were used."""
     examples: list[Example] = []
+    used = 0
     start = time.monotonic()
     bar = tqdm(total=len(prompts), desc=desc, unit="prompt")
     for lo in range(0, len(prompts), batch_size):
@@ -46,9 +50,17 @@ def teacher_generate(
             continuation = _until_eos(row, eos_id)
             if continuation:
                 examples.append(Example(prompt + continuation, [], len(prompt)))
+        used += len(batch)
         bar.update(len(batch))
     bar.close()
-    label_examples(teacher, examples, batch_size, pad_id)
+    label_examples(teacher, examples, batch_size, pad_id, f"{desc}: labels")
+    return examples, used
+
+
+def label_prompts(teacher, prompts: list[list[int]], batch_size: int, pad_id: int, desc: str = "prompts") -> list[Example]:
+    """Prompt-only examples: every position labelled by the LLM, the last one with its first reply token."""
+    examples = [Example(list(p), [], len(p)) for p in prompts]
+    label_examples(teacher, examples, batch_size, pad_id, desc)
     return examples
 
 
@@ -58,9 +70,9 @@ def _until_eos(row: list[int], eos_id: int | None) -> list[int]:
     return row
 
 
-def label_examples(teacher, examples: list[Example], batch_size: int, pad_id: int) -> None:
+def label_examples(teacher, examples: list[Example], batch_size: int, pad_id: int, desc: str = "labels") -> None:
     """Fill each example's labels with the teacher's argmax at every position (right-padded batches)."""
-    for lo in range(0, len(examples), batch_size):
+    for lo in tqdm(range(0, len(examples), batch_size), desc=desc, unit="batch"):
         batch = examples[lo : lo + batch_size]
         width = max(len(e.tokens) for e in batch)
         ids = torch.tensor([e.tokens + [pad_id] * (width - len(e.tokens)) for e in batch], dtype=torch.long)

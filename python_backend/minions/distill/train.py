@@ -3,6 +3,9 @@
 The embeddings stay frozen (they are the LLM's and most of the parameters); the layers, final norm
 and reduced head learn to predict the LLM's greedy token. The learning rate follows a cosine over the
 time budget rather than a step count, so a slower machine trains fewer steps instead of overrunning.
+A few hundred generated examples are memorised within minutes (the first run reached a training loss
+of 0.2 and 11% validation acceptance), so the loss on the validation split is checked every
+`eval_every_s` and the best weights are the ones kept.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class TrainConfig:
     """Extra loss weight on positions another SSM gets wrong ("boost-tuning"; 0 = plain)."""
     max_len: int = 320
     seed: int = 0
+    eval_every_s: float = 45.0
 
 
 @dataclass
@@ -40,11 +44,15 @@ class TrainReport:
     tokens: int
     seconds: float
     final_loss: float
+    best_validation_loss: float | None = None
+    best_step: int | None = None
 
 
 def reduced_vocab(examples: list[Example], size: int, always: list[int]) -> torch.Tensor:
-    """The `size` most frequent teacher labels (plus `always`, e.g. the end token), sorted by id."""
+    """The `size` most frequent teacher labels and input tokens (answers often copy the prompt's
+    words), plus `always` (e.g. the end token), sorted by id."""
     counts = Counter(t for e in examples for t in e.labels)
+    counts.update(t for e in examples for t in e.tokens)
     chosen = set(always) | {t for t, _ in counts.most_common(max(size - len(always), 0))}
     return torch.tensor(sorted(chosen), dtype=torch.long)
 
@@ -77,8 +85,26 @@ def _batch(examples: list[Example], weights: list[list[float]] | None, index: li
     return ids, mask, target.clamp(min=0), weight
 
 
-def train_draft(model, examples: list[Example], cfg: TrainConfig, weights: list[list[float]] | None = None, desc: str = "train") -> TrainReport:
-    """Train in place until cfg.minutes have passed; returns what was done."""
+def validation_loss(model, examples: list[Example], to_sub: torch.Tensor, batch_size: int = 8) -> float:
+    """Mean cross-entropy on the continuation positions (where drafting happens)."""
+    cfg = TrainConfig(minutes=0, prompt_weight=0.0)
+    total = weight_sum = 0.0
+    model.eval()
+    with torch.no_grad():
+        for lo in range(0, len(examples), batch_size):
+            index = list(range(lo, min(lo + batch_size, len(examples))))
+            ids, mask, target, weight = _batch(examples, None, index, cfg, to_sub)
+            logits = model.sub_logits(ids, attention_mask=mask)
+            per_token = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
+            total += float((per_token * weight.flatten()).sum())
+            weight_sum += float(weight.sum())
+    model.train()
+    return total / max(weight_sum, 1e-9)
+
+
+def train_draft(model, examples: list[Example], cfg: TrainConfig, weights: list[list[float]] | None = None,
+                desc: str = "train", validation: list[Example] | None = None) -> TrainReport:
+    """Train in place until cfg.minutes have passed (keeping the weights best on `validation`)."""
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     model.train()
@@ -93,7 +119,12 @@ def train_draft(model, examples: list[Example], cfg: TrainConfig, weights: list[
     loss_ema = float("nan")
     bar = tqdm(total=int(budget), desc=desc, unit="s", bar_format="{l_bar}{bar}| {n}/{total} s {postfix}")
     order: list[int] = []
+    best: tuple[float, int, dict] | None = None
+    next_eval = cfg.eval_every_s
     while (elapsed := time.monotonic() - start) < budget:
+        if validation and elapsed >= next_eval:
+            best = _keep_best(model, validation, to_sub, steps, best)
+            next_eval = elapsed + cfg.eval_every_s
         if not order:
             order = list(range(len(examples)))
             rng.shuffle(order)
@@ -116,8 +147,20 @@ def train_draft(model, examples: list[Example], cfg: TrainConfig, weights: list[
         bar.n = min(int(time.monotonic() - start), int(budget))
         bar.set_postfix_str(f"step {steps} loss {loss_ema:.3f}")
     bar.close()
+    seconds = time.monotonic() - start
+    if validation:
+        best = _keep_best(model, validation, to_sub, steps, best)
+        model.load_state_dict(best[2], strict=False)
     model.eval()
-    return TrainReport(steps, tokens, time.monotonic() - start, loss_ema)
+    return TrainReport(steps, tokens, seconds, loss_ema, best[0] if best else None, best[1] if best else None)
+
+
+def _keep_best(model, validation: list[Example], to_sub: torch.Tensor, step: int, best):
+    loss = validation_loss(model, validation, to_sub)
+    if best is None or loss < best[0]:
+        trainable = {k: v.detach().clone() for k, v in model.state_dict().items() if "embed_tokens" not in k}
+        return (loss, step, trainable)
+    return best
 
 
 def greedy_predictions(model, examples: list[Example], batch_size: int = 8) -> list[list[int]]:
