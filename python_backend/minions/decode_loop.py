@@ -10,6 +10,7 @@ engine's cached state for the request when it ends, however it ends.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -188,6 +189,7 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
             if last:
                 return
     finally:
-        for model in [plan.llm, *(drafter.ssms if drafter else ())]:
-            if model == plan.llm or plan.health.available(model):  # a dead stub would stall the release
-                await client.release(model, request_id)
+        # Every engine, even an SSM whose breaker is open: one that was only slow still holds state.
+        # Concurrently, so a dead stub's failing call (about 1 s) costs that once; this runs after
+        # the request's final response has gone out.
+        await asyncio.gather(*(client.release(m, request_id) for m in [plan.llm, *(drafter.ssms if drafter else ())]))

@@ -64,6 +64,8 @@ class Proposal:
     """Every SSM's draft that arrived in time (the vote's ballots; one entry for a single SSM)."""
     failed: tuple[str, ...] = ()
     """SSMs that failed or missed the deadline this round."""
+    late: tuple[str, ...] = ()
+    """Those of `failed` that missed the deadline: slow, not broken (no breaker), but scored 0."""
     control_seconds: float = 0.0
     """Time spent choosing (vote, bandit), not waiting for engines."""
     exploring: dict[str, asyncio.Future] = field(default_factory=dict)
@@ -152,6 +154,7 @@ class VoteDrafter:
         top = dominant(self.weights.snapshot(asked))
         await asyncio.wait([tasks[top]] if top else tasks.values(), timeout=self.deadline_s)
         failed: list[str] = []
+        late: list[str] = []
         drafts: dict[str, list[int]] = {}
         exploring: dict[str, asyncio.Future] = {}
         for ssm, task in tasks.items():
@@ -161,14 +164,14 @@ class VoteDrafter:
                 drafts.update(result.drafts)
             elif top is not None and ssm != top:
                 exploring[ssm] = task
-            else:
-                task.cancel()  # the engine finishes its call on its own; its draft is dropped
-                _record_failure(self.health, ssm, rnd.request_id, f"missed the {self.deadline_s * 1000:.0f} ms deadline")
-                failed.append(ssm)
+            else:  # the engine finishes its call on its own (it keeps its order before our release); the draft is dropped
+                log.warning("%s: SSM %s missed the %.0f ms deadline", rnd.request_id, ssm, self.deadline_s * 1000)
+                late.append(ssm)
         t0 = time.perf_counter()
         chosen = vote(drafts, self.weights.snapshot(list(drafts))) if drafts else None
         control = time.perf_counter() - t0
-        proposal = Proposal(drafts=drafts, failed=tuple(failed), control_seconds=control, exploring=exploring)
+        proposal = Proposal(drafts=drafts, failed=tuple(failed + late), late=tuple(late), control_seconds=control,
+                            exploring=exploring)
         if chosen is not None and chosen.draft:
             proposal.draft, proposal.chosen = chosen.draft, chosen.supporters[0]
         return proposal
@@ -181,6 +184,7 @@ class VoteDrafter:
             else:
                 log.debug("SSM %s still exploring after verification: not scored this round", ssm)
         scores = {ssm: score for ssm, draft in proposal.drafts.items() if (score := draft_score(draft, emitted)) is not None}
+        scores.update({ssm: 0.0 for ssm in proposal.late})  # a draft that came too late helped nobody
         self.weights.update(scores)
         self.global_weights.update(scores)
         return time.perf_counter() - t0

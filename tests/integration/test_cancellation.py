@@ -18,13 +18,13 @@ def _gauge(server, name: str, model: str) -> float:
     raise AssertionError(f"metric {name} for {model} not found")
 
 
-def _wait_for(predicate, timeout: float) -> float:
+def _wait_for(predicate, timeout: float, what: str = "condition") -> float:
     start = time.monotonic()
     while time.monotonic() - start < timeout:
         if predicate():
             return time.monotonic() - start
         time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout} s")
+    raise AssertionError(f"{what} not met within {timeout} s")
 
 
 def test_cancel_mid_stream_ends_request_and_frees_caches(server):
@@ -37,8 +37,9 @@ def test_cancel_mid_stream_ends_request_and_frees_caches(server):
     assert cancelled.finish_reason == "cancelled" and len(cancelled.chunks) == 3
     waited = _wait_for(lambda: server.log_text().count("cancelled by the client") > before, timeout=20)
     assert time.monotonic() - cancel_time < 10, "cancellation must stop the work well before it would end"
-    _wait_for(lambda: _gauge(server, "minions_engine_cached_sequences", "llm") == 0, timeout=20)
-    _wait_for(lambda: _gauge(server, "minions_engine_cached_sequences", "ssm_q4") == 0, timeout=20)
+    for model in ("llm", "ssm_q4"):
+        _wait_for(lambda: _gauge(server, "minions_engine_cached_sequences", model) == 0, timeout=20,
+                  what=f"{model} caches nothing")
     assert waited < 10
     after = generate_grpc(server.grpc_url, "minions", "Say hi.", GenerationParams(max_tokens=4, chat=True))
     assert after.num_output_tokens > 0

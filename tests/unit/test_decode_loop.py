@@ -265,7 +265,7 @@ def test_a_failing_ssm_never_fails_the_request(engines, tiny_llm):
     assert broken.calls == 2 + 3
     assert all(r.drafted == 0 for r in rounds if r.failed)
     assert not health.available("broken")
-    assert ("broken", "req") not in client.released, "no release call to an SSM known to be failing"
+    assert ("broken", "req") in client.released, "released even so: a slow SSM with an open breaker holds state"
     # the breaker is shared: the next request does not ask the broken SSM at all
     decode(client, plan(prompt, 8, ssm="broken", num_draft_tokens=2, health=health), request_id="next")
     assert broken.calls == 5

@@ -15,6 +15,7 @@ from minions.distill.train import (
     greedy_predictions,
     reduced_vocab,
     train_draft,
+    validation_loss,
     vocab_coverage,
 )
 from minions.engine_api import EngineRequest
@@ -67,15 +68,20 @@ def test_draft_model_scores_only_its_vocabulary_and_matches_the_teacher_layers(t
     assert torch.isinf(logits[:, outside]).all() and torch.isfinite(logits[:, vocab]).all()
 
 
-def test_training_lowers_the_loss_and_raises_acceptance(tiny_llm, examples):
+def test_training_lowers_validation_loss_and_raises_acceptance(tiny_llm, examples):
+    """Starting from the teacher's second layer alone (a weak draft), 60 steps on 16 examples."""
     vocab = reduced_vocab(examples, VOCAB, always=[])
-    model = DistilledDraftModel.from_teacher(tiny_llm, [0], vocab)
-    before = replay_acceptance(TorchEngine(model), examples[:8], 3)
-    report = train_draft(model, examples[8:], TrainConfig(minutes=0.15, batch_size=8, lr=3e-3, eval_every_s=2.0),
-                         validation=examples[:8])
-    after = replay_acceptance(TorchEngine(model), examples[:8], 3)
-    assert report.steps > 5 and report.tokens > 0
-    assert report.best_validation_loss is not None and 0 <= report.best_step <= report.steps
+    model = DistilledDraftModel.from_teacher(tiny_llm, [1], vocab)
+    validation = examples[:8]
+    loss_before = validation_loss(model, validation, torch.arange(VOCAB))
+    before = replay_acceptance(TorchEngine(model), validation, 3)
+    # eval_every_s=0: validation after every step, so the kept checkpoint does not depend on timing
+    report = train_draft(model, examples[8:], TrainConfig(minutes=5, batch_size=8, lr=3e-3, eval_every_s=0.0, max_steps=60),
+                         validation=validation)
+    after = replay_acceptance(TorchEngine(model), validation, 3)
+    assert report.steps == 60 and report.tokens > 0
+    assert report.best_validation_loss == pytest.approx(validation_loss(model, validation, torch.arange(VOCAB)), rel=1e-4)
+    assert report.best_validation_loss < 0.5 * loss_before
     assert after.acceptance > before.acceptance
     assert after.drafted > 0 and after.ms_per_draft_token > 0
 

@@ -36,6 +36,8 @@ class TrainConfig:
     max_len: int = 320
     seed: int = 0
     eval_every_s: float = 45.0
+    max_steps: int | None = None
+    """Stop after this many steps even if time is left (reproducible runs, tests)."""
 
 
 @dataclass
@@ -121,7 +123,8 @@ def train_draft(model, examples: list[Example], cfg: TrainConfig, weights: list[
     order: list[int] = []
     best: tuple[float, int, dict] | None = None
     next_eval = cfg.eval_every_s
-    while (elapsed := time.monotonic() - start) < budget:
+    while (elapsed := time.monotonic() - start) < budget and (cfg.max_steps is None or steps < cfg.max_steps):
+        progress = max(elapsed / budget, steps / cfg.max_steps if cfg.max_steps else 0.0)
         if validation and elapsed >= next_eval:
             best = _keep_best(model, validation, to_sub, steps, best)
             next_eval = elapsed + cfg.eval_every_s
@@ -130,7 +133,7 @@ def train_draft(model, examples: list[Example], cfg: TrainConfig, weights: list[
             rng.shuffle(order)
         index, order = order[: cfg.batch_size], order[cfg.batch_size :]
         ids, mask, target, weight = _batch(examples, weights, index, cfg, to_sub)
-        scale = min(1.0, (steps + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * elapsed / budget))
+        scale = min(1.0, (steps + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * progress))
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * max(scale, 0.05)
         logits = model.sub_logits(ids, attention_mask=mask)
