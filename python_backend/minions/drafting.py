@@ -137,10 +137,20 @@ class VoteDrafter:
         self.deadline_s = deadline_s
         self.explore_every = max(1, explore_every)
         self.sampled = sampled
+        self._inflight: dict[str, asyncio.Future] = {}
+
+    def _busy(self, ssm: str) -> bool:
+        call = self._inflight.get(ssm)
+        return call is not None and not call.done()
 
     def ballot(self, index: int) -> list[str]:
-        """The SSMs to ask this round."""
-        available = [s for s in self.ssms if self.health.available(s)]
+        """The SSMs to ask this round: healthy ones whose previous draft for this request is done.
+
+        A late or exploring SSM's call runs on after its round; asking it again before it is done
+        would queue a second call behind the first, and under load such calls pile up in the
+        SSM's queue faster than it drains them (seen: 11 s per draft). At most one call per SSM
+        per request is ever in flight."""
+        available = [s for s in self.ssms if self.health.available(s) and not self._busy(s)]
         top = dominant(self.weights.snapshot(available))
         if top is not None and index % self.explore_every != 0:
             return [top]
@@ -151,6 +161,7 @@ class VoteDrafter:
         if len(asked) <= 1:
             return await ask_one(client, self.health, asked[0], rnd, self.sampled) if asked else Proposal()
         tasks = {ssm: asyncio.ensure_future(ask_one(client, self.health, ssm, rnd, False)) for ssm in asked}
+        self._inflight.update(tasks)
         top = dominant(self.weights.snapshot(asked))
         await asyncio.wait([tasks[top]] if top else tasks.values(), timeout=self.deadline_s)
         failed: list[str] = []

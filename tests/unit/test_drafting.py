@@ -76,10 +76,17 @@ class SlowClient(InProcessClient):
     def __init__(self, engines, slow: str, delay_s: float) -> None:
         super().__init__(engines)
         self.slow, self.delay_s = slow, delay_s
+        self.in_flight = self.most_in_flight = self.started = 0
 
     async def generate(self, model: str, request: EngineRequest) -> EngineResult:
         if model == self.slow and not request.stop:
-            await asyncio.sleep(self.delay_s)
+            self.in_flight += 1
+            self.started += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            try:
+                await asyncio.sleep(self.delay_s)
+            finally:
+                self.in_flight -= 1
         return await super().generate(model, request)
 
 
@@ -170,3 +177,13 @@ def test_exploration_rounds_wait_only_for_the_dominant_ssm(engines, tiny_llm):
     assert drafted and all(r.failed == () for r in rounds)
     assert all("ngram" in r.drafts and "other" not in r.drafts for r in drafted), "fast explorers join, slow ones do not"
     assert all(r.draft_seconds < 0.25 for r in drafted)
+
+
+def test_a_slow_ssm_never_has_two_calls_in_flight_for_one_request(engines, tiny_llm):
+    """Otherwise its late calls queue up behind each other faster than it drains them."""
+    client = SlowClient(engines, "other", delay_s=0.2)
+    tokens, _, rounds = decode(client, vote_plan(PROMPTS[0], 16, num_draft_tokens=1, vote_deadline_s=0.02,
+                                                 vote_explore_every=1))
+    assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 16)
+    assert client.most_in_flight == 1
+    assert 0 < client.started < len([r for r in rounds if r.drafts or r.failed]), "rounds went on without the busy SSM"

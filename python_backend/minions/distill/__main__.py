@@ -28,7 +28,7 @@ from benchmarks.datasets import DATASETS, load_prompts
 from ..deploy import ROOT, hf_dir_for, load_deployment, smollm2_gguf
 from ..prompt import encode_prompt
 from ..torch_engine import TorchEngine, load_causal_lm
-from .draft_model import DistilledDraftModel
+from .draft_model import MANIFEST_FILE, DistilledDraftModel, is_distilled_dir, load_draft_model
 from .evaluate import replay_acceptance
 from .teacher_data import Example, label_prompts, teacher_generate
 from .train import TrainConfig, boost_weights, greedy_predictions, reduced_vocab, train_draft, vocab_coverage
@@ -123,6 +123,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--label-prompts", type=int, default=2400, help="leftover training prompts labelled prompt-only")
     p.add_argument("--regenerate", action="store_true", help="regenerate the teacher data even if cached")
+    p.add_argument("--evaluate-only", action="store_true",
+                   help="only replay the validation split for the SSMs already built (e.g. on a quiet machine) and update their manifests")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -134,6 +136,9 @@ def main() -> None:
     out = dep.cache_dir / "distill"
     teacher = load_causal_lm(str(teacher_dir))
     tokenizer = AutoTokenizer.from_pretrained(teacher_dir, local_files_only=True)
+    if args.evaluate_only:
+        evaluate_existing(out, args.k, teacher)
+        return
     train, val, meta = build_data(args, teacher, tokenizer, out)
     meta["teacher"] = str(teacher_dir)
     vocab = reduced_vocab(train, args.vocab, [tokenizer.eos_token_id])
@@ -142,10 +147,28 @@ def main() -> None:
     weights = boost_weights(train, greedy_predictions(d2, train), args.boost)
     distill_one("ssm_d4b", teacher, [0, 1, 2, 3], vocab, train, val, TrainConfig(args.train_minutes[1], boost=args.boost, seed=1),
                 weights, meta, out, args.k)
-    summary = {"ssm_q4 (llama.cpp Q4_1, reference)": _llamacpp_reference(val, args.k),
-               "ssm_d2 with the full 49152-token head (cost only)": _full_head_cost(teacher, val, args.k)}
+    write_references(out, val, args.k, teacher)
+
+
+def write_references(out: Path, val: list[Example], k: int, teacher) -> None:
+    """What the distilled SSMs are compared with: llama.cpp's Q4_1 self-draft, and the full-vocabulary head."""
+    summary = {"ssm_q4 (llama.cpp Q4_1, reference)": _llamacpp_reference(val, k),
+               "ssm_d2 with the full 49152-token head (cost only)": _full_head_cost(teacher, val, k)}
     (out / "reference.json").write_text(json.dumps(summary, indent=2))
     log.info("references: %s", summary)
+
+
+def evaluate_existing(out: Path, k: int, teacher) -> None:
+    val = torch.load(out / "teacher_data.pt", weights_only=False)["val"]
+    for name in ("ssm_d2", "ssm_d4b"):
+        path = out / name
+        if not is_distilled_dir(path):
+            continue
+        manifest = json.loads((path / MANIFEST_FILE).read_text())
+        manifest["validation"] = evaluate(load_draft_model(path), val, k)
+        (path / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
+        log.info("%s: %s", name, manifest["validation"])
+    write_references(out, val, k, teacher)
 
 
 def _llamacpp_reference(val: list[Example], k: int) -> dict:
