@@ -53,7 +53,7 @@ class DecodePlan:
     bandit: Ucb1 | None = None
     """The bandit policy, shared across requests (None: a fresh one for this request)."""
     vote_deadline_s: float = 0.5
-    vote_explore_every: int = 4
+    vote_explore_every: int = 8
 
     def drafter(self) -> Drafter | None:
         spec = self.speculation

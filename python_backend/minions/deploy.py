@@ -204,7 +204,7 @@ def render_repository(dep: Deployment, out_dir: Path) -> Path:
             "default_chat": str(bool(orch.get("default_chat", False))).lower(),
             "default_use_draft_logits": str(bool(orch.get("default_use_draft_logits", False))).lower(),
             "vote_deadline_ms": str(orch.get("vote_deadline_ms", 500)),
-            "vote_explore_every": str(orch.get("vote_explore_every", 4)),
+            "vote_explore_every": str(orch.get("vote_explore_every", 8)),
             "instance_count": str(orch.get("instance_count", 1)),
         },
     )

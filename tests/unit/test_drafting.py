@@ -63,11 +63,14 @@ def test_weights_learn_which_ssm_the_llm_agrees_with(client):
 
 
 def test_a_dominant_ssm_drafts_alone_between_exploration_rounds(client):
+    """Every 3rd round one challenger, in turn, drafts beside it; otherwise it drafts alone."""
     weights = SsmWeights(ALL, initial={"self": 10.0, "other": 0.1, "ngram": 0.1})
-    _, _, rounds = decode(client, vote_plan(PROMPTS[0], 20, num_draft_tokens=2, weights=weights, vote_explore_every=3))
+    _, _, rounds = decode(client, vote_plan(PROMPTS[0], 30, num_draft_tokens=2, weights=weights, vote_explore_every=3))
     asked = [sorted(r.drafts) for r in rounds if r.drafts]  # the first and last rounds draft nothing
-    assert ["self"] in asked and sorted(ALL) in asked
-    assert all(a in (["self"], sorted(ALL)) for a in asked)
+    assert ["self"] in asked
+    assert ["other", "self"] in asked and ["ngram", "self"] in asked
+    assert all(a in (["self"], ["other", "self"], ["ngram", "self"]) for a in asked)
+    assert asked.count(["self"]) > len(asked) // 2
 
 
 class SlowClient(InProcessClient):
@@ -175,7 +178,8 @@ def test_exploration_rounds_wait_only_for_the_dominant_ssm(engines, tiny_llm):
     assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 12)
     drafted = [r for r in rounds if r.drafts]
     assert drafted and all(r.failed == () for r in rounds)
-    assert all("ngram" in r.drafts and "other" not in r.drafts for r in drafted), "fast explorers join, slow ones do not"
+    assert any("ngram" in r.drafts for r in drafted), "a fast challenger joins its round"
+    assert all("other" not in r.drafts for r in drafted), "a slow one does not delay it"
     assert all(r.draft_seconds < 0.25 for r in drafted)
 
 

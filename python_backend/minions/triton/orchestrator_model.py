@@ -68,7 +68,7 @@ class TritonPythonModel:
         self.weights = SsmWeights(self.limits.ssm_names)
         self.bandit = Ucb1(self.limits.ssm_names)
         self.vote_deadline_s = float(params.get("vote_deadline_ms", 500)) / 1000.0
-        self.vote_explore_every = int(params.get("vote_explore_every", 4))
+        self.vote_explore_every = int(params.get("vote_explore_every", 8))
         self.tasks: set[asyncio.Task] = set()
         self._executor_set = False
         log.info("%s: ready (llm=%s, ssms=%s, default speculation %s)", self.name, self.llm,
