@@ -22,11 +22,13 @@ def test_http_vote_and_bandit_equal_plain_greedy(server, mode, stream):
 
 
 def test_vote_exports_per_ssm_metrics(server):
-    before = {s: metric_value(server.metrics_url, "minions_ssm_drafts", ssm=s) for s in ("ssm_q4", "ssm_ngram")}
+    """Which SSMs draft depends on the weights learnt so far (a dominant one drafts mostly alone),
+    so this checks that drafting is counted and that every SSM's weight is exported."""
+    ssms = ("ssm_q4", "ssm_ngram")
+    before = sum(metric_value(server.metrics_url, "minions_ssm_drafts", ssm=s) for s in ssms)
     generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(max_tokens=48, chat=True, speculation="vote"))
-    after = {s: metric_value(server.metrics_url, "minions_ssm_drafts", ssm=s) for s in ("ssm_q4", "ssm_ngram")}
-    assert all(after[s] > before[s] for s in after), "every SSM drafts in (at least the first) voted rounds"
-    for ssm in ("ssm_q4", "ssm_ngram"):
+    assert sum(metric_value(server.metrics_url, "minions_ssm_drafts", ssm=s) for s in ssms) > before
+    for ssm in ssms:
         assert metric_value(server.metrics_url, "minions_ssm_weight", ssm=ssm) > 0
         drafted = metric_value(server.metrics_url, "minions_ssm_draft_tokens", ssm=ssm)
         assert 0 <= metric_value(server.metrics_url, "minions_ssm_matched_tokens", ssm=ssm) <= drafted
@@ -36,8 +38,11 @@ def test_vote_exports_per_ssm_metrics(server):
 
 
 @pytest.mark.parametrize("mode", ["vote", "bandit"])
-def test_sampled_vote_and_bandit_reproduce_with_a_seed(server, mode):
-    params = GenerationParams(max_tokens=24, chat=True, temperature=0.8, top_p=0.95, seed=77, speculation=mode)
-    a = generate_grpc(server.grpc_url, "minions", "Write a line of poetry.", params)
-    b = generate_grpc(server.grpc_url, "minions", "Write a line of poetry.", params)
-    assert a.num_output_tokens > 0 and a.text == b.text
+def test_sampled_vote_and_bandit_work(server, mode):
+    """Sampled requests succeed. Their outputs follow the LLM's distribution (the chi-square tests in
+    tests/unit), but are not reproducible by seed alone: which SSM drafts depends on what the shared
+    policy has learnt by then, and the accept/resample draws depend on the draft (README, `seed`)."""
+    params = GenerationParams(max_tokens=24, chat=True, temperature=0.8, top_p=0.95, seed=77, speculation=mode,
+                              return_perf_metrics=True)
+    out = generate_grpc(server.grpc_url, "minions", "Write a line of poetry.", params)
+    assert out.num_output_tokens == 24 and out.text and out.num_verifications < 24
