@@ -11,7 +11,6 @@ engine's cached state for the request when it ends, however it ends.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -27,8 +26,6 @@ from .sampling import GREEDY, SamplingParams
 from .sequence_cache import common_prefix_len
 from .ssm_health import SsmHealth
 from .ssm_weights import SsmWeights
-
-log = logging.getLogger("minions.decode")
 
 
 @dataclass

@@ -48,7 +48,8 @@ class Deployment:
 
     @property
     def missing_ssms(self) -> list[dict]:
-        return [s for s in self.raw.get("ssms", []) if s not in self.ssms]
+        served = self.ssms
+        return [s for s in self.raw.get("ssms", []) if s not in served]
 
     @property
     def orchestrator(self) -> dict:

@@ -144,8 +144,9 @@ class VoteDrafter:
         call = self._inflight.get(ssm)
         return call is not None and not call.done()
 
-    def ballot(self, index: int) -> list[str]:
-        """The SSMs to ask this round: healthy ones whose previous draft for this request is done.
+    def ballot(self, index: int) -> tuple[list[str], str | None]:
+        """The SSMs to ask this round (healthy ones whose previous draft for this request is done),
+        and the dominant one among them, if any.
 
         A late or exploring SSM's call runs on after its round; asking it again before it is done
         would queue a second call behind the first, and under load such calls pile up in the
@@ -154,24 +155,23 @@ class VoteDrafter:
         available = [s for s in self.ssms if self.health.available(s) and not self._busy(s)]
         top = dominant(self.weights.snapshot(available))
         if top is None:
-            return available
+            return available, None
         if index % self.explore_every != 0:
-            return [top]
+            return [top], top
         # Exploring: one challenger at a time, in turn. On a 2-core CPU every extra drafter takes
         # cycles from the dominant SSM and the LLM (asking all of them every 4th round made `vote`
         # 15% slower than `single:ssm_q4`).
         challengers = [s for s in available if s != top]
         if not challengers:
-            return [top]
-        return [top, challengers[(index // self.explore_every) % len(challengers)]]
+            return [top], top
+        return [top, challengers[(index // self.explore_every) % len(challengers)]], top
 
     async def propose(self, client: EngineClient, rnd: DraftRound) -> Proposal:
-        asked = self.ballot(rnd.index)
+        asked, top = self.ballot(rnd.index)
         if len(asked) <= 1:
             return await ask_one(client, self.health, asked[0], rnd, self.sampled) if asked else Proposal()
         tasks = {ssm: asyncio.ensure_future(ask_one(client, self.health, ssm, rnd, False)) for ssm in asked}
         self._inflight.update(tasks)
-        top = dominant(self.weights.snapshot(asked))
         await asyncio.wait([tasks[top]] if top else tasks.values(), timeout=self.deadline_s)
         failed: list[str] = []
         late: list[str] = []
@@ -199,7 +199,7 @@ class VoteDrafter:
     def observe(self, proposal: Proposal, emitted: list[int], draft_seconds: float, verify_seconds: float) -> float:
         t0 = time.perf_counter()
         for ssm, task in proposal.exploring.items():
-            if task.done() and not task.cancelled():
+            if task.done():
                 proposal.drafts.update(task.result().drafts)
             else:
                 log.debug("SSM %s still exploring after verification: not scored this round", ssm)
