@@ -150,6 +150,7 @@ def _engine_params(model: dict, dep: Deployment, max_context: int) -> dict[str, 
         "dtype": str(model.get("dtype", "float32")),
         "draft_min_prob": str(model.get("draft_min_prob", 0.0)),
         "min_forward_tokens": str(model.get("min_forward_tokens", 1)),
+        "kv_budget_mb": str(model.get("kv_budget_mb", 0)),
     }
     if model["engine"] == "torch":
         params["model_path"] = str(hf_dir_for(model["source"], dep))

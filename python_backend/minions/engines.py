@@ -7,6 +7,12 @@ from collections.abc import Mapping
 from .engine_api import Engine
 
 
+def kv_budget_bytes(params: Mapping[str, str]) -> int | None:
+    """`kv_budget_mb` (0 or absent: unbounded) in bytes."""
+    mb = float(params.get("kv_budget_mb", 0) or 0)
+    return int(mb * 2**20) if mb > 0 else None
+
+
 def build_engine(params: Mapping[str, str]) -> Engine:
     kind = params.get("engine", "")
     if kind == "torch":
@@ -21,6 +27,7 @@ def build_engine(params: Mapping[str, str]) -> Engine:
             int(params.get("max_sequences", 8)),
             int(params.get("max_context", 2048)),
             int(params.get("min_forward_tokens", 1)),
+            kv_budget_bytes(params),
         )
     if kind == "distilled":
         import torch
@@ -30,7 +37,7 @@ def build_engine(params: Mapping[str, str]) -> Engine:
 
         torch.set_num_threads(int(params.get("num_threads", 2)))
         return TorchEngine(load_draft_model(params["model_path"]), int(params.get("max_sequences", 8)),
-                           int(params.get("max_context", 2048)))
+                           int(params.get("max_context", 2048)), kv_budget_bytes=kv_budget_bytes(params))
     if kind == "llamacpp":
         from .llamacpp_engine import LlamaCppEngine
 

@@ -74,8 +74,18 @@ class SequenceCache(Generic[State]):
         self.evictions += 1
         return self._entries.popitem(last=False)[1]
 
+    def evict(self, request_id: str) -> CachedSequence[State] | None:
+        """Remove an entry for lack of room (counted, unlike a release)."""
+        entry = self._entries.pop(request_id, None)
+        self.evictions += entry is not None
+        return entry
+
     def release(self, request_id: str) -> CachedSequence[State] | None:
         return self._entries.pop(request_id, None)
+
+    def items(self) -> list[tuple[str, CachedSequence[State]]]:
+        """(request id, entry) pairs, least recently used first."""
+        return list(self._entries.items())
 
     def cached_tokens(self) -> int:
         return sum(len(e.tokens) for e in self._entries.values())

@@ -1,20 +1,28 @@
-"""A transformers causal LM as an engine: plain generation and draft verification with a prefix KV cache.
+"""A transformers causal LM as an engine: generation and draft verification, batched across requests.
 
-This is the CPU stand-in for a TensorRT-LLM engine. Each sequence (request id) keeps a DynamicCache;
+This is the CPU stand-in for a TensorRT-LLM engine. Each sequence (request id) keeps its own KV cache;
 every call computes only the tokens past the longest common prefix of what is cached and what is sent,
 and KV of rejected draft tokens is cropped away at once, so only the accepted prefix survives.
+
+`generate_batch` serves all the requests Triton's dynamic batcher hands over in one forward pass per
+step (see packed_forward): verification of ragged drafts and plain decoding steps share the pass, so
+`off` batches exactly like speculation. A KV budget in bytes bounds the caches: least recently used
+sequences outside the batch are evicted before it would be exceeded (they are recomputed if they
+return), and a batch that cannot fit alone is refused.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .engine_api import EngineRequest, EngineResult
 from .errors import InvalidRequest
+from .packed_forward import ForwardBackend, ForwardRow, forward_backend
 from .sampling import pick_token
 from .sequence_cache import CachedSequence, SequenceCache, common_prefix_len
 from .verification import verify_draft
@@ -32,105 +40,202 @@ def load_causal_lm(path: str, dtype: str = "float32", gguf_file: str | None = No
     return model.eval()
 
 
+@dataclass
+class _Job:
+    """One request inside a batch: verification (one pass) or generation (one pass per token)."""
+
+    index: int
+    request: EngineRequest
+    rng: np.random.Generator
+    sequence: list[int]
+    entry: CachedSequence | None = None
+    tokens: list[int] = field(default_factory=list)
+    rows: list[np.ndarray] = field(default_factory=list)
+    result: EngineResult | None = None
+
+
+@dataclass
+class BatchStats:
+    """What batching achieved, for the engine's metrics: padding share = pad_tokens / forward rows."""
+
+    passes: int = 0
+    sequences: int = 0
+    tokens: int = 0
+    pad_tokens: int = 0
+
+
 class TorchEngine:
     """Engine protocol implementation over a transformers model (see engine_api)."""
 
     def __init__(
-        self, model, max_sequences: int = 8, max_context: int | None = None, min_forward_tokens: int = 1
+        self,
+        model,
+        max_sequences: int = 8,
+        max_context: int | None = None,
+        min_forward_tokens: int = 1,
+        kv_budget_bytes: int | None = None,
     ) -> None:
         self.model = model.eval()
-        # Passes of 2..min_forward_tokens-1 new tokens are padded up to min_forward_tokens: on this
-        # CPU's MKL a 2-3 row matmul is slower than a 4-row one. Pads follow the real tokens, so
+        self.backend: ForwardBackend = forward_backend(self.model)
+        # Passes of 2..min_forward_tokens-1 rows are padded up to min_forward_tokens: on this CPU's
+        # MKL a 2-3 row matmul is slower than a 4-row one. Pads follow the last row's real tokens, so
         # causal attention keeps them out of the real rows; their KV is cropped right after.
         self.min_forward_tokens = min_forward_tokens
         self.vocab_size = int(model.config.vocab_size)
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 2048))
         self.cache: SequenceCache = SequenceCache(max_sequences)
+        self.kv_budget_bytes = kv_budget_bytes
         self._lock = threading.Lock()
         self.forward_tokens = 0
+        self.stats = BatchStats()
 
     # -- Engine protocol -------------------------------------------------------------------------
     def generate(self, request: EngineRequest) -> EngineResult:
-        if request.stop:
-            self.release(request.request_id)
-            return EngineResult([])
-        total = len(request.input_ids) + max(request.request_output_len, len(request.draft) + 1)
-        if total > self.max_context:
-            raise InvalidRequest(f"sequence of {total} tokens exceeds the engine's context of {self.max_context}")
-        rng = np.random.default_rng(request.seed)
+        result = self.generate_batch([request])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def generate_batch(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
+        """Serve several requests together; a failing request gets its exception, the others their results."""
+        out: list[EngineResult | Exception | None] = [None] * len(requests)
+        jobs = []
+        for i, request in enumerate(requests):
+            if request.stop:
+                self.release(request.request_id)
+                out[i] = EngineResult([])
+                continue
+            total = len(request.input_ids) + max(request.request_output_len, len(request.draft) + 1)
+            if total > self.max_context:
+                out[i] = InvalidRequest(
+                    f"sequence of {total} tokens exceeds the engine's context of {self.max_context}")
+                continue
+            if any(j.request.request_id == request.request_id for j in jobs):
+                out[i] = InvalidRequest(f"request id {request.request_id!r} is already in this batch")
+                continue
+            jobs.append(_Job(i, request, np.random.default_rng(request.seed), list(request.input_ids)))
         with self._lock, torch.inference_mode():
-            if request.draft:
-                return self._verify(request, rng)
-            return self._generate(request, rng)
+            while jobs:
+                try:
+                    logits = self._forward_jobs(jobs)
+                except InvalidRequest as exc:
+                    for job in jobs:
+                        out[job.index] = exc
+                    break
+                still = []
+                for job, rows in zip(jobs, logits):
+                    try:
+                        if self._absorb(job, rows):
+                            out[job.index] = job.result
+                        else:
+                            still.append(job)
+                    except InvalidRequest as exc:
+                        out[job.index] = exc
+                jobs = still
+        return out  # type: ignore[return-value]
 
     def release(self, request_id: str) -> None:
         with self._lock:
-            self.cache.release(request_id)
+            self.cache.evict(request_id)
+
+    def cached_bytes(self) -> int:
+        return sum(self.backend.state_bytes(e.state) for _, e in self.cache.items())
 
     # -- internals ---------------------------------------------------------------------------------
-    def _verify(self, request: EngineRequest, rng: np.random.Generator) -> EngineResult:
-        draft = request.draft[: max(request.request_output_len - 1, 0)]
-        entry, logits = self._forward(request.request_id, request.input_ids, draft, len(draft) + 1)
-        try:
-            verdict = verify_draft(
-                logits, draft, request.sampling, rng, request.input_ids, request.bad_words, request.end_id,
-                request.draft_logits,
-            )
-        except ValueError as exc:  # draft_logits that do not fit the draft or the vocabulary
-            raise InvalidRequest(str(exc)) from None
-        self._crop(entry, len(request.input_ids) + verdict.num_accepted)
-        return EngineResult(
-            verdict.tokens,
-            verdict.num_accepted,
-            logits[: len(verdict.tokens)] if request.return_generation_logits else None,
-        )
+    @staticmethod
+    def _draft(request: EngineRequest) -> list[int]:
+        return request.draft[: max(request.request_output_len - 1, 0)]
 
-    def _generate(self, request: EngineRequest, rng: np.random.Generator) -> EngineResult:
-        sequence = list(request.input_ids)
-        tokens: list[int] = []
+    def _forward_jobs(self, jobs: list[_Job]) -> list[np.ndarray]:
+        """One pass over every job's uncached tokens (+ its draft on a verification)."""
         rows = []
-        for _ in range(request.request_output_len):
-            _, logits = self._forward(request.request_id, sequence, [], 1)
-            banned = request.bad_words.banned_next(sequence) if request.bad_words else None
-            token = pick_token(logits[0], request.sampling, rng, banned)
-            tokens.append(token)
-            sequence.append(token)
-            rows.append(logits[0])
-            if request.end_id is not None and token == request.end_id:
-                break
-        return EngineResult(tokens, 0, np.stack(rows) if request.return_generation_logits else None)
+        for job in jobs:
+            extra = self._draft(job.request) if job.request.draft else []
+            job.entry = self._entry(job.request.request_id, job.sequence)
+            rows.append((job.sequence, extra, len(extra) + 1))
+        entries = [job.entry for job in jobs]
+        forward_rows = [
+            ForwardRow(entry.state, tokens[self.backend.length(entry.state):] + extra, n)
+            for entry, (tokens, extra, n) in zip(entries, rows)
+        ]
+        real = sum(len(r.new_tokens) for r in forward_rows)
+        pad = self.min_forward_tokens - real if 1 < real < self.min_forward_tokens else 0
+        last = forward_rows[-1]
+        last.new_tokens = last.new_tokens + [last.new_tokens[-1]] * pad
+        last.n_logits += pad
+        self._fit_budget(entries, forward_rows)
+        logits = self.backend.forward(forward_rows)
+        if pad:
+            self.backend.crop(last.state, self.backend.length(last.state) - pad)
+            logits[-1] = logits[-1][:-pad]
+        for entry, (tokens, extra, _) in zip(entries, rows):
+            entry.tokens = list(tokens) + list(extra)
+        self.forward_tokens += real
+        self.stats.passes += 1
+        self.stats.sequences += len(jobs)
+        self.stats.tokens += real + pad
+        self.stats.pad_tokens += pad
+        return logits
 
-    def _forward(self, request_id: str, tokens: list[int], extra: list[int], n_logits: int):
-        """Run the model over `tokens + extra`, reusing the cached prefix; logits of the last n positions."""
-        from transformers import DynamicCache
-
+    def _entry(self, request_id: str, tokens: list[int]) -> CachedSequence:
+        """The request's cache, cropped to the longest prefix it shares with `tokens` (at least one token left)."""
         entry = self.cache.get(request_id)
         if entry is None:
-            entry = CachedSequence(DynamicCache(config=self.model.config), [])
+            entry = CachedSequence(self.backend.new_state(), [])
             self.cache.put(request_id, entry)
         keep = min(common_prefix_len(entry.tokens, tokens), len(tokens) - 1)
         if keep == 0:
-            entry.state = DynamicCache(config=self.model.config)
-            entry.tokens = []
-        else:
-            self._crop(entry, keep)
-        new = tokens[keep:] + list(extra)
-        pad = self.min_forward_tokens - len(new) if 1 < len(new) < self.min_forward_tokens else 0
-        out = self.model(
-            input_ids=torch.tensor([new + [new[-1]] * pad], dtype=torch.long),
-            past_key_values=entry.state,
-            use_cache=True,
-            logits_to_keep=n_logits + pad,
-        )
-        entry.tokens = list(tokens) + list(extra)
-        if pad:
-            entry.state.crop(-pad)
-        self.forward_tokens += len(new)
-        return entry, out.logits[0, :n_logits].float().numpy()
+            entry.state, entry.tokens = self.backend.new_state(), []
+        self._crop(entry, keep)
+        return entry
 
-    @staticmethod
-    def _crop(entry: CachedSequence, length: int) -> None:
-        current = entry.state.get_seq_length()
-        if length < current:
-            entry.state.crop(-(current - length))  # transformers 5: positive lengths raise
-        entry.tokens = entry.tokens[:length]
+    def _fit_budget(self, entries: list[CachedSequence], rows: list[ForwardRow]) -> None:
+        """Evict least recently used sequences outside the batch until the batch's growth fits the budget."""
+        if self.kv_budget_bytes is None:
+            return
+        needed = sum(self.backend.projected_bytes(r.state, self.backend.length(r.state) + len(r.new_tokens))
+                     for r in rows)
+        if needed > self.kv_budget_bytes:
+            raise InvalidRequest(f"the batch needs {needed} bytes of KV cache; the engine's budget is "
+                                 f"{self.kv_budget_bytes}")
+        in_batch = {id(e) for e in entries}
+        others = [(rid, e) for rid, e in self.cache.items() if id(e) not in in_batch]
+        held = sum(self.backend.state_bytes(e.state) for _, e in others)
+        while others and held + needed > self.kv_budget_bytes:
+            request_id, entry = others.pop(0)
+            held -= self.backend.state_bytes(entry.state)
+            log.info("KV budget of %d bytes: evicting %s", self.kv_budget_bytes, request_id)
+            self.cache.evict(request_id)
+
+    def _absorb(self, job: _Job, logits: np.ndarray) -> bool:
+        """Apply a pass's logits to a job; True when the job is finished (job.result set)."""
+        request = job.request
+        if request.draft:
+            draft = self._draft(request)
+            try:
+                verdict = verify_draft(
+                    logits, draft, request.sampling, job.rng, request.input_ids, request.bad_words, request.end_id,
+                    request.draft_logits,
+                )
+            except ValueError as exc:  # draft_logits that do not fit the draft or the vocabulary
+                raise InvalidRequest(str(exc)) from None
+            self._crop(job.entry, len(request.input_ids) + verdict.num_accepted)
+            job.result = EngineResult(
+                verdict.tokens,
+                verdict.num_accepted,
+                logits[: len(verdict.tokens)] if request.return_generation_logits else None,
+            )
+            return True
+        banned = request.bad_words.banned_next(job.sequence) if request.bad_words else None
+        token = pick_token(logits[0], request.sampling, job.rng, banned)
+        job.tokens.append(token)
+        job.sequence.append(token)
+        job.rows.append(logits[0])
+        done = len(job.tokens) >= request.request_output_len or (request.end_id is not None and token == request.end_id)
+        if done:
+            job.result = EngineResult(job.tokens, 0, np.stack(job.rows) if request.return_generation_logits else None)
+        return done
+
+    def _crop(self, entry: CachedSequence, length: int) -> None:
+        self.backend.crop(entry.state, length)
+        entry.tokens = entry.tokens[: min(length, self.backend.length(entry.state))]

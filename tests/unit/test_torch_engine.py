@@ -23,7 +23,7 @@ PROMPTS = [[3, 7, 1, 9, 4], [0, 0, 5], [12, 2, 8, 8, 1, 6, 15]]
 
 def cached_tokens(engine: TorchEngine, request_id: str) -> tuple[list[int], int]:
     entry = engine.cache.get(request_id)
-    return list(entry.tokens), int(entry.state.get_seq_length())
+    return list(entry.tokens), engine.backend.length(entry.state)
 
 
 @pytest.fixture
@@ -185,26 +185,19 @@ def test_padded_short_passes_give_the_same_tokens_logits_and_cache(tiny_llm):
     """min_forward_tokens pads 2-3 token passes for speed; pads must not change anything observable."""
     plain = TorchEngine(tiny_llm, max_sequences=2)
     padded = TorchEngine(tiny_llm, max_sequences=2, min_forward_tokens=4)
-    widths: list[int] = []
-    hook = tiny_llm.register_forward_pre_hook(
-        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
-    )
-    try:
-        prompt = [1, 5, 9, 3]
-        for draft in ([7], [7, 2], [2, 11, 4]):  # 2, 3 and 4 new tokens in the verification pass
-            results = []
-            for engine in (plain, padded):
-                engine.release("r")
-                first = engine.generate(EngineRequest("r", prompt, 1, exclude_input_in_output=True)).tokens
-                widths.clear()
-                verdict = engine.generate(
-                    EngineRequest("r", prompt + first, len(draft) + 1, draft=draft, return_generation_logits=True)
-                )
-                results.append((verdict, cached_tokens(engine, "r"), widths[-1]))
-            (a, cache_a, width_a), (b, cache_b, width_b) = results
-            assert a.tokens == b.tokens and a.num_accepted == b.num_accepted
-            np.testing.assert_allclose(a.logits, b.logits, rtol=1e-5, atol=1e-5)
-            assert cache_a == cache_b
-            assert width_a == len(draft) + 1 and width_b == max(4, len(draft) + 1)
-    finally:
-        hook.remove()
+    prompt = [1, 5, 9, 3]
+    for draft in ([7], [7, 2], [2, 11, 4]):  # 2, 3 and 4 new tokens in the verification pass
+        results = []
+        for engine in (plain, padded):
+            engine.release("r")
+            first = engine.generate(EngineRequest("r", prompt, 1, exclude_input_in_output=True)).tokens
+            before = engine.stats.tokens
+            verdict = engine.generate(
+                EngineRequest("r", prompt + first, len(draft) + 1, draft=draft, return_generation_logits=True)
+            )
+            results.append((verdict, cached_tokens(engine, "r"), engine.stats.tokens - before))
+        (a, cache_a, width_a), (b, cache_b, width_b) = results
+        assert a.tokens == b.tokens and a.num_accepted == b.num_accepted
+        np.testing.assert_allclose(a.logits, b.logits, rtol=1e-5, atol=1e-5)
+        assert cache_a == cache_b
+        assert width_a == len(draft) + 1 and width_b == max(4, len(draft) + 1)

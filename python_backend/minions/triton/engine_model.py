@@ -33,38 +33,92 @@ class TritonPythonModel:
             kind=pb_utils.MetricFamily.GAUGE,
         )
         self.cached_gauge = self.cached_family.Metric(labels={"model": self.name})
+        # Batching: mean batch = sequences / passes; padding share = pad_tokens / tokens. Totals as
+        # gauges (the engine owns the counters; a gauge mirrors them without double counting).
+        self.batch_family = pb_utils.MetricFamily(
+            name="minions_engine_batch_total",
+            description="Engine forward passes, sequences served by them, tokens computed and pad tokens among them",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self.batch_gauges = {
+            what: self.batch_family.Metric(labels={"model": self.name, "what": what})
+            for what in ("passes", "sequences", "tokens", "pad_tokens")
+        }
+        self.kv_family = pb_utils.MetricFamily(
+            name="minions_engine_kv_bytes",
+            description="Bytes held by the engine's KV caches (bounded by its kv_budget_mb)",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self.kv_gauge = self.kv_family.Metric(labels={"model": self.name})
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
+        """Serve Triton's dynamic batch: engines with generate_batch get every request in one call."""
+        parsed, responses = [], [None] * len(requests)
+        for i, request in enumerate(requests):
             try:
-                responses.append(self._run(request))
+                parsed.append((i, request, *self._parse(request)))
             except InvalidRequest as exc:
-                responses.append(pb_utils.InferenceResponse(error=error(str(exc), pb_utils.TritonError.INVALID_ARG)))
-            except Exception as exc:  # a failing request must not take the model down
-                log.exception("%s: request failed", self.name)
-                responses.append(pb_utils.InferenceResponse(error=error(f"{self.name}: {type(exc).__name__}: {exc}")))
-        cache = getattr(self.engine, "cache", None)
-        self.cached_gauge.set(len(cache) if cache is not None else 0)
-        return responses
-
-    def _run(self, request):
-        request_id = request.request_id()
-        anonymous = not request_id
-        if anonymous:  # no id, no reuse: compute, then free at once
-            request_id = f"anonymous-{uuid.uuid4().hex}"
-        engine_requests = parse_engine_inputs(input_arrays(request, self.input_names), request_id)
+                responses[i] = pb_utils.InferenceResponse(error=error(str(exc), pb_utils.TritonError.INVALID_ARG))
+        flat = [r for _, _, engine_requests, _ in parsed for r in engine_requests]
         try:
-            results = [self.engine.generate(r) for r in engine_requests]
-        finally:
-            if anonymous:
+            results = self._generate(flat)
+        except Exception as exc:  # a failing engine must not take the model down
+            log.exception("%s: batch of %d failed", self.name, len(flat))
+            results = [exc] * len(flat)
+        offset = 0
+        for i, request, engine_requests, anonymous in parsed:
+            mine = results[offset : offset + len(engine_requests)]
+            offset += len(engine_requests)
+            if anonymous:  # no id, no reuse: compute, then free at once
                 for r in engine_requests:
                     self.engine.release(r.request_id)
+            responses[i] = self._respond(request, engine_requests, mine)
+        self._observe()
+        return responses
+
+    def _parse(self, request):
+        request_id = request.request_id()
+        anonymous = not request_id
+        if anonymous:
+            request_id = f"anonymous-{uuid.uuid4().hex}"
+        return parse_engine_inputs(input_arrays(request, self.input_names), request_id), anonymous
+
+    def _generate(self, engine_requests: list) -> list:
+        batch = getattr(self.engine, "generate_batch", None)
+        if batch is not None:
+            return batch(engine_requests)
+        results = []
+        for r in engine_requests:
+            try:
+                results.append(self.engine.generate(r))
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    def _respond(self, request, engine_requests: list, results: list):
+        failure = next((r for r in results if isinstance(r, Exception)), None)
+        if isinstance(failure, InvalidRequest):
+            return pb_utils.InferenceResponse(error=error(str(failure), pb_utils.TritonError.INVALID_ARG))
+        if failure is not None:
+            log.error("%s: request failed: %s: %s", self.name, type(failure).__name__, failure)
+            return pb_utils.InferenceResponse(error=error(f"{self.name}: {type(failure).__name__}: {failure}"))
         outputs = encode_engine_outputs(engine_requests, results)
         wanted = set(request.requested_output_names() or outputs)
         return pb_utils.InferenceResponse(
             output_tensors=[pb_utils.Tensor(name, array) for name, array in outputs.items() if name in wanted]
         )
+
+    def _observe(self) -> None:
+        cache = getattr(self.engine, "cache", None)
+        self.cached_gauge.set(len(cache) if cache is not None else 0)
+        stats = getattr(self.engine, "stats", None)
+        if stats is not None:
+            for name, value in (("passes", stats.passes), ("sequences", stats.sequences), ("tokens", stats.tokens),
+                                ("pad_tokens", stats.pad_tokens)):
+                self.batch_gauges[name].set(value)
+            cached_bytes = getattr(self.engine, "cached_bytes", None)
+            if cached_bytes is not None:
+                self.kv_gauge.set(cached_bytes())
 
     def finalize(self) -> None:
         log.info("%s: unloaded", self.name)
