@@ -1,0 +1,206 @@
+"""Adaptive speculation length: choose how many tokens to draft each round from measured costs.
+
+Time per emitted token with s draft tokens, at load b (requests being decoded together):
+
+    J(s) = (d(s) + t(b, s)) / E(s),   E(s) = 1 + sum_{i=1..s} prod_{j<=i} a_j
+
+t(b, s) is the LLM's measured verification time (a table shared by all requests, since the LLM is
+shared), d(s) the drafting time the round actually waited for (per request: its SSMs, and how much of
+drafting the pipeline hides), and a_j the probability that draft position j is accepted once the ones
+before it were (per request, pulled towards the server-wide estimate while the request has little
+evidence of its own). E(s) is then the expected tokens per verification (accepted + the LLM's own).
+s = 0 is plain decoding: J(0) = t(b, 0).
+
+It does not oscillate: the estimates are moving averages, a change needs a `margin` gain over the
+current s by the same estimates, and after a change the choice holds for `dwell` rounds (the paper's
+"wait until requests drafted with the old s are through"). Lengths it has not measured are tried
+every `explore_every` rounds (a neighbour of the current s, alternately above and below), so that
+t(b, s) and the acceptance of further positions stay measured, and so that a request whose
+acceptance collapsed to s = 0 still notices when it recovers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+DEFAULT_CANDIDATES = (0, 1, 2, 3, 4, 6, 8)
+
+
+def load_bucket(batch: int) -> int:
+    """Loads 1, 2, 3-4, 5-8, 9-16...: verification cost changes with the batch roughly by powers of two."""
+    return 1 << max(0, math.ceil(math.log2(max(batch, 1))))
+
+
+@dataclass
+class Ema:
+    """Exponential moving average; the first observation is taken as it is."""
+
+    weight: float
+    value: float | None = None
+    count: int = 0
+
+    def add(self, x: float) -> None:
+        self.value = x if self.value is None else self.value + self.weight * (x - self.value)
+        self.count += 1
+
+
+@dataclass
+class VerifyCostTable:
+    """t(b, s): measured LLM verification seconds per load bucket and draft length (server-wide)."""
+
+    weight: float = 0.2
+    cells: dict[tuple[int, int], Ema] = field(default_factory=dict)
+
+    def observe(self, batch: int, s: int, seconds: float) -> None:
+        self.cells.setdefault((load_bucket(batch), s), Ema(self.weight)).add(seconds)
+
+    def estimate(self, batch: int, s: int) -> float | None:
+        """Measured value; else linear interpolation (or flat extension) over the nearest bucket's lengths."""
+        buckets = sorted({b for b, _ in self.cells}, key=lambda b: (abs(math.log2(b) - math.log2(load_bucket(batch))), b))
+        for bucket in buckets:
+            points = sorted((n, e.value) for (b, n), e in self.cells.items() if b == bucket and e.value is not None)
+            if points:
+                return _interpolate(points, s)
+        return None
+
+
+def _interpolate(points: Sequence[tuple[int, float]], s: int) -> float:
+    below = [p for p in points if p[0] <= s]
+    above = [p for p in points if p[0] >= s]
+    if below and above:
+        (s0, t0), (s1, t1) = below[-1], above[0]
+        return t0 if s1 == s0 else t0 + (t1 - t0) * (s - s0) / (s1 - s0)
+    return (below or above)[-1 if below else 0][1]  # flat beyond the measured range
+
+
+@dataclass
+class AcceptanceModel:
+    """a_j per draft position: decayed accept/trial counts, so old evidence fades."""
+
+    decay: float
+    accepted: list[float] = field(default_factory=list)
+    trials: list[float] = field(default_factory=list)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """Positions 1..accepted were accepted; position accepted + 1 (if drafted) was rejected."""
+        seen = min(drafted, accepted + 1)
+        while len(self.trials) < seen:
+            self.trials.append(0.0)
+            self.accepted.append(0.0)
+        for j in range(seen):
+            self.trials[j] = self.trials[j] * self.decay + 1.0
+            self.accepted[j] = self.accepted[j] * self.decay + (1.0 if j < accepted else 0.0)
+
+    def rate(self, j: int, prior: float, prior_weight: float) -> float:
+        """Position j (0-based): the counts blended with `prior` worth `prior_weight` trials."""
+        n = self.trials[j] if j < len(self.trials) else 0.0
+        a = self.accepted[j] if j < len(self.accepted) else 0.0
+        return (a + prior * prior_weight) / (n + prior_weight)
+
+
+@dataclass
+class LengthPolicy:
+    """The selector's settings (deploy.yaml orchestrator.draft_length)."""
+
+    candidates: tuple[int, ...] = DEFAULT_CANDIDATES
+    margin: float = 0.05
+    dwell: int = 3
+    explore_every: int = 12
+    initial: int = 4
+    request_decay: float = 0.85
+    global_decay: float = 0.98
+    prior_weight: float = 3.0
+    prior_acceptance: float = 0.5
+
+
+class SharedLengthStats:
+    """What all requests share: the LLM's cost table and the server-wide acceptance per position."""
+
+    def __init__(self, policy: LengthPolicy | None = None) -> None:
+        self.policy = policy or LengthPolicy()
+        self.verify = VerifyCostTable()
+        self.acceptance = AcceptanceModel(self.policy.global_decay)
+
+    def global_rate(self, j: int) -> float:
+        """Server-wide a_j; beyond the measured positions, the last measured one (drafts decay smoothly)."""
+        if not self.acceptance.trials:
+            return self.policy.prior_acceptance
+        j = min(j, len(self.acceptance.trials) - 1)
+        return self.acceptance.rate(j, self.policy.prior_acceptance, 1.0)
+
+
+class DraftLengthSelector:
+    """One request's selector: per-request acceptance and draft cost over the shared statistics."""
+
+    def __init__(self, shared: SharedLengthStats, max_length: int) -> None:
+        self.shared = shared
+        policy = shared.policy
+        self.policy = policy
+        self.candidates = tuple(s for s in policy.candidates if s <= max_length) or (0,)
+        self.acceptance = AcceptanceModel(policy.request_decay)
+        self.draft_per_token = Ema(0.3)
+        self.current = min(self.candidates, key=lambda s: abs(s - policy.initial))
+        self.held = 0
+        self.rounds = 0
+        self.explore_up = True
+        self.trace: list[int] = []
+
+    # -- estimates ---------------------------------------------------------------------------------
+    def rate(self, j: int) -> float:
+        return self.acceptance.rate(j, self.shared.global_rate(j), self.policy.prior_weight)
+
+    def expected_tokens(self, s: int) -> float:
+        total, survive = 1.0, 1.0
+        for j in range(s):
+            survive *= self.rate(j)
+            total += survive
+        return total
+
+    def time_per_token(self, s: int, batch: int) -> float | None:
+        verify = self.shared.verify.estimate(batch, s)
+        if verify is None:
+            return None
+        draft = s * (self.draft_per_token.value or 0.0)
+        return (draft + verify) / self.expected_tokens(s)
+
+    # -- the decision ------------------------------------------------------------------------------
+    def choose(self, batch: int) -> int:
+        """The draft length for the next round at the current load."""
+        self.rounds += 1
+        s = self._decide(batch)
+        self.trace.append(s)
+        return s
+
+    def _decide(self, batch: int) -> int:
+        costs = {s: self.time_per_token(s, batch) for s in self.candidates}
+        if self.policy.explore_every and self.rounds % self.policy.explore_every == 0:
+            return self._neighbour()
+        if self.held > 0:
+            self.held -= 1
+            return self.current
+        known = {s: c for s, c in costs.items() if c is not None}
+        if not known or self.current not in known:
+            return self.current
+        best = min(known, key=lambda s: (known[s], s))
+        if best != self.current and known[best] < (1.0 - self.policy.margin) * known[self.current]:
+            self.current = best
+            self.held = self.policy.dwell
+        return self.current
+
+    def _neighbour(self) -> int:
+        i = self.candidates.index(self.current)
+        step = 1 if self.explore_up else -1
+        self.explore_up = not self.explore_up
+        j = i + step if 0 <= i + step < len(self.candidates) else i - step
+        return self.candidates[min(max(j, 0), len(self.candidates) - 1)]
+
+    # -- feedback ----------------------------------------------------------------------------------
+    def observe(self, batch: int, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        """One round's outcome: its length, how much was accepted, what drafting (exposed) and verification cost."""
+        self.shared.verify.observe(batch, drafted, verify_seconds)
+        if drafted > 0:
+            self.acceptance.observe(drafted, accepted)
+            self.shared.acceptance.observe(drafted, accepted)
+            self.draft_per_token.add(draft_seconds / drafted)

@@ -1,0 +1,118 @@
+"""minions.draft_length: the adaptive speculation length, driven by a synthetic cost model.
+
+The synthetic world: verification costs t(b, s) = base(b) + slope * s, drafting costs d per token, and
+each draft position is accepted with probability a (so E(s) is known in closed form). The best s is
+computed from that model by brute force, never written down.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from minions.draft_length import (
+    DEFAULT_CANDIDATES,
+    DraftLengthSelector,
+    LengthPolicy,
+    SharedLengthStats,
+    VerifyCostTable,
+    load_bucket,
+)
+
+
+class World:
+    def __init__(self, acceptance: float, draft_per_token: float = 0.01, slope: float = 0.004, seed: int = 0):
+        self.acceptance = acceptance
+        self.draft_per_token = draft_per_token
+        self.slope = slope
+        self.rng = np.random.default_rng(seed)
+
+    def verify_seconds(self, batch: int, s: int) -> float:
+        return (0.06 + 0.01 * batch) + self.slope * s * batch
+
+    def true_cost(self, batch: int, s: int) -> float:
+        expected = sum(self.acceptance**i for i in range(s + 1))
+        return (s * self.draft_per_token + self.verify_seconds(batch, s)) / expected
+
+    def best(self, batch: int, candidates=DEFAULT_CANDIDATES) -> int:
+        return min(candidates, key=lambda s: self.true_cost(batch, s))
+
+    def run(self, selector: DraftLengthSelector, batch: int, rounds: int) -> list[int]:
+        chosen = []
+        for _ in range(rounds):
+            s = selector.choose(batch)
+            accepted = 0
+            while accepted < s and self.rng.random() < self.acceptance:
+                accepted += 1
+            noise = self.rng.normal(1.0, 0.05)
+            selector.observe(batch, s, accepted, s * self.draft_per_token * noise, self.verify_seconds(batch, s) * noise)
+            chosen.append(s)
+        return chosen
+
+
+@pytest.mark.parametrize("acceptance,batch", [(0.9, 1), (0.6, 1), (0.9, 8), (0.75, 4)])
+def test_converges_to_the_best_length_of_the_cost_model(acceptance, batch):
+    world = World(acceptance, seed=int(acceptance * 100) + batch)
+    selector = DraftLengthSelector(SharedLengthStats(), max_length=8)
+    trace = world.run(selector, batch, 300)
+    settled = Counter(trace[-100:]).most_common(1)[0][0]
+    best = world.best(batch)
+    # The settled choice is the optimum, or a length whose true cost is within the margin of it.
+    assert world.true_cost(batch, settled) <= world.true_cost(batch, best) * 1.05, (settled, best, Counter(trace[-100:]))
+
+
+def test_chooses_no_speculation_when_drafting_is_worthless():
+    world = World(acceptance=0.0, seed=1)
+    selector = DraftLengthSelector(SharedLengthStats(), max_length=8)
+    trace = world.run(selector, 1, 120)
+    assert world.best(1) == 0
+    assert Counter(trace[-60:])[0] >= 60 * (1 - 1 / selector.policy.explore_every) - 1
+
+
+def test_adapts_per_request_when_acceptance_collapses_and_recovers():
+    shared = SharedLengthStats()
+    selector = DraftLengthSelector(shared, max_length=8)
+    good, bad = World(0.9, seed=2), World(0.0, seed=3)
+    assert Counter(good.run(selector, 1, 150)[-50:]).most_common(1)[0][0] >= 4
+    assert Counter(bad.run(selector, 1, 100)[-40:]).most_common(1)[0][0] == 0
+    assert Counter(good.run(selector, 1, 200)[-50:]).most_common(1)[0][0] >= 4
+
+
+def test_does_not_oscillate_on_a_steady_workload():
+    world = World(0.8, seed=4)
+    selector = DraftLengthSelector(SharedLengthStats(), max_length=8)
+    world.run(selector, 2, 100)
+    explore = selector.policy.explore_every
+    steady = [s for i, s in enumerate(selector.trace[100:], start=101) if i % explore]  # exploration rounds aside
+    before = len(selector.trace)
+    steady = world.run(selector, 2, 200)
+    steady = [s for i, s in enumerate(steady, start=before + 1) if i % explore]
+    changes = sum(a != b for a, b in zip(steady, steady[1:]))
+    assert changes <= 4, steady
+
+
+def test_one_request_learns_from_the_servers_history():
+    shared = SharedLengthStats()
+    world = World(0.0, seed=5)
+    world.run(DraftLengthSelector(shared, 8), 1, 100)
+    fresh = DraftLengthSelector(shared, 8)
+    assert fresh.expected_tokens(4) < 1.2, "the prior for a new request is the server's acceptance"
+    assert world.run(fresh, 1, 10)[-5:].count(0) >= 4
+
+
+def test_max_length_bounds_the_candidates():
+    selector = DraftLengthSelector(SharedLengthStats(LengthPolicy(initial=8)), max_length=3)
+    assert selector.candidates == (0, 1, 2, 3) and selector.current == 3
+
+
+def test_verify_cost_table_interpolates_and_borrows_the_nearest_load():
+    table = VerifyCostTable()
+    assert table.estimate(1, 4) is None
+    table.observe(1, 2, 0.08)
+    table.observe(1, 8, 0.14)
+    assert table.estimate(1, 4) == pytest.approx(0.10)
+    assert table.estimate(1, 0) == pytest.approx(0.08) and table.estimate(1, 16) == pytest.approx(0.14)
+    assert table.estimate(2, 8) == pytest.approx(0.14), "no load-2 data: the nearest bucket's"
+    assert [load_bucket(b) for b in (1, 2, 3, 4, 5, 16, 17)] == [1, 2, 4, 4, 8, 16, 32]
