@@ -6,21 +6,33 @@ one token of its own; the drafter learns from the outcome. With speculation `off
 and returns one token, which is plain decoding through the very same engine and path. The loop
 resends the whole sequence every round (engines keep their own prefix KV caches) and releases every
 engine's cached state for the request when it ends, however it ends.
+
+How many tokens to draft: a fixed `num_draft_tokens`, or (None) the adaptive selector of
+draft_length.py, which may choose 0 (plain decoding) when speculation does not pay.
+
+Pipelining: while the LLM verifies round r, the drafter already drafts round r+1 on the assumption
+that the whole draft is accepted, from the sequence plus the draft, one token longer: its first
+token guesses the LLM's own token. If verification accepts everything and the guess is right, the
+rest is round r+1's draft, ready (or nearly) when verification ends; otherwise it is discarded. Both
+the regular and the early draft hold a DraftPool slot until they reach the LLM, so drafting pauses
+while a full LLM batch of drafts is waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .bad_words import BadWords
 from .bandit import Ucb1
+from .draft_length import DraftLengthSelector, SharedLengthStats
 from .drafting import BanditDrafter, Drafter, DraftRound, EngineClient, Proposal, SingleDrafter, VoteDrafter
 from .engine_api import EngineRequest
+from .pipeline_pool import DraftPool, Slot
 from .generation_request import SPECULATION_BANDIT, SPECULATION_OFF, SPECULATION_VOTE, Speculation
 from .sampling import GREEDY, SamplingParams
 from .sequence_cache import common_prefix_len
@@ -37,7 +49,9 @@ class DecodePlan:
     end_id: int | None = None
     bad_words: BadWords = field(default_factory=lambda: BadWords([]))
     speculation: Speculation = field(default_factory=lambda: Speculation(SPECULATION_OFF))
-    num_draft_tokens: int = 4
+    num_draft_tokens: int | None = 4
+    """Draft length per round; None: the adaptive selector chooses it (up to max_draft_tokens)."""
+    max_draft_tokens: int = 8
     llm: str = "llm"
     use_draft_logits: bool = False
     """When sampling: the SSM samples its draft with the request's parameters and sends its logits,
@@ -51,6 +65,18 @@ class DecodePlan:
     """The bandit policy, shared across requests (None: a fresh one for this request)."""
     vote_deadline_s: float = 0.5
     vote_explore_every: int = 8
+    length_stats: SharedLengthStats | None = None
+    """The adaptive selector's server-wide statistics (None: fresh ones for this request)."""
+    pipeline: bool = False
+    pool: DraftPool | None = None
+    """The server's intermediate draft pool (None: no throttle)."""
+    load: Callable[[], int] = lambda: 1
+    """How many requests are being decoded now (the batch size the LLM sees)."""
+
+    def length_selector(self) -> DraftLengthSelector | None:
+        if self.num_draft_tokens is not None:
+            return None
+        return DraftLengthSelector(self.length_stats or SharedLengthStats(), self.max_draft_tokens)
 
     def drafter(self) -> Drafter | None:
         spec = self.speculation
@@ -82,6 +108,12 @@ class Round:
     """Each SSM's own draft this round (several under a vote)."""
     control_seconds: float = 0.0
     """Time spent in voting, weight updates and SSM selection (not waiting for engines)."""
+    planned: int = 0
+    """The draft length chosen for this round (the draft may be shorter: an SSM may stop early)."""
+    pipelined: bool = False
+    """The draft was made during the previous round's verification."""
+    early_discarded: bool = False
+    """An early draft for the next round was made during this round and thrown away."""
 
     def ssm_matched(self) -> dict[str, int]:
         """Per SSM: how many of its own draft tokens the LLM's output confirms."""
@@ -101,9 +133,15 @@ class DecodeStats:
     verify_seconds: float = 0.0
     control_seconds: float = 0.0
     accepted_per_position: list[int] = field(default_factory=list)
+    planned_lengths: list[int] = field(default_factory=list)
+    pipelined_drafts: int = 0
+    discarded_early_drafts: int = 0
 
     def add(self, r: Round) -> None:
         self.verifications += 1
+        self.planned_lengths.append(r.planned)
+        self.pipelined_drafts += r.pipelined
+        self.discarded_early_drafts += r.early_discarded
         self.emitted_tokens += len(r.tokens)
         self.draft_seconds += r.draft_seconds
         self.verify_seconds += r.verify_seconds
@@ -128,46 +166,118 @@ def round_seed(seed: int, position: int, stream: int = 0) -> int:
     return int(np.random.SeedSequence([seed, position, stream]).generate_state(1, np.uint64)[0])
 
 
+@dataclass
+class _EarlyDraft:
+    """A draft of round r+1 made during round r's verification, on the assumption that all of `assumed` passes."""
+
+    task: asyncio.Task
+    assumed: list[int]
+    slot: Slot | None
+
+    def discard(self) -> None:
+        if self.slot is not None:
+            self.slot.release()
+
+    async def take(self, emitted: list[int]) -> Proposal | None:
+        """Round r+1's proposal if the assumption held and the guess of the LLM's own token was right."""
+        try:
+            if emitted[:-1] != self.assumed or len(emitted) != len(self.assumed) + 1:
+                return None
+            proposal = await self.task
+            if not proposal.draft or proposal.draft[0] != emitted[-1]:
+                return None
+            proposal.draft = proposal.draft[1:]
+            if proposal.logits is not None:
+                proposal.logits = proposal.logits[1:]
+            proposal.drafts = {ssm: d[1:] for ssm, d in proposal.drafts.items() if d[:1] == emitted[-1:]}
+            return proposal
+        finally:
+            self.discard()
+
+
+async def _draft(drafter: Drafter, client: EngineClient, rnd: DraftRound, pool: DraftPool | None) -> tuple[Proposal, Slot | None]:
+    """A regular draft, after waiting for a pool slot (held until the draft reaches the LLM)."""
+    slot = await pool.acquire() if pool is not None else None
+    try:
+        return await drafter.propose(client, rnd), slot
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
+
+
 async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id: str) -> AsyncIterator[Round]:
     """Yield one Round per LLM verification until max_new_tokens or end_id; release caches at the end.
 
     Close the generator (e.g. with contextlib.aclosing) to stop early: the finally clause frees the
-    engines' state for this request.
+    engines' state for this request (after any early draft still running has finished).
     """
     sequence = list(plan.prompt_ids)
     seed = plan.seed if plan.seed is not None else int(np.random.default_rng().integers(2**62))
     drafter = plan.drafter()
+    selector = plan.length_selector() if drafter else None
+    sampled = plan.use_draft_logits and not plan.sampling.greedy
     produced = 0
     index = 0
+    early: _EarlyDraft | None = None
+    early_tasks: list[asyncio.Task] = []  # every early draft started, awaited before the engines' release
+    last_emitted: list[int] = []
+    slot: Slot | None = None
     try:
         while produced < plan.max_new_tokens:
             remaining = plan.max_new_tokens - produced
+            batch = plan.load()
             # The first round is plain decoding: the first token then costs one LLM prefill, as in
             # `off` (TTFT), instead of waiting for the SSMs' prefill and draft as well.
-            k = min(plan.num_draft_tokens, remaining - 1) if drafter and produced > 0 else 0
+            planned = 0
+            if drafter and produced > 0:
+                planned = selector.choose(batch) if selector else plan.num_draft_tokens
+            k = min(planned, remaining - 1)
             t0 = time.perf_counter()
-            proposal = Proposal()
-            if k > 0:
-                proposal = await drafter.propose(client, DraftRound(
+            proposal, pipelined = Proposal(), False
+            if early is not None:
+                taken = await early.take(last_emitted) if k > 0 else None
+                if taken is None:
+                    early.discard()
+                else:
+                    proposal, pipelined = taken, True
+                early = None
+            if k > 0 and not pipelined:
+                proposal, slot = await _draft(drafter, client, DraftRound(
                     request_id, list(sequence), k, plan.sampling, round_seed(seed, len(sequence), stream=1), index,
-                ))
+                ), plan.pool)
             draft = proposal.draft[:k]
+            if proposal.logits is not None:
+                proposal.logits = proposal.logits[: len(draft)]
             t1 = time.perf_counter()
-            verdict = await client.generate(
+            verification = asyncio.ensure_future(client.generate(
                 plan.llm,
                 EngineRequest(
                     request_id,
                     list(sequence),
                     len(draft) + 1,
                     draft=draft,
-                    draft_logits=proposal.logits,
+                    draft_logits=proposal.logits if draft else None,
                     sampling=plan.sampling,
                     seed=round_seed(seed, len(sequence)),
                     end_id=plan.end_id,
                     bad_words=plan.bad_words,
                     exclude_input_in_output=True,
                 ),
-            )
+            ))
+            if slot is not None:  # the draft has reached the LLM: it no longer waits in the pool
+                slot.release()
+                slot = None
+            if plan.pipeline and draft and remaining > len(draft) + 2:
+                early_slot = plan.pool.try_acquire() if plan.pool is not None else None
+                if plan.pool is None or early_slot is not None:
+                    assumed = sequence + draft
+                    early = _EarlyDraft(asyncio.ensure_future(drafter.propose(client, DraftRound(
+                        request_id, assumed, len(draft) + 1, plan.sampling,
+                        round_seed(seed, len(assumed), stream=1), index + 1,
+                    ))), list(draft), early_slot)
+                    early_tasks = [t for t in early_tasks if not t.done()] + [early.task]
+            verdict = await verification
             t2 = time.perf_counter()
             new = verdict.tokens[:remaining]
             if not new:
@@ -175,17 +285,28 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
             sequence += new
             produced += len(new)
             index += 1
+            last_emitted = new
             control = proposal.control_seconds
+            draft_seconds = t1 - t0 - proposal.control_seconds
             if k > 0:
-                control += drafter.observe(proposal, new, t1 - t0, t2 - t1)
+                control += drafter.observe(proposal, new, draft_seconds, t2 - t1)
             # TensorRT-LLM returns tokens only: the accepted count is the prefix shared with the draft.
             accepted = common_prefix_len(new, draft)
+            if selector is not None and index > 1:  # round 1 is the prompt's prefill, not a verification
+                selector.observe(batch, len(draft), accepted, draft_seconds, t2 - t1)
             last = produced >= plan.max_new_tokens or (plan.end_id is not None and plan.end_id in new)
-            yield Round(new, proposal.chosen if draft else None, len(draft), accepted, t1 - t0 - proposal.control_seconds,
-                        t2 - t1, proposal.failed, last, proposal.drafts, control)
+            discarded = early is not None and (new[:-1] != early.assumed or len(new) != len(early.assumed) + 1)
+            yield Round(new, proposal.chosen if draft else None, len(draft), accepted, draft_seconds,
+                        t2 - t1, proposal.failed, last, proposal.drafts, control, planned, pipelined, discarded)
             if last:
                 return
     finally:
+        if slot is not None:
+            slot.release()
+        if early is not None:
+            early.discard()
+        # Let the SSMs finish early calls before their state is released, so nothing is left behind.
+        await asyncio.gather(*early_tasks, return_exceptions=True)
         # Every engine, even an SSM whose breaker is open: one that was only slow still holds state.
         # Concurrently, so a dead stub's failing call (about 1 s) costs that once; this runs after
         # the request's final response has gone out.

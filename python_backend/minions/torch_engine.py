@@ -99,10 +99,10 @@ class TorchEngine:
     def generate_batch(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
         """Serve several requests together; a failing request gets its exception, the others their results."""
         out: list[EngineResult | Exception | None] = [None] * len(requests)
-        jobs = []
+        jobs, stops = [], []
         for i, request in enumerate(requests):
-            if request.stop:
-                self.release(request.request_id)
+            if request.stop:  # after the batch's work: a release is always a request's last call
+                stops.append(request.request_id)
                 out[i] = EngineResult([])
                 continue
             total = len(request.input_ids) + max(request.request_output_len, len(request.draft) + 1)
@@ -132,6 +132,8 @@ class TorchEngine:
                     except InvalidRequest as exc:
                         out[job.index] = exc
                 jobs = still
+        for request_id in stops:
+            self.release(request_id)
         return out  # type: ignore[return-value]
 
     def release(self, request_id: str) -> None:

@@ -1,0 +1,212 @@
+"""Pipelined decoding, the adaptive draft length in the loop, and the pool / KV admission throttles.
+
+The loop runs against real tiny engines in process (see test_decode_loop.InProcessClient). Every
+expected output is computed from the LLM alone (HF greedy decoding, or the exact sampling law).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import numpy as np
+import pytest
+from test_decode_loop import PROMPTS, InProcessClient, assert_all_released, client, collect, decode, engines  # noqa: F401
+from test_verification import goodness_of_fit
+
+from minions.decode_loop import DecodePlan, DecodeStats
+from minions.draft_length import SharedLengthStats
+from minions.errors import InvalidRequest
+from minions.generation_request import Speculation
+from minions.pipeline_pool import DraftPool, KvAdmission
+from minions.sampling import SamplingParams, target_probs
+from tiny_models import VOCAB, hf_greedy, next_logits
+
+SPECULATIONS = [Speculation("single", ("self",)), Speculation("single", ("other",)), Speculation("single", ("ngram",)),
+                Speculation("vote", ("self", "other", "ngram"))]
+
+
+def full_plan(prompt, n, speculation, **kwargs) -> DecodePlan:
+    """Full Minions: adaptive length (num_draft_tokens None) and the pipeline."""
+    kwargs.setdefault("num_draft_tokens", None)
+    return DecodePlan(prompt_ids=list(prompt), max_new_tokens=n, speculation=speculation, pipeline=True, **kwargs)
+
+
+@pytest.mark.parametrize("speculation", SPECULATIONS, ids=str)
+def test_pipelined_adaptive_greedy_equals_plain_decoding(client, engines, tiny_llm, speculation):
+    for i, prompt in enumerate(PROMPTS):
+        tokens, _, _ = decode(client, full_plan(prompt, 16, speculation), f"r{i}")
+        assert tokens == hf_greedy(tiny_llm, prompt, 16)
+    assert_all_released(engines)
+
+
+def test_early_drafts_are_used_when_the_assumption_holds_and_dropped_otherwise(client):
+    perfect = DecodeStats()
+    for r in decode(client, full_plan(PROMPTS[0], 20, Speculation("single", ("self",)), num_draft_tokens=3))[2]:
+        perfect.add(r)
+    assert perfect.pipelined_drafts >= 3 and perfect.discarded_early_drafts == 0
+    noisy = DecodeStats()
+    for i, prompt in enumerate(PROMPTS):
+        for r in decode(client, full_plan(prompt, 20, Speculation("single", ("other",)), num_draft_tokens=3), f"n{i}")[2]:
+            noisy.add(r)
+    assert noisy.discarded_early_drafts > 0 and noisy.pipelined_drafts > 0
+
+
+def test_fixed_length_is_respected_and_adaptive_records_its_choices(client):
+    _, fixed, _ = decode(client, full_plan(PROMPTS[2], 20, Speculation("single", ("self",)), num_draft_tokens=2))
+    assert set(fixed.planned_lengths[1:]) == {2} and fixed.planned_lengths[0] == 0
+    shared = SharedLengthStats()
+    _, adaptive, _ = decode(client, full_plan(PROMPTS[2], 30, Speculation("single", ("ngram",)), length_stats=shared))
+    assert len(adaptive.planned_lengths) == adaptive.verifications
+    assert shared.verify.cells, "verification costs were measured"
+
+
+def test_adaptive_stops_drafting_when_drafts_are_always_wrong(client, engines):
+    """A drafter that is never right: the selector settles on s = 0 (bar its exploration rounds)."""
+
+    class WrongEngine:
+        def generate(self, request):
+            from minions.engine_api import EngineResult
+            truth = engines["llm"].generate(type(request)(f"probe-{request.request_id}", request.input_ids, 1)).tokens[0]
+            engines["llm"].release(f"probe-{request.request_id}")
+            return EngineResult([(truth + 1) % VOCAB] * request.request_output_len)
+
+        def release(self, request_id):
+            pass
+
+    engines["wrong"] = WrongEngine()
+    shared = SharedLengthStats()
+    _, stats, _ = decode(client, full_plan(PROMPTS[0], 50, Speculation("single", ("wrong",)), length_stats=shared,
+                                           max_draft_tokens=4))
+    tail = stats.planned_lengths[-20:]
+    assert tail.count(0) >= 16, stats.planned_lengths
+
+
+def test_sampled_pipelined_decoding_is_lossless(client, tiny_llm):
+    """T=1 with sampled drafts and logits, s = 1, pipeline on: tokens 3 and 4 (the 4th often drafted during
+    the previous verification) follow the LLM's exact law: the joint law, and token 4's own (the
+    marginal has the power to see a wrong draft distribution on the pipelined path)."""
+    params = SamplingParams(temperature=1.0)
+    prompt = [3, 7, 1]
+    law = np.zeros(VOCAB * VOCAB)
+    p1 = target_probs(next_logits(tiny_llm, prompt), params)
+    for t1, t2 in itertools.product(range(VOCAB), repeat=2):
+        p2 = target_probs(next_logits(tiny_llm, prompt + [t1]), params)
+        w = p1[t1] * p2[t2]
+        if w < 1e-7:
+            continue
+        p3 = target_probs(next_logits(tiny_llm, prompt + [t1, t2]), params)
+        for t3 in range(VOCAB):
+            if w * p3[t3] < 1e-7:
+                continue
+            p4 = target_probs(next_logits(tiny_llm, prompt + [t1, t2, t3]), params)
+            law[t3 * VOCAB : (t3 + 1) * VOCAB] += w * p3[t3] * p4
+    law /= law.sum()
+    counts = np.zeros(VOCAB * VOCAB, dtype=np.int64)
+    stats = DecodeStats()
+    for seed in range(1200):
+        tokens, s, _ = decode(client, full_plan(prompt, 5, Speculation("single", ("other",)), num_draft_tokens=1,
+                                                sampling=params, seed=seed, use_draft_logits=True), f"s{seed}")
+        counts[tokens[2] * VOCAB + tokens[3]] += 1
+        stats.pipelined_drafts += s.pipelined_drafts
+    assert stats.pipelined_drafts > 100, "the pipelined path was exercised"
+    assert goodness_of_fit(counts, law) > 1e-3
+    assert goodness_of_fit(counts.reshape(VOCAB, VOCAB).sum(0), law.reshape(VOCAB, VOCAB).sum(0)) > 1e-3
+
+
+# -- the pool and the KV admission -------------------------------------------------------------------
+
+def test_pool_bound_holds_and_outputs_stay_exact_under_concurrency(client, engines, tiny_llm):
+    pool = DraftPool(1)
+
+    async def run_all():
+        plans = [full_plan(p, 14, Speculation("single", ("self",)), num_draft_tokens=2, pool=pool) for p in PROMPTS]
+        return await asyncio.gather(*(collect(client, p, f"c{i}") for i, p in enumerate(plans)))
+
+    results = asyncio.run(run_all())
+    for prompt, rounds in zip(PROMPTS, results):
+        assert [t for r in rounds for t in r.tokens] == hf_greedy(tiny_llm, prompt, 14)
+    assert pool.peak == 1 and pool.held == 0 and pool.waits > 0
+    assert_all_released(engines)
+
+
+def test_cancelling_requests_mid_pipeline_frees_everything_and_does_not_deadlock(client, engines, tiny_llm):
+    pool = DraftPool(2)
+
+    async def consume(i, prompt, stop_after):
+        rounds = []
+        from contextlib import aclosing
+
+        from minions.decode_loop import speculative_decode
+        async with aclosing(speculative_decode(client, full_plan(prompt, 30, Speculation("single", ("other",)),
+                                                                 num_draft_tokens=2, pool=pool), f"x{i}")) as gen:
+            async for r in gen:
+                rounds.append(r)
+                if len(rounds) == stop_after:
+                    break
+        return rounds
+
+    async def scenario():
+        tasks = [asyncio.ensure_future(consume(i, PROMPTS[i % 3], 100)) for i in range(6)]
+        await asyncio.sleep(0.05)
+        for t in tasks[::2]:
+            t.cancel()  # cancelled while drafting, verifying or waiting for a slot
+        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
+        closed = await asyncio.wait_for(consume(9, PROMPTS[0], 3), timeout=60)  # stopped early by the consumer
+        after = await asyncio.wait_for(consume(10, PROMPTS[1], 100), timeout=60)
+        return done, closed, after
+
+    done, closed, after = asyncio.run(scenario())
+    assert any(isinstance(d, asyncio.CancelledError) for d in done)
+    assert len(closed) == 3
+    assert [t for r in after for t in r.tokens] == hf_greedy(tiny_llm, PROMPTS[1], 30)
+    assert pool.held == 0 and pool.peak <= 2
+    assert_all_released(engines)
+
+
+def test_pool_try_acquire_never_overtakes_and_cancelled_waiters_give_back():
+    async def scenario():
+        pool = DraftPool(1)
+        first = await pool.acquire()
+        waiter = asyncio.ensure_future(pool.acquire())
+        await asyncio.sleep(0)
+        assert pool.try_acquire() is None, "full, and someone is waiting"
+        waiter.cancel()
+        await asyncio.sleep(0)
+        first.release()
+        assert pool.held == 0
+        second = pool.try_acquire()
+        assert second is not None and pool.held == 1
+        second.release()
+        second.release()  # idempotent
+        assert pool.held == 0
+
+    asyncio.run(scenario())
+
+
+def test_kv_admission_never_exceeds_its_budget_and_admits_in_order():
+    async def scenario():
+        admission = KvAdmission(capacity_tokens=1000, chunk=100)
+        order: list[int] = []
+
+        async def request(i: int, tokens: int, hold: float):
+            reservation = await admission.reserve(tokens)
+            order.append(i)
+            assert admission.in_use <= admission.capacity
+            await asyncio.sleep(hold)
+            reservation.release()
+
+        await asyncio.gather(*(request(i, t, 0.01) for i, t in enumerate([450, 450, 450, 90, 1000, 10])))
+        assert admission.peak <= 1000 and admission.in_use == 0
+        assert order == [0, 1, 2, 3, 4, 5], "first come, first served: no overtaking"
+        with pytest.raises(InvalidRequest, match="budget is 1000"):
+            await admission.reserve(1001)
+        first = await admission.reserve(1000)
+        waiting = asyncio.ensure_future(admission.reserve(500))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        first.release()
+        assert admission.in_use == 0 and admission.waiting == 0
+
+    asyncio.run(scenario())
