@@ -23,12 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--speculation", help="off | single:<ssm> (default: the deployment's)")
-    p.add_argument("--num-draft-tokens", type=int)
+    p.add_argument("--num-draft-tokens", type=int, help="fix the draft length (default: adaptive)")
+    p.add_argument("--pipeline", choices=["on", "off"], help="draft the next round during verification "
+                   "(default: the deployment's)")
     p.add_argument("--timing", action="store_true", help="print TTFT, tokens/s and acceptance to stderr")
     a = p.parse_args(argv)
     params = GenerationParams(
         max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed,
         stop_words=a.stop, speculation=a.speculation, num_draft_tokens=a.num_draft_tokens, chat=not a.raw,
+        pipeline=None if a.pipeline is None else a.pipeline == "on",
     )
     try:
         result = generate(a.prompt, params, a.protocol, a.url, a.model, stream=not a.no_stream,
@@ -41,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         acc = f"{result.acceptance_rate:.2f}" if result.acceptance_rate is not None else "n/a"
         print(
             f"[{result.num_output_tokens} tokens in {result.latency_s:.2f} s: {result.tokens_per_s:.1f} tok/s, "
-            f"TTFT {1000 * (result.ttft_s or 0):.0f} ms, acceptance {acc}, finish {result.finish_reason}]",
+            f"TTFT {1000 * (result.ttft_s or 0):.0f} ms, acceptance {acc}, finish {result.finish_reason}, "
+            f"draft lengths {result.draft_lengths}]",
             file=sys.stderr,
         )
     return 0

@@ -36,7 +36,10 @@ INPUT_TYPES: dict[str, tuple[str, type, bool]] = {
     "speculation": ("BYTES", np.object_, False),
     "chat": ("BOOL", np.bool_, False),
     "use_draft_logits": ("BOOL", np.bool_, False),
+    "pipeline": ("BOOL", np.bool_, False),
 }
+LIST_OUTPUTS = ("draft_lengths",)
+"""Outputs that are lists per response (the others are one value each)."""
 
 
 class MinionsClientError(RuntimeError):
@@ -59,6 +62,7 @@ class GenerationParams:
     speculation: str | None = None
     chat: bool | None = None
     use_draft_logits: bool | None = None
+    pipeline: bool | None = None
 
     def inputs(self, prompt: str, stream: bool) -> dict:
         values = {k: v for k, v in asdict(self).items() if v is not None}
@@ -75,6 +79,9 @@ class Completion:
     total_accepted_draft_tokens: int | None = None
     total_draft_tokens: int | None = None
     num_verifications: int | None = None
+    num_pipelined_drafts: int | None = None
+    draft_lengths: list[int] | None = None
+    """The draft length chosen for each LLM call (0 = plain decoding), when perf metrics are asked for."""
     ttft_s: float | None = None
     latency_s: float = 0.0
 
@@ -102,13 +109,16 @@ class Completion:
             self.text += chunk
             if on_text:
                 on_text(chunk)
-        for key in ("num_output_tokens", "total_accepted_draft_tokens", "total_draft_tokens", "num_verifications"):
+        for key in ("num_output_tokens", "total_accepted_draft_tokens", "total_draft_tokens", "num_verifications",
+                    "num_pipelined_drafts"):
             if outputs.get(key) is not None:
                 setattr(self, key, int(outputs[key]))
         if outputs.get("acceptance_rate") is not None:
             self.acceptance_rate = float(outputs["acceptance_rate"])
         if outputs.get("finish_reason"):
             self.finish_reason = outputs["finish_reason"]
+        if outputs.get("draft_lengths") is not None:
+            self.draft_lengths = [int(x) for x in np.asarray(outputs["draft_lengths"]).reshape(-1)]
 
 
 def _first(value):
@@ -167,7 +177,8 @@ def generate_grpc(
             if error is not None:
                 raise MinionsClientError(str(error))
             response = result.get_response()
-            outputs = {o.name: _first(result.as_numpy(o.name)) for o in response.outputs}
+            outputs = {o.name: result.as_numpy(o.name) if o.name in LIST_OUTPUTS else _first(result.as_numpy(o.name))
+                       for o in response.outputs}
             completion.add(outputs, time.perf_counter() - start, on_text)
             if cancel_after_chunks is not None and len(completion.chunks) >= cancel_after_chunks:
                 client.stop_stream(cancel_requests=True)

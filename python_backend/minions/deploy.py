@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -177,6 +178,30 @@ def _check_default_speculation(text: str, dep: Deployment) -> None:
         raise ValueError(f"{dep.path}: orchestrator.default_speculation: {exc}") from None
 
 
+KV_CHUNK_TOKENS = 128
+"""The torch engine's KV buffers grow by this many positions (packed_forward.SlotKv.GROWTH)."""
+
+
+def kv_budget_tokens(dep: Deployment) -> int:
+    """The LLM's `kv_budget_mb` in tokens of its KV cache (fp32 K and V, every layer); 0 = unbounded."""
+    mb = float(dep.llm.get("kv_budget_mb", 0) or 0)
+    if mb <= 0 or dep.llm["engine"] != "torch":
+        return 0
+    config = json.loads((hf_dir_for(dep.llm["source"], dep) / "config.json").read_text())
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    per_token = 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim * 4
+    return int(mb * 2**20) // per_token
+
+
+def _draft_tokens_default(value, dep: Deployment) -> str:
+    """`adaptive` or a fixed number of draft tokens per round."""
+    text = str(value).strip()
+    if text != "adaptive" and not text.isdigit():
+        raise ValueError(f"{dep.path}: orchestrator.default_num_draft_tokens must be `adaptive` or a number, got {text!r}")
+    return text
+
+
 def render_repository(dep: Deployment, out_dir: Path) -> Path:
     """Write a complete model repository for the deployment; returns its path."""
     orch = dep.orchestrator
@@ -198,7 +223,7 @@ def render_repository(dep: Deployment, out_dir: Path) -> Path:
             "ssm_model_names": ",".join(s["name"] for s in dep.ssms),
             "tokenizer_path": str(hf_dir_for(dep.llm["source"], dep)) if dep.llm["engine"] == "torch" else "",
             "default_speculation": str(orch.get("default_speculation", "off")),
-            "default_num_draft_tokens": str(orch.get("default_num_draft_tokens", 4)),
+            "default_num_draft_tokens": _draft_tokens_default(orch.get("default_num_draft_tokens", "adaptive"), dep),
             "max_num_draft_tokens": str(orch.get("max_num_draft_tokens", 16)),
             "default_max_tokens": str(orch.get("default_max_tokens", 128)),
             "max_tokens_limit": str(orch.get("max_tokens_limit", 1024)),
@@ -208,6 +233,12 @@ def render_repository(dep: Deployment, out_dir: Path) -> Path:
             "vote_deadline_ms": str(orch.get("vote_deadline_ms", 500)),
             "vote_explore_every": str(orch.get("vote_explore_every", 8)),
             "instance_count": str(orch.get("instance_count", 1)),
+            "default_pipeline": str(bool(orch.get("pipeline", False))).lower(),
+            "draft_pool_size": str(orch.get("draft_pool_size", dep.llm.get("max_batch_size", 8))),
+            "kv_budget_tokens": str(kv_budget_tokens(dep)),
+            "kv_chunk_tokens": str(KV_CHUNK_TOKENS),
+            "draft_length_candidates": ",".join(str(int(s)) for s in orch.get("draft_length_candidates",
+                                                                             [0, 1, 2, 3, 4, 6, 8])),
         },
     )
     return out_dir

@@ -28,11 +28,13 @@ class Limits:
     max_context: int = 2048
     max_tokens_limit: int = 1024
     default_max_tokens: int = 128
-    default_num_draft_tokens: int = 4
+    default_num_draft_tokens: int | None = 4
+    """None: adaptive (the selector chooses per round)."""
     max_num_draft_tokens: int = 16
     default_speculation: str = SPECULATION_OFF
     default_chat: bool = False
     default_use_draft_logits: bool = False
+    default_pipeline: bool = False
     ssm_names: tuple[str, ...] = ()
 
 
@@ -86,11 +88,13 @@ class GenerationRequest:
     end_id: int | None = None
     pad_id: int | None = None
     exclude_input_in_output: bool = False
-    num_draft_tokens: int = 4
+    num_draft_tokens: int | None = 4
+    """Fixed draft length; None: adaptive."""
     return_perf_metrics: bool = False
     speculation: Speculation = field(default_factory=lambda: Speculation(SPECULATION_OFF))
     chat: bool = False
     use_draft_logits: bool = False
+    pipeline: bool = False
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str, kind: type, default):
@@ -149,7 +153,7 @@ def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Limits) -
     if seed is None:
         seed = _scalar(inputs, "random_seed", int, None)
     k = _scalar(inputs, "num_draft_tokens", int, limits.default_num_draft_tokens)
-    if not 0 <= k <= limits.max_num_draft_tokens:
+    if k is not None and not 0 <= k <= limits.max_num_draft_tokens:
         raise InvalidRequest(f"'num_draft_tokens' must be in [0, {limits.max_num_draft_tokens}], got {k}")
     speculation = Speculation.parse(_scalar(inputs, "speculation", str, limits.default_speculation), limits.ssm_names)
     if k == 0:
@@ -170,4 +174,5 @@ def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Limits) -
         speculation=speculation,
         chat=_scalar(inputs, "chat", bool, limits.default_chat),
         use_draft_logits=_scalar(inputs, "use_draft_logits", bool, limits.default_use_draft_logits),
+        pipeline=_scalar(inputs, "pipeline", bool, limits.default_pipeline),
     )

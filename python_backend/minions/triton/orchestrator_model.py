@@ -23,6 +23,8 @@ from ..decode_loop import DecodePlan, DecodeStats, speculative_decode
 from ..detokenizer import IncrementalDetokenizer
 from ..errors import InvalidRequest
 from ..generation_request import GenerationRequest, Limits, parse_generation_request
+from ..draft_length import LengthPolicy, SharedLengthStats
+from ..pipeline_pool import DraftPool, KvAdmission
 from ..prompt import encode_prompt
 from ..ssm_health import SsmHealth
 from ..ssm_weights import SsmWeights
@@ -51,11 +53,13 @@ class TritonPythonModel:
             max_context=int(params["max_context"]),
             max_tokens_limit=int(params["max_tokens_limit"]),
             default_max_tokens=int(params["default_max_tokens"]),
-            default_num_draft_tokens=int(params["default_num_draft_tokens"]),
+            default_num_draft_tokens=(None if params["default_num_draft_tokens"] == "adaptive"
+                                      else int(params["default_num_draft_tokens"])),
             max_num_draft_tokens=int(params["max_num_draft_tokens"]),
             default_speculation=params["default_speculation"],
             default_chat=params["default_chat"] == "true",
             default_use_draft_logits=params.get("default_use_draft_logits", "false") == "true",
+            default_pipeline=params.get("default_pipeline", "false") == "true",
             ssm_names=tuple(n for n in params["ssm_model_names"].split(",") if n),
         )
         from transformers import AutoTokenizer
@@ -69,6 +73,13 @@ class TritonPythonModel:
         self.bandit = Ucb1(self.limits.ssm_names)
         self.vote_deadline_s = float(params.get("vote_deadline_ms", 500)) / 1000.0
         self.vote_explore_every = int(params.get("vote_explore_every", 8))
+        candidates = tuple(int(c) for c in params.get("draft_length_candidates", "0,1,2,3,4,6,8").split(",") if c)
+        self.length_stats = SharedLengthStats(LengthPolicy(candidates=candidates))
+        # The pipeline's throttles: at most one LLM batch of drafts waiting, and KV admission.
+        self.pool = DraftPool(int(params.get("draft_pool_size", 8)))
+        budget = int(params.get("kv_budget_tokens", 0) or 0)
+        self.admission = KvAdmission(budget, int(params.get("kv_chunk_tokens", 1))) if budget > 0 else None
+        self.active = 0
         self.tasks: set[asyncio.Task] = set()
         self._executor_set = False
         log.info("%s: ready (llm=%s, ssms=%s, default speculation %s)", self.name, self.llm,
@@ -137,6 +148,11 @@ class TritonPythonModel:
             bad_words=BadWords([self.tokenizer.encode(w, add_special_tokens=False) for w in greq.bad_words]),
             speculation=greq.speculation,
             num_draft_tokens=greq.num_draft_tokens,
+            max_draft_tokens=self.limits.max_num_draft_tokens,
+            length_stats=self.length_stats,
+            pipeline=greq.pipeline,
+            pool=self.pool,
+            load=lambda: self.active,
             use_draft_logits=greq.use_draft_logits,
             llm=self.llm,
             health=self.health,
@@ -145,6 +161,23 @@ class TritonPythonModel:
             vote_deadline_s=self.vote_deadline_s,
             vote_explore_every=self.vote_explore_every,
         )
+        reservation = None
+        if self.admission is not None:  # wait (in order) until the worst case fits the KV budget
+            worst = len(prompt_ids) + plan.max_new_tokens + self.limits.max_num_draft_tokens + 1
+            if self.admission.waiting or self.admission.in_use + self.admission.need(worst) > self.admission.capacity:
+                log.info("%s: waiting for KV budget (%d tokens in use of %d, %d waiting)", request_id,
+                         self.admission.in_use, self.admission.capacity, self.admission.waiting)
+            reservation = await self.admission.reserve(worst)
+        self.active += 1
+        try:
+            await self._decode(greq, plan, request_id, sender, prompt_ids, end_id)
+        finally:
+            self.active -= 1
+            if reservation is not None:
+                reservation.release()
+
+    async def _decode(self, greq: GenerationRequest, plan: DecodePlan, request_id: str, sender, prompt_ids: list[int],
+                      end_id: int) -> None:
         detok = IncrementalDetokenizer(self.tokenizer)
         stops = StopStringMatcher(greq.stop_words)
         stats = DecodeStats()
@@ -179,10 +212,13 @@ class TritonPythonModel:
         elapsed = time.perf_counter() - start
         log.info(
             "%s: %s, %d prompt + %d new tokens in %.2f s (%.1f tok/s; drafting %.2f s, verifying %.2f s, "
-            "control %.4f s), %d LLM calls, acceptance %.2f, finish %s",
+            "control %.4f s), %d LLM calls, acceptance %.2f, draft length %s, pipeline %s (%d early drafts used, "
+            "%d discarded), finish %s",
             request_id, greq.speculation, len(prompt_ids), stats.emitted_tokens, elapsed,
             stats.emitted_tokens / max(elapsed, 1e-9), stats.draft_seconds, stats.verify_seconds, stats.control_seconds,
-            stats.verifications, stats.acceptance_rate, finish_reason,
+            stats.verifications, stats.acceptance_rate,
+            "adaptive" if greq.num_draft_tokens is None else greq.num_draft_tokens, "on" if greq.pipeline else "off",
+            stats.pipelined_drafts, stats.discarded_early_drafts, finish_reason,
         )
 
     def _response(self, greq: GenerationRequest, text: str, stats: DecodeStats, finish_reason: str | None):
@@ -198,6 +234,8 @@ class TritonPythonModel:
                 pb_utils.Tensor("total_accepted_draft_tokens", np.array([stats.accepted_tokens], dtype=np.int32)),
                 pb_utils.Tensor("total_draft_tokens", np.array([stats.draft_tokens], dtype=np.int32)),
                 pb_utils.Tensor("num_verifications", np.array([stats.verifications], dtype=np.int32)),
+                pb_utils.Tensor("draft_lengths", np.array(stats.planned_lengths, dtype=np.int32)),
+                pb_utils.Tensor("num_pipelined_drafts", np.array([stats.pipelined_drafts], dtype=np.int32)),
             ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
