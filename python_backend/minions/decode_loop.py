@@ -222,6 +222,7 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
     early: _EarlyDraft | None = None
     early_tasks: list[asyncio.Task] = []  # every early draft started, awaited before the engines' release
     last_emitted: list[int] = []
+    drafted_before = False  # the first draft also pays the SSMs' prefill of the prompt
     slot: Slot | None = None
     try:
         while produced < plan.max_new_tokens:
@@ -293,7 +294,8 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
             # TensorRT-LLM returns tokens only: the accepted count is the prefix shared with the draft.
             accepted = common_prefix_len(new, draft)
             if selector is not None and index > 1:  # round 1 is the prompt's prefill, not a verification
-                selector.observe(batch, len(draft), accepted, draft_seconds, t2 - t1)
+                selector.observe(batch, len(draft), accepted, draft_seconds if drafted_before else None, t2 - t1)
+            drafted_before = drafted_before or bool(draft)
             last = produced >= plan.max_new_tokens or (plan.end_id is not None and plan.end_id in new)
             discarded = early is not None and (new[:-1] != early.assumed or len(new) != len(early.assumed) + 1)
             yield Round(new, proposal.chosen if draft else None, len(draft), accepted, draft_seconds,

@@ -197,10 +197,14 @@ class DraftLengthSelector:
         return self.candidates[min(max(j, 0), len(self.candidates) - 1)]
 
     # -- feedback ----------------------------------------------------------------------------------
-    def observe(self, batch: int, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        """One round's outcome: its length, how much was accepted, what drafting (exposed) and verification cost."""
+    def observe(self, batch: int, drafted: int, accepted: int, draft_seconds: float | None,
+                verify_seconds: float) -> None:
+        """One round's outcome: its length, how much was accepted, what drafting (exposed) and verification
+        cost. draft_seconds None: not representative (the request's first draft also pays the SSMs' prefill
+        of the prompt, which would make drafting look many times dearer than it is)."""
         self.shared.verify.observe(batch, drafted, verify_seconds)
         if drafted > 0:
             self.acceptance.observe(drafted, accepted)
             self.shared.acceptance.observe(drafted, accepted)
-            self.draft_per_token.add(draft_seconds / drafted)
+            if draft_seconds is not None:
+                self.draft_per_token.add(draft_seconds / drafted)

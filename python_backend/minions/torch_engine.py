@@ -97,7 +97,23 @@ class TorchEngine:
         return result
 
     def generate_batch(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
-        """Serve several requests together; a failing request gets its exception, the others their results."""
+        """Serve several requests together; a failing request gets its exception, the others their results.
+
+        Two calls for one sequence (a pipelined early draft and the regular draft that replaced it) can
+        land in one batch: they run one after the other, in arrival order, as separate passes."""
+        seen: set[str] = set()
+        first, later = [], []
+        for i, r in enumerate(requests):
+            (later if r.request_id in seen and not r.stop else first).append(i)
+            seen.add(r.request_id)
+        out: list[EngineResult | Exception | None] = [None] * len(requests)
+        for part in (first, later):
+            if part:
+                for i, result in zip(part, self._generate_distinct([requests[i] for i in part])):
+                    out[i] = result
+        return out  # type: ignore[return-value]
+
+    def _generate_distinct(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
         out: list[EngineResult | Exception | None] = [None] * len(requests)
         jobs, stops = [], []
         for i, request in enumerate(requests):
@@ -109,9 +125,6 @@ class TorchEngine:
             if total > self.max_context:
                 out[i] = InvalidRequest(
                     f"sequence of {total} tokens exceeds the engine's context of {self.max_context}")
-                continue
-            if any(j.request.request_id == request.request_id for j in jobs):
-                out[i] = InvalidRequest(f"request id {request.request_id!r} is already in this batch")
                 continue
             jobs.append(_Job(i, request, np.random.default_rng(request.seed), list(request.input_ids)))
         with self._lock, torch.inference_mode():

@@ -104,7 +104,7 @@ def test_a_bad_request_fails_alone(tiny_llm):
     ])
     assert results[0].tokens == hf_greedy(tiny_llm, PROMPTS[0], 2)
     assert isinstance(results[1], InvalidRequest) and "exceeds" in str(results[1])
-    assert isinstance(results[2], InvalidRequest) and "already in this batch" in str(results[2])
+    assert results[2].tokens == hf_greedy(tiny_llm, PROMPTS[1], 1), "a second call for one sequence runs after the first"
     assert isinstance(results[3], InvalidRequest) and "draft_logits" in str(results[3])
 
 

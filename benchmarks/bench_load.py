@@ -1,0 +1,277 @@
+"""`make bench` (load sweep): throughput and latency of `off`, fixed-length `vote` and full Minions at 1-16 streams.
+
+Starts the real tritonserver with deploy.yaml and, at each concurrency c, runs every mode in turn over
+the same prompts (mixed from the four shared datasets): c client streams pull max(c, --min-requests)
+requests from a queue, greedy. Per mode and concurrency: output tokens/s over the cell's wall time,
+normalised latency (latency / output tokens), TTFT, acceptance, the LLM's mean batch and padding share
+(from the engine's metrics), and the speedup over `off` measured in the same run. Then: the best
+fixed s of `vote` at each concurrency and how far adaptive is from it, the ablation (vote at a fixed s,
++ adaptive length, + pipeline) and PNG plots of throughput and latency against concurrency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import statistics
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from client.api import GenerationParams, generate_grpc
+
+from .datasets import DATASETS, load_prompts
+from .server_process import ROOT, TritonProcess
+
+FIXED_LENGTHS = (1, 2, 3, 4, 6, 8)
+
+
+@dataclass(frozen=True)
+class LoadMode:
+    label: str
+    speculation: str
+    num_draft_tokens: int | None
+    """None: adaptive."""
+    pipeline: bool
+
+    def params(self, max_tokens: int) -> GenerationParams:
+        return GenerationParams(max_tokens=max_tokens, temperature=0.0, speculation=self.speculation,
+                                num_draft_tokens=0 if self.speculation == "off" else self.num_draft_tokens,
+                                pipeline=self.pipeline, return_perf_metrics=True, chat=True)
+
+
+def default_modes() -> list[LoadMode]:
+    return [
+        LoadMode("off", "off", 0, False),
+        *(LoadMode(f"vote s={s}", "vote", s, False) for s in FIXED_LENGTHS),
+        LoadMode("vote adaptive", "vote", None, False),
+        LoadMode("minions", "vote", None, True),  # vote + adaptive + pipeline
+    ]
+
+
+@dataclass
+class Cell:
+    mode: str
+    streams: int
+    requests: int = 0
+    tokens: int = 0
+    wall_s: float = 0.0
+    latencies_per_token: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    acceptances: list[float] = field(default_factory=list)
+    texts: dict[int, str] = field(default_factory=dict)
+    draft_lengths: list[int] = field(default_factory=list)
+    llm_batch: float | None = None
+    padding_share: float | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def row(self) -> dict:
+        return {
+            "mode": self.mode, "streams": self.streams, "requests": self.requests, "tokens": self.tokens,
+            "tokens_per_s": self.tokens / self.wall_s if self.wall_s else 0.0,
+            "normalized_latency_ms": 1000 * statistics.mean(self.latencies_per_token) if self.latencies_per_token else None,
+            "ttft_ms": 1000 * statistics.median(self.ttfts) if self.ttfts else None,
+            "acceptance": statistics.mean(self.acceptances) if self.acceptances else None,
+            "mean_draft_length": statistics.mean(self.draft_lengths) if self.draft_lengths else 0.0,
+            "llm_batch": self.llm_batch, "padding_share": self.padding_share, "errors": len(self.errors),
+        }
+
+
+def engine_totals(metrics_url: str, model: str = "llm") -> dict[str, float]:
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("minions_engine_batch_total{") and f'model="{model}"' in line:
+            what = line.split('what="')[1].split('"')[0]
+            out[what] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def run_cell(url: str, metrics_url: str, mode: LoadMode, streams: int, prompts: list[str], max_tokens: int) -> Cell:
+    cell = Cell(mode.label, streams)
+    work: queue.Queue = queue.Queue()
+    for i, p in enumerate(prompts):
+        work.put((i, p))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            try:
+                i, prompt = work.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                c = generate_grpc(url, "minions", prompt, mode.params(max_tokens), stream=True)
+            except Exception as exc:  # counted and reported, the sweep goes on
+                with lock:
+                    cell.errors.append(str(exc))
+                continue
+            with lock:
+                cell.requests += 1
+                cell.tokens += c.num_output_tokens
+                cell.latencies_per_token.append(c.normalized_latency_s)
+                cell.ttfts.append(c.ttft_s or c.latency_s)
+                if c.acceptance_rate is not None and mode.speculation != "off":
+                    cell.acceptances.append(c.acceptance_rate)
+                cell.texts[i] = c.text
+                cell.draft_lengths += (c.draft_lengths or [])[1:]
+
+    before = engine_totals(metrics_url)
+    start = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cell.wall_s = time.perf_counter() - start
+    after = engine_totals(metrics_url)
+    passes = after.get("passes", 0) - before.get("passes", 0)
+    tokens = after.get("tokens", 0) - before.get("tokens", 0)
+    if passes:
+        cell.llm_batch = (after.get("sequences", 0) - before.get("sequences", 0)) / passes
+        cell.padding_share = (after.get("pad_tokens", 0) - before.get("pad_tokens", 0)) / max(tokens, 1)
+    return cell
+
+
+def mixed_prompts(count: int) -> list[str]:
+    """count prompts taken in turn from each dataset (finance, dialogue, alpaca, MT-bench)."""
+    per = -(-count // len(DATASETS))
+    pools = [load_prompts(name, per) for name in DATASETS]
+    return [pools[i % len(pools)][i // len(pools)] for i in range(count)]
+
+
+def summarize(cells: list[Cell]) -> list[dict]:
+    rows = []
+    for streams in sorted({c.streams for c in cells}):
+        group = [c for c in cells if c.streams == streams]
+        off = next(c for c in group if c.mode == "off")
+        base = off.row()["tokens_per_s"]
+        for c in group:
+            row = c.row()
+            row["speedup"] = row["tokens_per_s"] / base if base else None
+            row["identical_to_off"] = sum(off.texts.get(i) == t for i, t in c.texts.items())
+            rows.append(row)
+    return rows
+
+
+def comparisons(rows: list[dict]) -> list[dict]:
+    """Per concurrency: best fixed-s vote, adaptive's gap to it, and the ablation steps."""
+    out = []
+    for streams in sorted({r["streams"] for r in rows}):
+        by = {r["mode"]: r for r in rows if r["streams"] == streams}
+        fixed = [by[f"vote s={s}"] for s in FIXED_LENGTHS if f"vote s={s}" in by]
+        best = max(fixed, key=lambda r: r["tokens_per_s"]) if fixed else None
+        entry = {"streams": streams, "best_fixed": best["mode"] if best else None,
+                 "best_fixed_speedup": best["speedup"] if best else None}
+        for name in ("vote adaptive", "minions"):
+            if name in by and best:
+                entry[f"{name} vs best fixed"] = by[name]["tokens_per_s"] / best["tokens_per_s"] - 1.0
+                entry[f"{name} speedup"] = by[name]["speedup"]
+        if "vote s=8" in by:
+            entry["vote s=8 speedup"] = by["vote s=8"]["speedup"]
+        out.append(entry)
+    return out
+
+
+def format_tables(rows: list[dict], comps: list[dict]) -> str:
+    head = (f"{'streams':>7} {'mode':<14} {'tok/s':>7} {'speedup':>8} {'ms/tok':>7} {'TTFT ms':>8} {'accept':>7} "
+            f"{'mean s':>6} {'LLM batch':>9} {'pad':>5} {'same':>6}")
+    lines = ["## Load sweep (greedy; speedup = tokens/s over `off` at the same concurrency, same run)", head,
+             "-" * len(head)]
+    for r in rows:
+        acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
+        batch = f"{r['llm_batch']:.1f}" if r["llm_batch"] is not None else "-"
+        pad = f"{100 * r['padding_share']:.0f}%" if r["padding_share"] is not None else "-"
+        lines.append(
+            f"{r['streams']:>7} {r['mode']:<14} {r['tokens_per_s']:>7.1f} {r['speedup']:>7.2f}x "
+            f"{r['normalized_latency_ms'] or 0:>7.0f} {r['ttft_ms'] or 0:>8.0f} {acc:>7} {r['mean_draft_length']:>6.1f} "
+            f"{batch:>9} {pad:>5} {r['identical_to_off']:>3}/{r['requests']}"
+            + (f"  ({r['errors']} errors)" if r["errors"] else "")
+        )
+    lines += ["", "## Adaptive length against the best fixed s, and the ablation (speedup over off)",
+              f"{'streams':>7} {'best fixed':<11} {'its speedup':>11} {'vote s=8':>9} {'+adaptive':>10} {'+pipeline':>10} "
+              f"{'adaptive vs best':>16} {'minions vs best':>15}"]
+    for c in comps:
+        def pct(key):
+            return f"{100 * c[key]:+.1f}%" if c.get(key) is not None else "-"
+
+        def x(key):
+            return f"{c[key]:.2f}x" if c.get(key) is not None else "-"
+        lines.append(f"{c['streams']:>7} {c['best_fixed'] or '-':<11} {x('best_fixed_speedup'):>11} {x('vote s=8 speedup'):>9} "
+                     f"{x('vote adaptive speedup'):>10} {x('minions speedup'):>10} {pct('vote adaptive vs best fixed'):>16} "
+                     f"{pct('minions vs best fixed'):>15}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], comps: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    streams = sorted({r["streams"] for r in rows})
+    best_by_streams = {c["streams"]: c["best_fixed"] for c in comps}
+    series = {
+        "off": lambda s: "off",
+        "best fixed-s vote": lambda s: best_by_streams[s],
+        "vote adaptive": lambda s: "vote adaptive",
+        "minions (vote + adaptive + pipeline)": lambda s: "minions",
+    }
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label, pick in series.items():
+        points = [next((r for r in rows if r["streams"] == s and r["mode"] == pick(s)), None) for s in streams]
+        xs = [s for s, p in zip(streams, points) if p]
+        axes[0].plot(xs, [p["tokens_per_s"] for p in points if p], marker="o", label=label)
+        axes[1].plot(xs, [p["normalized_latency_ms"] for p in points if p], marker="o", label=label)
+    for ax, ylabel in zip(axes, ("output tokens/s", "normalised latency, ms per token")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(streams, [str(s) for s in streams])
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Minions load sweep: SmolLM2-135M fp32 verifier on a 2-core CPU, greedy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
+    p.add_argument("--streams", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    p.add_argument("--min-requests", type=int, default=4, help="requests per cell at low concurrency")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--modes", nargs="+", help="labels from: " + ", ".join(m.label for m in default_modes()))
+    p.add_argument("--out", default=str(ROOT / "bench_results" / "load"))
+    args = p.parse_args()
+    modes = [m for m in default_modes() if not args.modes or m.label in args.modes or m.label == "off"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cells: list[Cell] = []
+    with TritonProcess(args.deploy, log_path=out / "tritonserver.log") as server:
+        warm = mixed_prompts(2)
+        for mode in modes:  # first calls pay one-off costs
+            run_cell(server.grpc_url, server.metrics_url, mode, 2, warm, 16)
+        for streams in args.streams:
+            prompts = mixed_prompts(max(streams, args.min_requests))
+            for mode in modes:
+                cell = run_cell(server.grpc_url, server.metrics_url, mode, streams, prompts, args.max_tokens)
+                cells.append(cell)
+                r = cell.row()
+                print(f"{streams:>3} streams {mode.label:<14} {r['tokens_per_s']:6.1f} tok/s  "
+                      f"batch {r['llm_batch'] or 0:.1f}  mean s {r['mean_draft_length']:.1f}", flush=True)
+    rows = summarize(cells)
+    comps = comparisons(rows)
+    text = format_tables(rows, comps)
+    print(text)
+    (out / "load_sweep.md").write_text(text + "\n")
+    (out / "load_sweep.json").write_text(json.dumps({"rows": rows, "comparisons": comps}, indent=1))
+    plot(rows, comps, out / "load_sweep.png")
+    print(f"\nwrote {out / 'load_sweep.md'}, load_sweep.json and load_sweep.png")
+
+
+if __name__ == "__main__":
+    main()
