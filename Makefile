@@ -40,6 +40,8 @@ test-integration: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench_speculation
+	$(PY) -m benchmarks.bench_load
+	$(PY) -m benchmarks.trace_draft_length
 
 # Train the distilled SSMs (about 40 minutes on 2 cores); `make serve` picks them up when present.
 distill: $(STAMP)
