@@ -151,7 +151,7 @@ class TorchEngine:
 
     def release(self, request_id: str) -> None:
         with self._lock:
-            self.cache.evict(request_id)
+            self.cache.release(request_id)
 
     def cached_bytes(self) -> int:
         return sum(self.backend.state_bytes(e.state) for _, e in self.cache.items())

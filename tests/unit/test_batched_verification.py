@@ -123,3 +123,10 @@ def test_kv_budget_is_never_exceeded_and_evicted_sequences_recompute(tiny_llm):
     too_big = engine.generate_batch([EngineRequest(f"b{i}", p, 1) for i, p in enumerate(PROMPTS)])
     assert all(isinstance(r, InvalidRequest) and "budget" in str(r) for r in too_big)
     assert engine.cached_bytes() <= budget
+
+
+def test_a_release_is_not_counted_as_an_eviction(tiny_llm):
+    engine = TorchEngine(tiny_llm, max_sequences=8)
+    engine.generate(EngineRequest("r", PROMPTS[0], 1))
+    engine.release("r")
+    assert len(engine.cache) == 0 and engine.cache.evictions == 0
