@@ -178,10 +178,14 @@ class _EarlyDraft:
         if self.slot is not None:
             self.slot.release()
 
+    def holds(self, emitted: list[int]) -> bool:
+        """Whether round r accepted all of the assumed draft (emitted = draft + the LLM's own token)."""
+        return len(emitted) == len(self.assumed) + 1 and emitted[:-1] == self.assumed
+
     async def take(self, emitted: list[int]) -> Proposal | None:
         """Round r+1's proposal if the assumption held and the guess of the LLM's own token was right."""
         try:
-            if emitted[:-1] != self.assumed or len(emitted) != len(self.assumed) + 1:
+            if not self.holds(emitted):
                 return None
             proposal = await self.task
             if not proposal.draft or proposal.draft[0] != emitted[-1]:
@@ -297,7 +301,7 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
                 selector.observe(batch, len(draft), accepted, draft_seconds if drafted_before else None, t2 - t1)
             drafted_before = drafted_before or bool(draft)
             last = produced >= plan.max_new_tokens or (plan.end_id is not None and plan.end_id in new)
-            discarded = early is not None and (new[:-1] != early.assumed or len(new) != len(early.assumed) + 1)
+            discarded = early is not None and not early.holds(new)
             yield Round(new, proposal.chosen if draft else None, len(draft), accepted, draft_seconds,
                         t2 - t1, proposal.failed, last, proposal.drafts, control, planned, pipelined, discarded)
             if last:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import yaml
 
+from .sequence_cache import KV_GROWTH_TOKENS, kv_bytes_per_token
+
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,20 +180,13 @@ def _check_default_speculation(text: str, dep: Deployment) -> None:
         raise ValueError(f"{dep.path}: orchestrator.default_speculation: {exc}") from None
 
 
-KV_CHUNK_TOKENS = 128
-"""The torch engine's KV buffers grow by this many positions (packed_forward.SlotKv.GROWTH)."""
-
-
 def kv_budget_tokens(dep: Deployment) -> int:
     """The LLM's `kv_budget_mb` in tokens of its KV cache (fp32 K and V, every layer); 0 = unbounded."""
     mb = float(dep.llm.get("kv_budget_mb", 0) or 0)
     if mb <= 0 or dep.llm["engine"] != "torch":
         return 0
     config = json.loads((hf_dir_for(dep.llm["source"], dep) / "config.json").read_text())
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    per_token = 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim * 4
-    return int(mb * 2**20) // per_token
+    return int(mb * 2**20) // kv_bytes_per_token(config)
 
 
 def _draft_tokens_default(value, dep: Deployment) -> str:
@@ -236,7 +231,7 @@ def render_repository(dep: Deployment, out_dir: Path) -> Path:
             "default_pipeline": str(bool(orch.get("pipeline", False))).lower(),
             "draft_pool_size": str(orch.get("draft_pool_size", dep.llm.get("max_batch_size", 8))),
             "kv_budget_tokens": str(kv_budget_tokens(dep)),
-            "kv_chunk_tokens": str(KV_CHUNK_TOKENS),
+            "kv_chunk_tokens": str(KV_GROWTH_TOKENS),
             "draft_length_candidates": ",".join(str(int(s)) for s in orch.get("draft_length_candidates",
                                                                              [0, 1, 2, 3, 4, 6, 8])),
         },

@@ -102,7 +102,7 @@ class AcceptanceModel:
 
 @dataclass
 class LengthPolicy:
-    """The selector's settings (deploy.yaml orchestrator.draft_length)."""
+    """The selector's settings; deploy.yaml sets `candidates` (orchestrator.draft_length_candidates)."""
 
     candidates: tuple[int, ...] = DEFAULT_CANDIDATES
     margin: float = 0.05

@@ -63,9 +63,7 @@ class Proposal:
     drafts: dict[str, list[int]] = field(default_factory=dict)
     """Every SSM's draft that arrived in time (the vote's ballots; one entry for a single SSM)."""
     failed: tuple[str, ...] = ()
-    """SSMs that failed or missed the deadline this round."""
-    late: tuple[str, ...] = ()
-    """Those of `failed` that missed the deadline: slow, not broken (no breaker, no score)."""
+    """SSMs that failed or missed the deadline this round (a late one is slow, not broken: no breaker, no score)."""
     control_seconds: float = 0.0
     """Time spent choosing (vote, bandit), not waiting for engines."""
     exploring: dict[str, asyncio.Future] = field(default_factory=dict)
@@ -190,7 +188,7 @@ class VoteDrafter:
         t0 = time.perf_counter()
         chosen = vote(drafts, self.weights.snapshot(list(drafts))) if drafts else None
         control = time.perf_counter() - t0
-        proposal = Proposal(drafts=drafts, failed=tuple(failed + late), late=tuple(late), control_seconds=control,
+        proposal = Proposal(drafts=drafts, failed=tuple(failed + late), control_seconds=control,
                             exploring=exploring)
         if chosen is not None and chosen.draft:
             proposal.draft, proposal.chosen = chosen.draft, chosen.supporters[0]

@@ -24,6 +24,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from .sequence_cache import KV_GROWTH_TOKENS, kv_bytes_per_token
+
 
 @dataclass
 class ForwardRow:
@@ -75,7 +77,7 @@ class SerialForward:
         return self.projected_bytes(state, self.length(state))
 
     def projected_bytes(self, state, length: int) -> int:
-        return length * _kv_bytes_per_token(self.model.config)
+        return length * kv_bytes_per_token(self.model.config.to_dict())
 
     @torch.inference_mode()
     def forward(self, rows: list[ForwardRow]) -> list[np.ndarray]:
@@ -99,12 +101,9 @@ class SlotKv:
         self.values = [torch.empty(kv_heads, 0, head_dim, dtype=dtype) for _ in range(layers)]
         self.length = 0
 
-    GROWTH = 128
-    """Positions added at a time: few copies, and at most GROWTH - 1 unused positions per sequence."""
-
     def capacity_for(self, length: int) -> int:
         capacity = self.keys[0].shape[1]
-        return capacity if length <= capacity else -(-length // self.GROWTH) * self.GROWTH
+        return capacity if length <= capacity else -(-length // KV_GROWTH_TOKENS) * KV_GROWTH_TOKENS
 
     def reserve(self, length: int) -> None:
         """Make room for `length` positions."""
@@ -160,7 +159,7 @@ class PackedLlamaForward:
         return state.capacity_bytes()
 
     def projected_bytes(self, state: SlotKv, length: int) -> int:
-        return state.capacity_for(length) * _kv_bytes_per_token(self.model.config)
+        return state.capacity_for(length) * kv_bytes_per_token(self.model.config.to_dict())
 
     @torch.inference_mode()
     def forward(self, rows: list[ForwardRow]) -> list[np.ndarray]:
@@ -210,12 +209,6 @@ class PackedLlamaForward:
         if n > 1:
             mask = torch.ones(n, past + n, dtype=torch.bool).tril(diagonal=past)
         return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
-
-
-def _kv_bytes_per_token(config) -> int:
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * 4
 
 
 def forward_backend(model) -> ForwardBackend:

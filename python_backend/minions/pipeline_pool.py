@@ -50,9 +50,13 @@ class DraftPool:
         self.waits = 0
         self._waiters: deque[asyncio.Future] = deque()
 
+    def _full(self) -> bool:
+        """No free slot, or someone waits for one (a newcomer never overtakes)."""
+        return self.held >= self.capacity or bool(self._waiters)
+
     async def acquire(self) -> Slot:
         """A slot, waiting (first come, first served) while the pool is full."""
-        if self.held >= self.capacity or self._waiters:
+        if self._full():
             self.waits += 1
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -70,7 +74,7 @@ class DraftPool:
 
     def try_acquire(self) -> Slot | None:
         """A slot if one is free now (nobody waiting), else None."""
-        if self.held >= self.capacity or self._waiters:
+        if self._full():
             return None
         self._take()
         return Slot(self)
@@ -117,6 +121,10 @@ class KvAdmission:
     def waiting(self) -> int:
         return len(self._queue)
 
+    def fits_now(self, tokens: int) -> bool:
+        """Whether reserve(tokens) would be granted at once (room, and nobody queued before it)."""
+        return not self._queue and self.in_use + self.need(tokens) <= self.capacity
+
     async def reserve(self, tokens: int) -> Reservation:
         need = self.need(tokens)
         if need > self.capacity:
@@ -124,7 +132,7 @@ class KvAdmission:
                 f"the request needs up to {need} tokens of KV cache (prompt + max_tokens + draft); the "
                 f"deployment's budget is {self.capacity}: lower max_tokens or shorten the prompt"
             )
-        if not self._queue and self.in_use + need <= self.capacity:
+        if self.fits_now(tokens):
             self._take(need)
             return Reservation(need, self)
         waiter = asyncio.get_running_loop().create_future()

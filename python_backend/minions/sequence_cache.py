@@ -9,13 +9,25 @@ recently used first, when the table is full.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import numpy as np
 
 State = TypeVar("State")
+
+KV_GROWTH_TOKENS = 128
+"""The torch engine's KV buffers grow by this many positions at a time (few copies, at most 127
+unused positions per sequence); the orchestrator's KV admission counts in the same chunks."""
+
+
+def kv_bytes_per_token(config: Mapping) -> int:
+    """fp32 K and V of every layer for one position, from a transformers config (as a dict)."""
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    kv_heads = config.get("num_key_value_heads") or heads
+    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * 4
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

@@ -86,7 +86,6 @@ class TorchEngine:
         self.cache: SequenceCache = SequenceCache(max_sequences)
         self.kv_budget_bytes = kv_budget_bytes
         self._lock = threading.Lock()
-        self.forward_tokens = 0
         self.stats = BatchStats()
 
     # -- Engine protocol -------------------------------------------------------------------------
@@ -153,6 +152,11 @@ class TorchEngine:
         with self._lock:
             self.cache.release(request_id)
 
+    @property
+    def forward_tokens(self) -> int:
+        """Real tokens computed so far (pads aside)."""
+        return self.stats.tokens - self.stats.pad_tokens
+
     def cached_bytes(self) -> int:
         return sum(self.backend.state_bytes(e.state) for _, e in self.cache.items())
 
@@ -185,7 +189,6 @@ class TorchEngine:
             logits[-1] = logits[-1][:-pad]
         for entry, (tokens, extra, _) in zip(entries, rows):
             entry.tokens = list(tokens) + list(extra)
-        self.forward_tokens += real
         self.stats.passes += 1
         self.stats.sequences += len(jobs)
         self.stats.tokens += real + pad

@@ -164,7 +164,7 @@ class TritonPythonModel:
         reservation = None
         if self.admission is not None:  # wait (in order) until the worst case fits the KV budget
             worst = len(prompt_ids) + plan.max_new_tokens + self.limits.max_num_draft_tokens + 1
-            if self.admission.waiting or self.admission.in_use + self.admission.need(worst) > self.admission.capacity:
+            if not self.admission.fits_now(worst):
                 log.info("%s: waiting for KV budget (%d tokens in use of %d, %d waiting)", request_id,
                          self.admission.in_use, self.admission.capacity, self.admission.waiting)
             reservation = await self.admission.reserve(worst)
