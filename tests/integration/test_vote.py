@@ -45,4 +45,6 @@ def test_sampled_vote_and_bandit_work(server, mode):
     params = GenerationParams(max_tokens=24, chat=True, temperature=0.8, top_p=0.95, seed=77, speculation=mode,
                               return_perf_metrics=True)
     out = generate_grpc(server.grpc_url, "minions", "Write a line of poetry.", params)
-    assert out.num_output_tokens == 24 and out.text and out.num_verifications < 24
+    # A sampled end-of-sequence token may end the line early (plain `off` sampling does so for some seeds too).
+    assert (out.finish_reason, out.num_output_tokens == 24) in {("length", True), ("stop", False)}
+    assert out.text and out.num_verifications < out.num_output_tokens
