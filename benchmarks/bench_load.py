@@ -65,6 +65,8 @@ class Cell:
     texts: dict[int, str] = field(default_factory=dict)
     draft_lengths: list[int] = field(default_factory=list)
     llm_batch: float | None = None
+    ssm_batch: float | None = None
+    """Mean sequences per llama.cpp decode step of ssm_q4."""
     padding_share: float | None = None
     errors: list[str] = field(default_factory=list)
 
@@ -76,7 +78,7 @@ class Cell:
             "ttft_ms": 1000 * statistics.median(self.ttfts) if self.ttfts else None,
             "acceptance": statistics.mean(self.acceptances) if self.acceptances else None,
             "mean_draft_length": statistics.mean(self.draft_lengths) if self.draft_lengths else 0.0,
-            "llm_batch": self.llm_batch, "padding_share": self.padding_share, "errors": len(self.errors),
+            "llm_batch": self.llm_batch, "ssm_batch": self.ssm_batch, "padding_share": self.padding_share, "errors": len(self.errors),
         }
 
 
@@ -119,7 +121,7 @@ def run_cell(url: str, metrics_url: str, mode: LoadMode, streams: int, prompts: 
                 cell.texts[i] = c.text
                 cell.draft_lengths += (c.draft_lengths or [])[1:]
 
-    before = engine_totals(metrics_url)
+    before = {m: engine_totals(metrics_url, m) for m in ("llm", "ssm_q4")}
     start = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(streams)]
     for t in threads:
@@ -127,13 +129,18 @@ def run_cell(url: str, metrics_url: str, mode: LoadMode, streams: int, prompts: 
     for t in threads:
         t.join()
     cell.wall_s = time.perf_counter() - start
-    after = engine_totals(metrics_url)
-    passes = after.get("passes", 0) - before.get("passes", 0)
-    tokens = after.get("tokens", 0) - before.get("tokens", 0)
-    if passes:
-        cell.llm_batch = (after.get("sequences", 0) - before.get("sequences", 0)) / passes
-        cell.padding_share = (after.get("pad_tokens", 0) - before.get("pad_tokens", 0)) / max(tokens, 1)
+    llm = _delta(before["llm"], engine_totals(metrics_url, "llm"))
+    ssm = _delta(before["ssm_q4"], engine_totals(metrics_url, "ssm_q4"))
+    if llm["passes"]:
+        cell.llm_batch = llm["sequences"] / llm["passes"]
+        cell.padding_share = llm["pad_tokens"] / max(llm["tokens"], 1)
+    if ssm["passes"]:
+        cell.ssm_batch = ssm["sequences"] / ssm["passes"]
     return cell
+
+
+def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("passes", "sequences", "tokens", "pad_tokens")}
 
 
 def mixed_prompts(count: int) -> list[str]:
@@ -178,17 +185,18 @@ def comparisons(rows: list[dict]) -> list[dict]:
 
 def format_tables(rows: list[dict], comps: list[dict]) -> str:
     head = (f"{'streams':>7} {'mode':<14} {'tok/s':>7} {'speedup':>8} {'ms/tok':>7} {'TTFT ms':>8} {'accept':>7} "
-            f"{'mean s':>6} {'LLM batch':>9} {'pad':>5} {'same':>6}")
+            f"{'mean s':>6} {'LLM batch':>9} {'SSM batch':>9} {'pad':>5} {'same':>6}")
     lines = ["## Load sweep (greedy; speedup = tokens/s over `off` at the same concurrency, same run)", head,
              "-" * len(head)]
     for r in rows:
         acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
         batch = f"{r['llm_batch']:.1f}" if r["llm_batch"] is not None else "-"
+        ssm_batch = f"{r['ssm_batch']:.1f}" if r.get("ssm_batch") is not None else "-"
         pad = f"{100 * r['padding_share']:.0f}%" if r["padding_share"] is not None else "-"
         lines.append(
             f"{r['streams']:>7} {r['mode']:<14} {r['tokens_per_s']:>7.1f} {r['speedup']:>7.2f}x "
             f"{r['normalized_latency_ms'] or 0:>7.0f} {r['ttft_ms'] or 0:>8.0f} {acc:>7} {r['mean_draft_length']:>6.1f} "
-            f"{batch:>9} {pad:>5} {r['identical_to_off']:>3}/{r['requests']}"
+            f"{batch:>9} {ssm_batch:>9} {pad:>5} {r['identical_to_off']:>3}/{r['requests']}"
             + (f"  ({r['errors']} errors)" if r["errors"] else "")
         )
     lines += ["", "## Adaptive length against the best fixed s, and the ablation (speedup over off)",

@@ -68,6 +68,10 @@ class DecodePlan:
     length_stats: SharedLengthStats | None = None
     """The adaptive selector's server-wide statistics (None: fresh ones for this request)."""
     pipeline: bool = False
+    pipeline_max_load: int | None = None
+    """Early drafts only while at most this many requests are being decoded (None: always). Under load
+    the other requests' drafts keep the SSMs busy while this one verifies, and an early draft, thrown
+    away whenever the LLM rejects part of round r, takes SSM time they wait for."""
     pool: DraftPool | None = None
     """The server's intermediate draft pool (None: no throttle)."""
     load: Callable[[], int] = lambda: 1
@@ -273,7 +277,8 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
             if slot is not None:  # the draft has reached the LLM: it no longer waits in the pool
                 slot.release()
                 slot = None
-            if plan.pipeline and draft and remaining > len(draft) + 2:
+            if plan.pipeline and draft and remaining > len(draft) + 2 and (
+                    plan.pipeline_max_load is None or batch <= plan.pipeline_max_load):
                 early_slot = plan.pool.try_acquire() if plan.pool is not None else None
                 if plan.pool is None or early_slot is not None:
                     assumed = sequence + draft

@@ -74,6 +74,60 @@ class EngineResult:
     """[len(tokens), vocab] generation logits when asked for."""
 
 
+@dataclass
+class BatchStats:
+    """What batching achieved, for the engine's metrics: mean batch = sequences / passes, padding share =
+    pad_tokens / tokens."""
+
+    passes: int = 0
+    sequences: int = 0
+    tokens: int = 0
+    pad_tokens: int = 0
+
+
+class BatchEngine:
+    """Base of the engines that serve a whole dynamic batch at once (one forward or decode step for all).
+
+    Subclasses implement `_generate_distinct` for a batch of distinct request ids; a failing request
+    gets its exception in its place, the others their results."""
+
+    def generate(self, request: EngineRequest) -> EngineResult:
+        result = self.generate_batch([request])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def generate_batch(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
+        """Two calls for one sequence (a pipelined early draft and the regular draft that replaced it)
+        can land in one batch: the later call runs in a second pass, after the first, so each sees its
+        own prefix. Releases (`stop`) are applied after the batch's work: a release is always a
+        request's last call."""
+        out: list[EngineResult | Exception | None] = [None] * len(requests)
+        seen: set[str] = set()
+        first, later, stops = [], [], []
+        for i, r in enumerate(requests):
+            if r.stop:
+                stops.append(i)
+            else:
+                (later if r.request_id in seen else first).append(i)
+                seen.add(r.request_id)
+        for part in (first, later):
+            if part:
+                for i, result in zip(part, self._generate_distinct([requests[i] for i in part])):
+                    out[i] = result
+        for i in stops:
+            self.release(requests[i].request_id)
+            out[i] = EngineResult([])
+        return out  # type: ignore[return-value]
+
+    def release(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    def _generate_distinct(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
+        """Serve requests with distinct ids, none of them a release."""
+        raise NotImplementedError
+
+
 class Engine(Protocol):
     def generate(self, request: EngineRequest) -> EngineResult: ...
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .engine_api import EngineRequest, EngineResult
+from .engine_api import BatchEngine, BatchStats, EngineRequest, EngineResult
 from .errors import InvalidRequest
 from .packed_forward import ForwardBackend, ForwardRow, forward_backend
 from .sampling import pick_token
@@ -54,17 +54,7 @@ class _Job:
     result: EngineResult | None = None
 
 
-@dataclass
-class BatchStats:
-    """What batching achieved, for the engine's metrics: padding share = pad_tokens / forward rows."""
-
-    passes: int = 0
-    sequences: int = 0
-    tokens: int = 0
-    pad_tokens: int = 0
-
-
-class TorchEngine:
+class TorchEngine(BatchEngine):
     """Engine protocol implementation over a transformers model (see engine_api)."""
 
     def __init__(
@@ -88,38 +78,11 @@ class TorchEngine:
         self._lock = threading.Lock()
         self.stats = BatchStats()
 
-    # -- Engine protocol -------------------------------------------------------------------------
-    def generate(self, request: EngineRequest) -> EngineResult:
-        result = self.generate_batch([request])[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
-
-    def generate_batch(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
-        """Serve several requests together; a failing request gets its exception, the others their results.
-
-        Two calls for one sequence (a pipelined early draft and the regular draft that replaced it) can
-        land in one batch: they run one after the other, in arrival order, as separate passes."""
-        seen: set[str] = set()
-        first, later = [], []
-        for i, r in enumerate(requests):
-            (later if r.request_id in seen and not r.stop else first).append(i)
-            seen.add(r.request_id)
-        out: list[EngineResult | Exception | None] = [None] * len(requests)
-        for part in (first, later):
-            if part:
-                for i, result in zip(part, self._generate_distinct([requests[i] for i in part])):
-                    out[i] = result
-        return out  # type: ignore[return-value]
-
+    # -- Engine protocol (generate, generate_batch: BatchEngine) -----------------------------------
     def _generate_distinct(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
         out: list[EngineResult | Exception | None] = [None] * len(requests)
-        jobs, stops = [], []
+        jobs = []
         for i, request in enumerate(requests):
-            if request.stop:  # after the batch's work: a release is always a request's last call
-                stops.append(request.request_id)
-                out[i] = EngineResult([])
-                continue
             total = len(request.input_ids) + max(request.request_output_len, len(request.draft) + 1)
             if total > self.max_context:
                 out[i] = InvalidRequest(
@@ -144,8 +107,6 @@ class TorchEngine:
                     except InvalidRequest as exc:
                         out[job.index] = exc
                 jobs = still
-        for request_id in stops:
-            self.release(request_id)
         return out  # type: ignore[return-value]
 
     def release(self, request_id: str) -> None:

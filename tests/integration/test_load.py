@@ -22,8 +22,7 @@ def _run(server, prompt: str, **params):
 
 def test_full_minions_equals_off_under_8_concurrent_streams(server):
     plain = [_run(server, p, speculation="off") for p in PROMPTS]  # one at a time: nothing to batch with
-    passes = metric_value(server.metrics_url, "minions_engine_batch_total", model="llm", what="passes")
-    sequences = metric_value(server.metrics_url, "minions_engine_batch_total", model="llm", what="sequences")
+    before = {m: _batch_totals(server, m) for m in ("llm", "ssm_q4")}
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         full = list(pool.map(lambda p: _run(server, p, speculation="vote", pipeline=True), PROMPTS))
         off = list(pool.map(lambda p: _run(server, p, speculation="off"), PROMPTS))
@@ -31,10 +30,27 @@ def test_full_minions_equals_off_under_8_concurrent_streams(server):
         assert (b.text, b.num_output_tokens) == (a.text, a.num_output_tokens), f"minions diverged on prompt {i}"
         assert (c.text, c.num_output_tokens) == (a.text, a.num_output_tokens), f"batched off diverged on prompt {i}"
         assert b.draft_lengths and len(b.draft_lengths) == b.num_verifications
-    passes = metric_value(server.metrics_url, "minions_engine_batch_total", model="llm", what="passes") - passes
-    sequences = metric_value(server.metrics_url, "minions_engine_batch_total", model="llm", what="sequences") - sequences
-    assert sequences / passes > 1.2, "concurrent requests were verified together"
-    assert sum(b.num_pipelined_drafts or 0 for b in full) > 0, "the pipeline produced drafts that were used"
+    llm, ssm = (_mean_batch(before[m], _batch_totals(server, m)) for m in ("llm", "ssm_q4"))
+    assert llm > 1.2, "concurrent requests were verified together"
+    assert ssm > 1.2, "concurrent requests were drafted together"
+
+
+def test_one_stream_uses_early_drafts(server):
+    """At a load of one (deploy.yaml's pipeline_max_load) round r+1 is drafted while round r verifies."""
+    prompt = PROMPTS[1]
+    full = _run(server, prompt, speculation="vote", pipeline=True, num_draft_tokens=4, return_perf_metrics=True)
+    assert full.num_pipelined_drafts > 0, "the pipeline produced drafts that were used"
+    assert full.text == _run(server, prompt, speculation="off").text
+
+
+def _batch_totals(server, model: str) -> tuple[float, float]:
+    """(passes, sequences) the engine has run so far."""
+    return tuple(metric_value(server.metrics_url, "minions_engine_batch_total", model=model, what=what)
+                 for what in ("passes", "sequences"))
+
+
+def _mean_batch(before: tuple[float, float], after: tuple[float, float]) -> float:
+    return (after[1] - before[1]) / (after[0] - before[0])
 
 
 def test_fixed_draft_length_and_pipeline_switch(server):

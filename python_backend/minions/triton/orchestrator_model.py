@@ -77,6 +77,8 @@ class TritonPythonModel:
         self.length_stats = SharedLengthStats(LengthPolicy(candidates=candidates))
         # The pipeline's throttles: at most one LLM batch of drafts waiting, and KV admission.
         self.pool = DraftPool(int(params.get("draft_pool_size", 8)))
+        max_load = int(params.get("pipeline_max_load", 0) or 0)
+        self.pipeline_max_load = max_load if max_load > 0 else None
         budget = int(params.get("kv_budget_tokens", 0) or 0)
         self.admission = KvAdmission(budget, int(params.get("kv_chunk_tokens", 1))) if budget > 0 else None
         self.active = 0
@@ -151,6 +153,7 @@ class TritonPythonModel:
             max_draft_tokens=self.limits.max_num_draft_tokens,
             length_stats=self.length_stats,
             pipeline=greq.pipeline,
+            pipeline_max_load=self.pipeline_max_load,
             pool=self.pool,
             load=lambda: self.active,
             use_draft_logits=greq.use_draft_logits,
