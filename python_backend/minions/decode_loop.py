@@ -15,7 +15,10 @@ that the whole draft is accepted, from the sequence plus the draft, one token lo
 token guesses the LLM's own token. If verification accepts everything and the guess is right, the
 rest is round r+1's draft, ready (or nearly) when verification ends; otherwise it is discarded. Both
 the regular and the early draft hold a DraftPool slot until they reach the LLM, so drafting pauses
-while a full LLM batch of drafts is waiting.
+while a full LLM batch of drafts is waiting. Round 1 is plain decoding (the LLM's prefill); its early
+draft, from the prompt alone, overlaps the SSMs' prompt prefill with the LLM's. Later early drafts are
+made only up to `pipeline_max_load` concurrent requests: beyond that the other requests' drafts keep
+the SSMs busy anyway.
 """
 
 from __future__ import annotations
@@ -203,6 +206,11 @@ class _EarlyDraft:
             self.discard()
 
 
+def _first_length(plan: DecodePlan, selector: DraftLengthSelector | None) -> int:
+    """The draft length round 2 will most likely ask for, before any round has been observed."""
+    return selector.current if selector is not None else plan.num_draft_tokens or 0
+
+
 async def _draft(drafter: Drafter, client: EngineClient, rnd: DraftRound, pool: DraftPool | None) -> tuple[Proposal, Slot | None]:
     """A regular draft, after waiting for a pool slot (held until the draft reaches the LLM)."""
     slot = await pool.acquire() if pool is not None else None
@@ -277,13 +285,17 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
             if slot is not None:  # the draft has reached the LLM: it no longer waits in the pool
                 slot.release()
                 slot = None
-            if plan.pipeline and draft and remaining > len(draft) + 2 and (
-                    plan.pipeline_max_load is None or batch <= plan.pipeline_max_load):
+            # Round 1 (plain decoding, no draft) drafts round 2 from the prompt at any load: that moves
+            # the SSMs' prompt prefill, which every request pays, off the critical path.
+            early_len = len(draft) + 1 if draft else (
+                _first_length(plan, selector) + 1 if drafter and produced == 0 else 0)
+            if plan.pipeline and early_len > 1 and remaining > early_len + 1 and (
+                    produced == 0 or plan.pipeline_max_load is None or batch <= plan.pipeline_max_load):
                 early_slot = plan.pool.try_acquire() if plan.pool is not None else None
                 if plan.pool is None or early_slot is not None:
                     assumed = sequence + draft
                     early = _EarlyDraft(asyncio.ensure_future(drafter.propose(client, DraftRound(
-                        request_id, assumed, len(draft) + 1, plan.sampling,
+                        request_id, assumed, early_len, plan.sampling,
                         round_seed(seed, len(assumed), stream=1), index + 1,
                     ))), list(draft), early_slot)
                     early_tasks = [t for t in early_tasks if not t.done()] + [early.task]

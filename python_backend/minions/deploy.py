@@ -129,13 +129,48 @@ def hf_dir_for(source: str, dep: Deployment) -> Path:
     return out
 
 
-def gguf_for(source: str, dep: Deployment) -> Path:
+def gguf_for(source: str, dep: Deployment, repack: str | None = None) -> Path:
+    """The GGUF file of a llama.cpp source, re-encoded once as `repack` (a llama.cpp file type such as
+    Q8_0) under cache_dir when asked."""
     if source == "smollm2":
-        return smollm2_gguf()
-    path = _resolve(source, dep.path.parent)
-    if path.suffix != ".gguf" or not path.exists():
-        raise FileNotFoundError(f"llama.cpp source {source!r} must be an existing .gguf file")
-    return path
+        path = smollm2_gguf()
+    else:
+        path = _resolve(source, dep.path.parent)
+        if path.suffix != ".gguf" or not path.exists():
+            raise FileNotFoundError(f"llama.cpp source {source!r} must be an existing .gguf file")
+    return repacked_gguf(path, repack, dep.cache_dir) if repack else path
+
+
+def repacked_gguf(src: Path, file_type: str, cache_dir: Path) -> Path:
+    """`src` re-encoded as `file_type` by llama.cpp's quantizer (once; cached).
+
+    Why: this llama.cpp build has no fast kernels for SmolLM2's Q4_1 on this CPU. Q8_0 holds every
+    Q4_1 weight almost exactly (measured: the same 888 of 1057 draft tokens accepted on the distill
+    validation set) and runs faster: 11.0 against 13.2 ms per decode step, 3.4 against 6.8 ms per
+    prompt token (one thread). Re-encoding to a 4-bit type compounds the rounding (Q4_0: 28% acceptance)."""
+    import ctypes
+
+    import llama_cpp
+    from llama_cpp._logger import set_verbose
+
+    set_verbose(False)  # the quantizer logs every tensor
+    file_type = file_type.upper()
+    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{file_type}", None)
+    if ftype is None:
+        raise ValueError(f"unknown llama.cpp file type {file_type!r} (e.g. Q8_0, F16)")
+    out = cache_dir / f"{src.stem}.{file_type}.gguf"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log.info("re-encoding %s as %s at %s (once)", src.name, file_type, out)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.allow_requantize = True
+    partial = out.with_suffix(".partial")
+    if llama_cpp.llama_model_quantize(str(src).encode(), str(partial).encode(), ctypes.byref(params)) != 0:
+        raise RuntimeError(f"llama.cpp could not re-encode {src} as {file_type}")
+    partial.rename(out)
+    return out
 
 
 def _engine_params(model: dict, dep: Deployment, max_context: int) -> dict[str, str]:
@@ -158,7 +193,7 @@ def _engine_params(model: dict, dep: Deployment, max_context: int) -> dict[str, 
     if model["engine"] == "torch":
         params["model_path"] = str(hf_dir_for(model["source"], dep))
     elif model["engine"] == "llamacpp":
-        params["model_path"] = str(gguf_for(model["source"], dep))
+        params["model_path"] = str(gguf_for(model["source"], dep, model.get("repack")))
     elif model["engine"] == "distilled":
         params["model_path"] = str(distilled_dir(model, dep))
     return params

@@ -6,7 +6,7 @@ import pytest
 import torch
 import yaml
 
-from minions.deploy import load_deployment, render_repository
+from minions.deploy import load_deployment, render_repository, repacked_gguf, smollm2_gguf
 from minions.distill.draft_model import DistilledDraftModel
 from tiny_models import VOCAB
 
@@ -49,3 +49,12 @@ def test_a_default_speculation_naming_an_absent_ssm_is_refused_at_render_time(tm
     dep = load_deployment(write_deploy(tmp_path, tiny_llm, default_speculation="single:ssm_d"))
     with pytest.raises(ValueError, match="default_speculation: unknown SSM 'ssm_d'"):
         render_repository(dep, tmp_path / "repo")
+
+
+def test_a_gguf_is_repacked_once_and_an_unknown_file_type_is_refused(tmp_path):
+    out = repacked_gguf(smollm2_gguf(), "q8_0", tmp_path)
+    assert out == tmp_path / "SmolLM2-135M-Instruct.Q4_1.Q8_0.gguf" and out.stat().st_size > 100 * 2**20
+    stamp = out.stat().st_mtime_ns
+    assert repacked_gguf(smollm2_gguf(), "Q8_0", tmp_path).stat().st_mtime_ns == stamp
+    with pytest.raises(ValueError, match="unknown llama.cpp file type 'Q9_9'"):
+        repacked_gguf(smollm2_gguf(), "Q9_9", tmp_path)

@@ -52,13 +52,16 @@ def test_early_drafts_are_used_when_the_assumption_holds_and_dropped_otherwise(c
     assert noisy.discarded_early_drafts > 0 and noisy.pipelined_drafts > 0
 
 
-@pytest.mark.parametrize("load, expect_early", [(1, True), (3, False)])
-def test_early_drafts_stop_above_the_pipeline_load_limit(client, tiny_llm, load, expect_early):
+@pytest.mark.parametrize("load, most_early", [(1, 20), (3, 1)])
+def test_early_drafts_stop_above_the_pipeline_load_limit(client, tiny_llm, load, most_early):
+    """Above the limit only round 1 (plain decoding) drafts early: the SSM's prefill of the prompt."""
     plan = full_plan(PROMPTS[0], 20, Speculation("single", ("self",)), num_draft_tokens=3, pipeline_max_load=2,
                      load=lambda: load)
     tokens, _, rounds = decode(client, plan, f"load{load}")
     assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 20)
-    assert (sum(r.pipelined for r in rounds) > 0) == expect_early
+    assert rounds[1].pipelined, "round 2 used the draft made from the prompt during round 1"
+    assert 1 <= sum(r.pipelined for r in rounds) <= most_early
+    assert load == 3 or sum(r.pipelined for r in rounds) > 1
 
 
 def test_fixed_length_is_respected_and_adaptive_records_its_choices(client):
