@@ -50,17 +50,14 @@ class LlamaCppEngine(BatchEngine):
         draft_min_prob: float = 0.0,
         n_batch: int = 512,
     ) -> None:
-        import llama_cpp
         from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
         from llama_cpp._logger import set_verbose
 
         set_verbose(False)  # llama.cpp's load and context logs: errors only
 
-        self.model_path = model_path
         # Greedy drafting stops early once the model's own top-1 probability falls below this:
         # an unsure draft token is likely rejected, and each one costs a full llama.cpp step.
         self.draft_min_prob = draft_min_prob
-        self.num_threads = num_threads
         self.n_ctx = n_ctx
         self.n_batch = n_batch
         self.cache: SequenceCache[int] = SequenceCache(max_sequences)
@@ -76,7 +73,6 @@ class LlamaCppEngine(BatchEngine):
         params.n_threads = params.n_threads_batch = num_threads
         self._ctx = LlamaContext(model=self._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
-        self._llama = llama_cpp
         self.n_vocab = self._model.n_vocab()
         self.stats = BatchStats()  # passes = llama.cpp decode calls
 
@@ -119,7 +115,7 @@ class LlamaCppEngine(BatchEngine):
         entry = self._slot_for(request.request_id)
         sequence = list(request.input_ids)
         keep = min(common_prefix_len(entry.tokens, sequence), len(sequence) - 1)
-        self._llama.llama_memory_seq_rm(self._ctx.memory, entry.state, keep, -1)
+        self._ctx.kv_cache_seq_rm(entry.state, keep, -1)
         entry.tokens = sequence[:keep]
         return _Draft(index, request, entry, sequence, sequence[keep:], np.random.default_rng(request.seed))
 
@@ -155,8 +151,7 @@ class LlamaCppEngine(BatchEngine):
             self.stats.tokens += len(chunk)
             for j, (d, pos, _) in enumerate(chunk):
                 if batch.logits[j]:
-                    ptr = self._llama.llama_get_logits_ith(self._ctx.ctx, j)
-                    last[id(d)] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+                    last[id(d)] = np.ctypeslib.as_array(self._ctx.get_logits_ith(j), shape=(self.n_vocab,)).copy()
         for d in drafts:
             d.entry.tokens = d.entry.tokens + d.pending
             d.pending = []
@@ -200,5 +195,5 @@ class LlamaCppEngine(BatchEngine):
             self._free(entry)
 
     def _free(self, entry: CachedSequence[int]) -> None:
-        self._llama.llama_memory_seq_rm(self._ctx.memory, entry.state, -1, -1)
+        self._ctx.kv_cache_seq_rm(entry.state, -1, -1)
         self._free_slots.append(entry.state)
