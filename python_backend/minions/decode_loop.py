@@ -17,8 +17,10 @@ rest is round r+1's draft, ready (or nearly) when verification ends; otherwise i
 the regular and the early draft hold a DraftPool slot until they reach the LLM, so drafting pauses
 while a full LLM batch of drafts is waiting. Round 1 is plain decoding (the LLM's prefill); its early
 draft, from the prompt alone, overlaps the SSMs' prompt prefill with the LLM's. Later early drafts are
-made only up to `pipeline_max_load` concurrent requests: beyond that the other requests' drafts keep
-the SSMs busy anyway.
+made up to `pipeline_max_load` concurrent requests, and beyond that only while the selector expects
+them to be used (`pipeline_min_hit`): a likely-wasted early draft takes SSM time that the other
+requests' drafts wait for, a likely-used one only moves work the SSMs would do anyway off the
+critical path.
 """
 
 from __future__ import annotations
@@ -72,9 +74,15 @@ class DecodePlan:
     """The adaptive selector's server-wide statistics (None: fresh ones for this request)."""
     pipeline: bool = False
     pipeline_max_load: int | None = None
-    """Early drafts only while at most this many requests are being decoded (None: always). Under load
-    the other requests' drafts keep the SSMs busy while this one verifies, and an early draft, thrown
-    away whenever the LLM rejects part of round r, takes SSM time they wait for."""
+    """Early drafts only while at most this many requests are being decoded (None: always), unless
+    they will likely be used (pipeline_min_hit). Under load the other requests' drafts keep the SSMs
+    busy while this one verifies, and an early draft, thrown away whenever the LLM rejects part of
+    round r, takes SSM time they wait for."""
+    pipeline_min_hit: float | None = 0.5
+    """Above pipeline_max_load, early drafts are still made while the adaptive selector estimates at
+    least this chance that one will be used (the whole draft accepted and the LLM's own token
+    guessed): then the SSMs would draft the same tokens after verification anyway, only later.
+    None: never above the load limit (nor for a fixed draft length, which has no estimate)."""
     pool: DraftPool | None = None
     """The server's intermediate draft pool (None: no throttle)."""
     load: Callable[[], int] = lambda: 1
@@ -206,9 +214,19 @@ class _EarlyDraft:
             self.discard()
 
 
-def _first_length(plan: DecodePlan, selector: DraftLengthSelector | None) -> int:
-    """The draft length round 2 will most likely ask for, before any round has been observed."""
+def _next_length(plan: DecodePlan, selector: DraftLengthSelector | None) -> int:
+    """The draft length the next round will most likely ask for: the selector's held choice (it may
+    still explore a neighbour), or the fixed length. An early draft is made at this length, not at the
+    current draft's, or a pipeline whose early drafts keep passing would never take up a new choice."""
     return selector.current if selector is not None else plan.num_draft_tokens or 0
+
+
+def _early_draft_pays(plan: DecodePlan, selector: DraftLengthSelector | None, batch: int, drafted: int) -> bool:
+    """Whether to draft round r+1 during round r's verification of `drafted` tokens, at load `batch`."""
+    if plan.pipeline_max_load is None or batch <= plan.pipeline_max_load:
+        return True
+    return (selector is not None and plan.pipeline_min_hit is not None
+            and selector.survival(drafted + 1) >= plan.pipeline_min_hit)
 
 
 async def _draft(drafter: Drafter, client: EngineClient, rnd: DraftRound, pool: DraftPool | None) -> tuple[Proposal, Slot | None]:
@@ -286,11 +304,12 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
                 slot.release()
                 slot = None
             # Round 1 (plain decoding, no draft) drafts round 2 from the prompt at any load: that moves
-            # the SSMs' prompt prefill, which every request pays, off the critical path.
-            early_len = len(draft) + 1 if draft else (
-                _first_length(plan, selector) + 1 if drafter and produced == 0 else 0)
-            if plan.pipeline and early_len > 1 and remaining > early_len + 1 and (
-                    produced == 0 or plan.pipeline_max_load is None or batch <= plan.pipeline_max_load):
+            # the SSMs' prompt prefill, which every request pays, off the critical path. The early draft
+            # is one token longer than the next round's: its first token guesses the LLM's own.
+            left_after = remaining - len(draft) - 1  # if this round accepts everything
+            early_len = min(_next_length(plan, selector), left_after - 1) + 1 if drafter and (
+                draft or produced == 0) else 0
+            if plan.pipeline and early_len > 1 and (produced == 0 or _early_draft_pays(plan, selector, batch, len(draft))):
                 early_slot = plan.pool.try_acquire() if plan.pool is not None else None
                 if plan.pool is None or early_slot is not None:
                     assumed = sequence + draft

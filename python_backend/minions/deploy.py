@@ -265,6 +265,7 @@ def render_repository(dep: Deployment, out_dir: Path) -> Path:
             "instance_count": str(orch.get("instance_count", 1)),
             "default_pipeline": str(bool(orch.get("pipeline", False))).lower(),
             "pipeline_max_load": str(int(orch.get("pipeline_max_load", 0) or 0)),
+            "pipeline_min_hit": str(float(orch.get("pipeline_min_hit", 0) or 0)),
             "draft_pool_size": str(orch.get("draft_pool_size", dep.llm.get("max_batch_size", 8))),
             "kv_budget_tokens": str(kv_budget_tokens(dep)),
             "kv_chunk_tokens": str(KV_GROWTH_TOKENS),

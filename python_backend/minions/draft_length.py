@@ -158,6 +158,10 @@ class DraftLengthSelector:
             total += survive
         return total
 
+    def survival(self, n: int) -> float:
+        """The estimated chance that the first n draft positions are all accepted."""
+        return math.prod(self.rate(j) for j in range(n))
+
     def time_per_token(self, s: int, batch: int) -> float | None:
         verify = self.shared.verify.estimate(batch, s)
         if verify is None:

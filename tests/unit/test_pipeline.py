@@ -15,7 +15,7 @@ from test_decode_loop import PROMPTS, InProcessClient, assert_all_released, clie
 from test_verification import goodness_of_fit
 
 from minions.decode_loop import DecodePlan, DecodeStats
-from minions.draft_length import SharedLengthStats
+from minions.draft_length import LengthPolicy, SharedLengthStats
 from minions.errors import InvalidRequest
 from minions.generation_request import Speculation
 from minions.pipeline_pool import DraftPool, KvAdmission
@@ -62,6 +62,33 @@ def test_early_drafts_stop_above_the_pipeline_load_limit(client, tiny_llm, load,
     assert rounds[1].pipelined, "round 2 used the draft made from the prompt during round 1"
     assert 1 <= sum(r.pipelined for r in rounds) <= most_early
     assert load == 3 or sum(r.pipelined for r in rounds) > 1
+
+
+@pytest.mark.parametrize("min_hit, fewest, most", [(None, 1, 1), (0.5, 8, 20)])
+def test_above_the_load_limit_early_drafts_are_made_while_likely_used(client, tiny_llm, min_hit, fewest, most):
+    """Adaptive length above the load limit: a perfect drafter's early drafts go on while the selector
+    expects them to pass (prior 0.9 per position: 0.73 for the 3 positions, then more as they pass);
+    with no pipeline_min_hit only round 1 drafts early."""
+    policy = LengthPolicy(candidates=(2,), initial=2, prior_acceptance=0.9, explore_every=0)
+    plan = full_plan(PROMPTS[0], 30, Speculation("single", ("self",)), pipeline_max_load=2, load=lambda: 3,
+                     pipeline_min_hit=min_hit, length_stats=SharedLengthStats(policy))
+    tokens, _, rounds = decode(client, plan, f"hit{min_hit}")
+    assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 30)
+    assert fewest <= sum(r.pipelined for r in rounds) <= most, [r.pipelined for r in rounds]
+
+
+def test_early_drafts_take_up_the_selector_s_new_length(client, tiny_llm):
+    """A perfect drafter whose early drafts always pass: once the selector moves from 2 to 6, the next
+    early drafts are made at 6 (they were stuck at the first round's length before)."""
+    shared = SharedLengthStats(LengthPolicy(candidates=(2, 6), initial=2, explore_every=0, dwell=0))
+    for s in (2, 6):
+        shared.verify.observe(1, s, 0.01)  # equal verification costs: 6 tokens per round win
+    tokens, stats, rounds = decode(client, full_plan(PROMPTS[0], 40, Speculation("single", ("self",)),
+                                                     length_stats=shared))
+    assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 40)
+    assert 6 in stats.planned_lengths, stats.planned_lengths
+    later = [r for r in rounds[stats.planned_lengths.index(6) + 1:] if not r.last]
+    assert later and all(r.drafted == 6 and r.pipelined for r in later), [(r.drafted, r.pipelined) for r in rounds]
 
 
 def test_fixed_length_is_respected_and_adaptive_records_its_choices(client):

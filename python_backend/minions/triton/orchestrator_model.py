@@ -79,6 +79,8 @@ class TritonPythonModel:
         self.pool = DraftPool(int(params.get("draft_pool_size", 8)))
         max_load = int(params.get("pipeline_max_load", 0) or 0)
         self.pipeline_max_load = max_load if max_load > 0 else None
+        min_hit = float(params.get("pipeline_min_hit", 0) or 0)
+        self.pipeline_min_hit = min_hit if min_hit > 0 else None
         budget = int(params.get("kv_budget_tokens", 0) or 0)
         self.admission = KvAdmission(budget, int(params.get("kv_chunk_tokens", 1))) if budget > 0 else None
         self.active = 0
@@ -154,6 +156,7 @@ class TritonPythonModel:
             length_stats=self.length_stats,
             pipeline=greq.pipeline,
             pipeline_max_load=self.pipeline_max_load,
+            pipeline_min_hit=self.pipeline_min_hit,
             pool=self.pool,
             load=lambda: self.active,
             use_draft_logits=greq.use_draft_logits,
