@@ -144,10 +144,11 @@ def gguf_for(source: str, dep: Deployment, repack: str | None = None) -> Path:
 def repacked_gguf(src: Path, file_type: str, cache_dir: Path) -> Path:
     """`src` re-encoded as `file_type` by llama.cpp's quantizer (once; cached).
 
-    Why: this llama.cpp build has no fast kernels for SmolLM2's Q4_1 on this CPU. Q8_0 holds every
-    Q4_1 weight almost exactly (measured: the same 888 of 1057 draft tokens accepted on the distill
-    validation set) and runs faster: 11.0 against 13.2 ms per decode step, 3.4 against 6.8 ms per
-    prompt token (one thread). Re-encoding to a 4-bit type compounds the rounding (Q4_0: 28% acceptance)."""
+    Why: the weights stay the LLM's own (the Q4_1 values the fp32 verifier dequantises), but llama.cpp's
+    arithmetic depends on the encoding. Its Q4_1 and Q8_0 dot products quantise activations to 8 bits
+    and pick the LLM's greedy token 97% of the time; F16 holds every Q4_1 value exactly and agreed on
+    all 1258 tokens measured (`python -m benchmarks.bench_draft_precision`), at 14.5 against 12.0 ms
+    per step. Re-encoding to a 4-bit type compounds the rounding (Q4_0: 28% acceptance)."""
     import ctypes
 
     import llama_cpp
