@@ -143,10 +143,11 @@ def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float
     return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("passes", "sequences", "tokens", "pad_tokens")}
 
 
-def mixed_prompts(count: int) -> list[str]:
-    """count prompts taken in turn from each dataset (finance, dialogue, alpaca, MT-bench)."""
-    per = -(-count // len(DATASETS))
-    pools = [load_prompts(name, per) for name in DATASETS]
+def mixed_prompts(count: int, datasets: list[str] | None = None) -> list[str]:
+    """count prompts taken in turn from each dataset (default: finance, dialogue, alpaca, MT-bench)."""
+    names = datasets or list(DATASETS)
+    per = -(-count // len(names))
+    pools = [load_prompts(name, per) for name in names]
     return [pools[i % len(pools)][i // len(pools)] for i in range(count)]
 
 
@@ -253,6 +254,7 @@ def main() -> None:
     p.add_argument("--min-requests", type=int, default=4, help="requests per cell at low concurrency")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--modes", nargs="+", help="labels from: " + ", ".join(m.label for m in default_modes()))
+    p.add_argument("--datasets", nargs="+", choices=list(DATASETS), help="prompts from these only (default: all, mixed)")
     p.add_argument("--out", default=str(ROOT / "bench_results" / "load"))
     args = p.parse_args()
     modes = [m for m in default_modes() if not args.modes or m.label in args.modes or m.label == "off"]
@@ -264,7 +266,7 @@ def main() -> None:
         for mode in modes:  # first calls pay one-off costs
             run_cell(server.grpc_url, server.metrics_url, mode, 2, warm, 16)
         for streams in args.streams:
-            prompts = mixed_prompts(max(streams, args.min_requests))
+            prompts = mixed_prompts(max(streams, args.min_requests), args.datasets)
             for mode in modes:
                 cell = run_cell(server.grpc_url, server.metrics_url, mode, streams, prompts, args.max_tokens)
                 cells.append(cell)

@@ -19,6 +19,7 @@ import triton_python_backend_utils as pb_utils
 
 from ..bad_words import BadWords
 from ..bandit import Ucb1
+from ..batch_gate import BatchGate, GatedClient
 from ..decode_loop import DecodePlan, DecodeStats, speculative_decode
 from ..detokenizer import IncrementalDetokenizer
 from ..errors import InvalidRequest
@@ -66,6 +67,9 @@ class TritonPythonModel:
 
         self.tokenizer = AutoTokenizer.from_pretrained(params["tokenizer_path"], local_files_only=True)
         self.client = TritonEngineClient()
+        window_ms = float(params.get("llm_batch_window_ms", 0) or 0)
+        if window_ms > 0:  # whole LLM batches instead of alternating cohorts (batch_gate.py)
+            self.client = GatedClient(self.client, self.llm, BatchGate(window_ms / 1000.0))
         self.metrics = SpeculationMetrics(self.name)
         self.health = SsmHealth()
         # Learnt across requests: the vote's SSM weights and the bandit's arm statistics.
