@@ -68,14 +68,14 @@ def test_without_the_gate_the_batcher_splits_the_load_into_cohorts():
 
 
 def test_the_gate_merges_the_cohorts_into_whole_batches():
-    gate = BatchGate(window_s=5 * THINK_S)
+    gate = BatchGate(window_s=50 * THINK_S)  # generous: a loaded CI machine delays timers
     passes = asyncio.run(plain_decoding(8, 20, gate))
     assert sum(passes) / len(passes) >= 7.5, passes
     assert gate.in_flight == 0 and not gate.waiting
 
 
 def test_a_lone_request_is_never_held():
-    gate = BatchGate(window_s=5 * THINK_S)
+    gate = BatchGate(window_s=50 * THINK_S)  # generous: a loaded CI machine delays timers
     passes = asyncio.run(plain_decoding(1, 10, gate))
     assert set(passes) == {1}
     assert gate.window_waits == 0 and gate.passes_released == 10

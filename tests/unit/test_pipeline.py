@@ -80,7 +80,9 @@ def test_above_the_load_limit_early_drafts_are_made_while_likely_used(client, ti
 def test_early_drafts_take_up_the_selector_s_new_length(client, tiny_llm):
     """A perfect drafter whose early drafts always pass: once the selector moves from 2 to 6, the next
     early drafts are made at 6 (they were stuck at the first round's length before)."""
-    shared = SharedLengthStats(LengthPolicy(candidates=(2, 6), initial=2, explore_every=0, dwell=0))
+    # Seeded costs decide the first choice (6); a long dwell then holds it, so the test does not hang on
+    # how this machine times the tiny models.
+    shared = SharedLengthStats(LengthPolicy(candidates=(2, 6), initial=2, explore_every=0, dwell=100))
     for s in (2, 6):
         shared.verify.observe(1, s, 0.01)  # equal verification costs: 6 tokens per round win
     tokens, stats, rounds = decode(client, full_plan(PROMPTS[0], 40, Speculation("single", ("self",)),
