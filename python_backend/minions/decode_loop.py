@@ -198,20 +198,18 @@ class _EarlyDraft:
         return len(emitted) == len(self.assumed) + 1 and emitted[:-1] == self.assumed
 
     async def take(self, emitted: list[int]) -> Proposal | None:
-        """Round r+1's proposal if the assumption held and the guess of the LLM's own token was right."""
-        try:
-            if not self.holds(emitted):
-                return None
-            proposal = await self.task
-            if not proposal.draft or proposal.draft[0] != emitted[-1]:
-                return None
-            proposal.draft = proposal.draft[1:]
-            if proposal.logits is not None:
-                proposal.logits = proposal.logits[1:]
-            proposal.drafts = {ssm: d[1:] for ssm, d in proposal.drafts.items() if d[:1] == emitted[-1:]}
-            return proposal
-        finally:
-            self.discard()
+        """Round r+1's proposal if the assumption held and the guess of the LLM's own token was right
+        (the caller discards the early draft either way)."""
+        if not self.holds(emitted):
+            return None
+        proposal = await self.task
+        if not proposal.draft or proposal.draft[0] != emitted[-1]:
+            return None
+        proposal.draft = proposal.draft[1:]
+        if proposal.logits is not None:
+            proposal.logits = proposal.logits[1:]
+        proposal.drafts = {ssm: d[1:] for ssm, d in proposal.drafts.items() if d[:1] == emitted[-1:]}
+        return proposal
 
 
 def _next_length(plan: DecodePlan, selector: DraftLengthSelector | None) -> int:
@@ -250,7 +248,6 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
     seed = plan.seed if plan.seed is not None else int(np.random.default_rng().integers(2**62))
     drafter = plan.drafter()
     selector = plan.length_selector() if drafter else None
-    sampled = plan.use_draft_logits and not plan.sampling.greedy
     produced = 0
     index = 0
     early: _EarlyDraft | None = None
@@ -272,11 +269,10 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
             proposal, pipelined = Proposal(), False
             if early is not None:
                 taken = await early.take(last_emitted) if k > 0 else None
-                if taken is None:
-                    early.discard()
-                else:
-                    proposal, pipelined = taken, True
+                early.discard()  # its pool slot: a taken draft reaches the LLM now, any other is dropped
                 early = None
+                if taken is not None:
+                    proposal, pipelined = taken, True
             if k > 0 and not pipelined:
                 proposal, slot = await _draft(drafter, client, DraftRound(
                     request_id, list(sequence), k, plan.sampling, round_seed(seed, len(sequence), stream=1), index,
