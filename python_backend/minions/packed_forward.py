@@ -61,6 +61,7 @@ class SerialForward:
 
     def __init__(self, model) -> None:
         self.model = model
+        self.kv_bytes_per_token = kv_bytes_per_token(model.config.to_dict())
 
     def new_state(self):
         from transformers import DynamicCache
@@ -79,7 +80,7 @@ class SerialForward:
         return self.projected_bytes(state, self.length(state))
 
     def projected_bytes(self, state, length: int) -> int:
-        return length * kv_bytes_per_token(self.model.config.to_dict())
+        return length * self.kv_bytes_per_token
 
     @torch.inference_mode()
     def forward(self, rows: list[ForwardRow]) -> list[np.ndarray]:
@@ -139,6 +140,7 @@ class PackedLlamaForward:
         self.groups = attn.num_key_value_groups
         self.scaling = attn.scaling
         self.dtype = next(model.parameters()).dtype
+        self.kv_bytes_per_token = kv_bytes_per_token(config.to_dict())
         self._rope = apply_rotary_pos_emb
 
     @staticmethod
@@ -161,7 +163,7 @@ class PackedLlamaForward:
         return state.capacity_bytes()
 
     def projected_bytes(self, state: SlotKv, length: int) -> int:
-        return state.capacity_for(length) * kv_bytes_per_token(self.model.config.to_dict())
+        return state.capacity_for(length) * self.kv_bytes_per_token
 
     @torch.inference_mode()
     def forward(self, rows: list[ForwardRow]) -> list[np.ndarray]:
