@@ -23,7 +23,7 @@ import numpy as np
 
 from .bad_words import BadWords
 from .errors import InvalidRequest
-from .sampling import SamplingParams
+from .sampling import SamplingParams, pick_token
 
 # name -> (numpy dtype, dims without the batch dimension); mirrors tensorrt_llm/config.pbtxt.
 ENGINE_INPUTS: dict[str, tuple[type, list[int]]] = {
@@ -63,6 +63,16 @@ class EngineRequest:
     return_generation_logits: bool = False
     exclude_input_in_output: bool = False
     stop: bool = False
+
+    def next_token(self, logits: np.ndarray, sequence: list[int], rng: np.random.Generator) -> int:
+        """The next generated token after `sequence`: drawn with the request's sampling, bad words banned."""
+        banned = self.bad_words.banned_next(sequence) if self.bad_words else None
+        return pick_token(logits, self.sampling, rng, banned)
+
+    def generation_done(self, tokens: list[int]) -> bool:
+        """Whether a generation that has produced `tokens` is over: request_output_len reached, or end_id."""
+        return len(tokens) >= self.request_output_len or (
+            self.end_id is not None and bool(tokens) and tokens[-1] == self.end_id)
 
 
 @dataclass

@@ -20,7 +20,6 @@ import numpy as np
 
 from .engine_api import BatchEngine, BatchStats, EngineRequest, EngineResult
 from .errors import InvalidRequest
-from .sampling import pick_token
 from .sequence_cache import CachedSequence, SequenceCache, common_prefix_len
 
 log = logging.getLogger(__name__)
@@ -160,15 +159,14 @@ class LlamaCppEngine(BatchEngine):
     def _absorb(self, d: _Draft, logits: np.ndarray) -> bool:
         """Pick the next draft token from a step's logits; True when the draft is finished."""
         request = d.request
-        banned = request.bad_words.banned_next(d.sequence) if request.bad_words else None
-        token = pick_token(logits, request.sampling, d.rng, banned)
+        token = request.next_token(logits, d.sequence, d.rng)
         if d.tokens and self._unsure(logits, token, request):
             return True
         d.tokens.append(token)
         d.sequence.append(token)
         if request.return_generation_logits:
             d.rows.append(logits)
-        done = len(d.tokens) >= request.request_output_len or (request.end_id is not None and token == request.end_id)
+        done = request.generation_done(d.tokens)
         if not done:
             d.pending = [token]
         return done

@@ -23,7 +23,6 @@ import torch
 from .engine_api import BatchEngine, BatchStats, EngineRequest, EngineResult
 from .errors import InvalidRequest
 from .packed_forward import ForwardBackend, ForwardRow, forward_backend
-from .sampling import pick_token
 from .sequence_cache import CachedSequence, SequenceCache, common_prefix_len
 from .verification import verify_draft
 
@@ -205,12 +204,11 @@ class TorchEngine(BatchEngine):
                 logits[: len(verdict.tokens)] if request.return_generation_logits else None,
             )
             return True
-        banned = request.bad_words.banned_next(job.sequence) if request.bad_words else None
-        token = pick_token(logits[0], request.sampling, job.rng, banned)
+        token = request.next_token(logits[0], job.sequence, job.rng)
         job.tokens.append(token)
         job.sequence.append(token)
         job.rows.append(logits[0])
-        done = len(job.tokens) >= request.request_output_len or (request.end_id is not None and token == request.end_id)
+        done = request.generation_done(job.tokens)
         if done:
             job.result = EngineResult(job.tokens, 0, np.stack(job.rows) if request.return_generation_logits else None)
         return done
