@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "model_repository"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TEMPLATE_BY_ENGINE = {"torch": "llm", "distilled": "llm", "llamacpp": "ssm_q4", "ngram": "ssm_ngram"}
+DECOUPLED_TEMPLATES = {"ssm_q4"}
+"""Templates of decoupled engine models (in-flight batching); the orchestrator calls them accordingly."""
 
 
 @dataclass
@@ -253,6 +255,8 @@ def render_repository(dep: Deployment, out_dir: Path) -> Path:
             "model_name": orch.get("name", "minions"),
             "llm_model_name": dep.llm["name"],
             "ssm_model_names": ",".join(s["name"] for s in dep.ssms),
+            "decoupled_model_names": ",".join(m["name"] for m in [dep.llm, *dep.ssms]
+                                              if TEMPLATE_BY_ENGINE[m["engine"]] in DECOUPLED_TEMPLATES),
             "tokenizer_path": str(hf_dir_for(dep.llm["source"], dep)) if dep.llm["engine"] == "torch" else "",
             "default_speculation": str(orch.get("default_speculation", "off")),
             "default_num_draft_tokens": _draft_tokens_default(orch.get("default_num_draft_tokens", "adaptive"), dep),

@@ -1,35 +1,31 @@
 """A GGUF model run by llama.cpp as an engine (the cheap quantised self-draft `ssm_q4`), batched across requests.
 
-One llama.cpp context holds up to `max_sequences` sequences, each in its own KV stream (a sequence id);
-a request keeps its slot while it lives (LRU beyond that). Each call rewinds the slot to the longest
-common prefix of what it holds and what it is sent and evaluates only the rest.
+One llama.cpp context holds up to `max_sequences` sequences (a sequence id each, one unified KV
+buffer); a request keeps its slot while it lives (LRU among idle ones beyond that). Each call rewinds the
+slot to the longest common prefix of what it holds and what it is sent and evaluates only the rest.
 
-`generate_batch` drafts for every request Triton's dynamic batcher hands over together: each llama.cpp
-decode step carries one token of every sequence still drafting (and the uncached prompt tails on the
-first step), so a batch of b drafts of s tokens costs s decode steps instead of b * s. Measured on this
-machine with one thread, 200-token contexts: 8.5 ms/token at 8 sequences, 6.9 at 16, 13.6 for one.
+Calls are batched in flight: each llama.cpp decode step carries one token of every call still drafting,
+and calls that arrive meanwhile join at the next step with their uncached prompt tails, so b drafts of
+s tokens cost about s steps instead of b * s, whenever they arrive. Measured on this machine with one
+thread, 200-token contexts: 8.5 ms/token at 8 sequences, 6.9 at 16, 13.6 for one.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .engine_api import BatchEngine, BatchStats, EngineRequest, EngineResult
 from .errors import InvalidRequest
+from .inflight_batching import Answer, InflightBatcher
 from .sequence_cache import CachedSequence, SequenceCache, common_prefix_len
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
 class _Draft:
-    """One request inside a batch: its slot, the tokens still to evaluate, and what it has drafted."""
+    """One call in progress: its slot, the tokens still to evaluate, and what it has drafted."""
 
-    index: int
     request: EngineRequest
     entry: CachedSequence[int]
     sequence: list[int]
@@ -40,6 +36,9 @@ class _Draft:
 
 
 class LlamaCppEngine(BatchEngine):
+    """The engine: calls go through an in-flight batcher, so a call joins the drafts already running at
+    their next decode step instead of waiting for them to finish (inflight_batching.py)."""
+
     def __init__(
         self,
         model_path: str,
@@ -49,6 +48,33 @@ class LlamaCppEngine(BatchEngine):
         draft_min_prob: float = 0.0,
         n_batch: int = 512,
     ) -> None:
+        self.stepper = LlamaCppStepper(model_path, num_threads, max_sequences, n_ctx, draft_min_prob, n_batch)
+        self.cache = self.stepper.cache
+        self.stats = self.stepper.stats  # passes = llama.cpp decode calls
+        self.n_vocab = self.stepper.n_vocab
+        self.batcher: InflightBatcher[_Draft] = InflightBatcher(self.stepper, max_sequences, name="llamacpp")
+
+    def generate_batch(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
+        return self.batcher.run(requests)
+
+    def submit(self, calls: list[tuple[EngineRequest, Answer]]) -> None:
+        """Queue calls and return at once; each answer comes from the batcher's thread when done."""
+        self.batcher.submit(calls)
+
+    def release(self, request_id: str) -> None:
+        result = self.batcher.run([EngineRequest(request_id, [0], 0, stop=True)])[0]
+        if isinstance(result, Exception):
+            raise result
+
+    def close(self) -> None:
+        self.batcher.close()
+
+
+class LlamaCppStepper:
+    """One llama.cpp context and the decode steps over it; used from the batcher's thread only."""
+
+    def __init__(self, model_path: str, num_threads: int, max_sequences: int, n_ctx: int,
+                 draft_min_prob: float, n_batch: int) -> None:
         from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
         from llama_cpp._logger import set_verbose
 
@@ -60,8 +86,8 @@ class LlamaCppEngine(BatchEngine):
         self.n_ctx = n_ctx
         self.n_batch = n_batch
         self.cache: SequenceCache[int] = SequenceCache(max_sequences)
-        self._free_slots = list(range(max_sequences))
-        self._lock = threading.Lock()
+        self.free_slots = list(range(max_sequences))
+        self._stepping: set[str] = set()  # ids with a call in progress: their slots are never evicted
         # Loaded eagerly so that a bad path fails at model load.
         self._model = LlamaModel(path_model=model_path, params=LlamaModel.default_params(), verbose=False)
         params = LlamaContext.default_params()
@@ -72,7 +98,7 @@ class LlamaCppEngine(BatchEngine):
         # happened to be consecutive (README, ssm_q4 batching). Unified, any sequences share a ubatch;
         # flash attention (llama.cpp's default here) skips the cells of the other sequences.
         params.kv_unified = True
-        params.n_ctx = n_ctx * max_sequences  # each sequence is held to n_ctx by the checks below
+        params.n_ctx = n_ctx * max_sequences  # each sequence is held to n_ctx by the check in start()
         params.n_batch = params.n_ubatch = n_batch
         params.n_threads = params.n_threads_batch = num_threads
         self._ctx = LlamaContext(model=self._model, params=params, verbose=False)
@@ -80,60 +106,36 @@ class LlamaCppEngine(BatchEngine):
         self.n_vocab = self._model.n_vocab()
         self.stats = BatchStats()  # passes = llama.cpp decode calls
 
-    # -- Engine protocol (generate, generate_batch: BatchEngine) -----------------------------------
-    def release(self, request_id: str) -> None:
-        with self._lock:
-            self._forget(request_id)
-
-    # -- internals ---------------------------------------------------------------------------------
-    def _generate_distinct(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
-        out: list[EngineResult | Exception | None] = [None] * len(requests)
-        valid = []
-        for i, request in enumerate(requests):
-            if request.draft:
-                out[i] = InvalidRequest("this engine drafts only: draft_input_ids are not supported")
-            elif len(request.input_ids) + request.request_output_len > self.n_ctx:
-                out[i] = InvalidRequest(f"sequence of {len(request.input_ids) + request.request_output_len} "
-                                        f"tokens exceeds the context of {self.n_ctx}")
-            else:
-                valid.append(i)
-        # No more sequences at once than there are slots: a batch never evicts one of its own.
-        for start in range(0, len(valid), self.cache.capacity):
-            part = valid[start : start + self.cache.capacity]
-            try:
-                with self._lock:
-                    drafts = [self._start(i, requests[i]) for i in part]
-                    self._run(drafts)
-                for d in drafts:
-                    out[d.index] = EngineResult(d.tokens, 0, np.stack(d.rows) if d.rows else None)
-            except Exception as exc:  # llama.cpp refusing a decode fails this part, not the model
-                log.exception("llama.cpp batch of %d failed", len(part))
-                for i in part:
-                    out[i] = exc
-                with self._lock:  # what the slots hold is unknown now: recompute from scratch next time
-                    for i in part:
-                        self._forget(requests[i].request_id)
-        return out  # type: ignore[return-value]
-
-    def _start(self, index: int, request: EngineRequest) -> _Draft:
+    # -- Stepper protocol --------------------------------------------------------------------------
+    def start(self, request: EngineRequest) -> _Draft:
+        if request.draft:
+            raise InvalidRequest("this engine drafts only: draft_input_ids are not supported")
+        if len(request.input_ids) + request.request_output_len > self.n_ctx:
+            raise InvalidRequest(f"sequence of {len(request.input_ids) + request.request_output_len} "
+                                 f"tokens exceeds the context of {self.n_ctx}")
         entry = self._slot_for(request.request_id)
+        self._stepping.add(request.request_id)
         sequence = list(request.input_ids)
         keep = min(common_prefix_len(entry.tokens, sequence), len(sequence) - 1)
         self._ctx.kv_cache_seq_rm(entry.state, keep, -1)
         entry.tokens = sequence[:keep]
-        return _Draft(index, request, entry, sequence, sequence[keep:], np.random.default_rng(request.seed))
+        return _Draft(request, entry, sequence, sequence[keep:], np.random.default_rng(request.seed))
 
-    def _run(self, drafts: list[_Draft]) -> None:
-        """Decode steps until every draft is done: each step evaluates every active draft's pending tokens."""
-        active = drafts
-        while active:
-            logits = self._decode(active)
-            still = []
-            for d, row in zip(active, logits):
-                if not self._absorb(d, row):
-                    still.append(d)
-            active = still
+    def step(self, drafts: list[_Draft]) -> list[bool]:
+        """One decode step: every draft's pending tokens in; which drafts are finished."""
+        return [self._absorb(d, row) for d, row in zip(drafts, self._decode(drafts))]
 
+    def result(self, draft: _Draft) -> EngineResult:
+        self._stepping.discard(draft.request.request_id)
+        return EngineResult(draft.tokens, 0, np.stack(draft.rows) if draft.rows else None)
+
+    def release(self, request_id: str) -> None:
+        self._stepping.discard(request_id)
+        entry = self.cache.release(request_id)
+        if entry is not None:
+            self._free(entry)
+
+    # -- internals ---------------------------------------------------------------------------------
     def _decode(self, drafts: list[_Draft]) -> list[np.ndarray]:
         """Evaluate each draft's pending tokens (in chunks of n_batch); the logits of each one's last token."""
         items = [(d, pos, token) for d in drafts
@@ -186,17 +188,13 @@ class LlamaCppEngine(BatchEngine):
         entry = self.cache.get(request_id)
         if entry is not None:
             return entry
-        if len(self.cache) >= self.cache.capacity:
-            self._free(self.cache.pop_oldest())
-        entry = CachedSequence(self._free_slots.pop(), [])
+        if len(self.cache) >= self.cache.capacity:  # the least recently used idle sequence makes room
+            idle = next(rid for rid, _ in self.cache.items() if rid not in self._stepping)
+            self._free(self.cache.evict(idle))
+        entry = CachedSequence(self.free_slots.pop(), [])
         self.cache.put(request_id, entry)
         return entry
 
-    def _forget(self, request_id: str) -> None:
-        entry = self.cache.release(request_id)
-        if entry is not None:
-            self._free(entry)
-
     def _free(self, entry: CachedSequence[int]) -> None:
         self._ctx.kv_cache_seq_rm(entry.state, -1, -1)
-        self._free_slots.append(entry.state)
+        self.free_slots.append(entry.state)

@@ -7,6 +7,8 @@ mixing up two sequences would cause, and on the tokens up to the first near tie 
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -131,7 +133,7 @@ def test_release_frees_the_slot_and_a_stop_request_releases(engine):
     engine.generate(EngineRequest("s", prompts(1, seed=11)[0], 2))
     assert "s" in engine.cache
     assert engine.generate_batch([EngineRequest("s", [1], 0, stop=True)])[0].tokens == []
-    assert "s" not in engine.cache and len(engine._free_slots) == SLOTS - len(engine.cache)
+    assert "s" not in engine.cache and len(engine.stepper.free_slots) == SLOTS - len(engine.cache)
 
 
 def test_seeded_sampled_drafts_reproduce_and_return_their_logits(engine):
@@ -145,3 +147,27 @@ def test_seeded_sampled_drafts_reproduce_and_return_their_logits(engine):
     assert [r.tokens for r in a] == [r.tokens for r in b]
     for r in a:
         assert r.logits.shape == (len(r.tokens), engine.n_vocab)
+
+
+def test_a_call_submitted_while_another_drafts_joins_its_steps(engine):
+    """In-flight batching: a short draft sent while a long one runs is done first, in steps it shares
+    with the long one (with batches run to completion it would wait for all 24 of the long one's)."""
+    order: list[str] = []
+    done = threading.Event()
+
+    def answer(name: str):
+        def record(result: EngineResult | Exception) -> None:
+            assert isinstance(result, EngineResult)
+            order.append(name)
+            if len(order) == 2:
+                done.set()
+        return record
+
+    long, short = prompts(2, seed=17)
+    before = engine.stats.passes
+    engine.submit([(EngineRequest("long", long, 24), answer("long"))])
+    engine.submit([(EngineRequest("short", short, 2), answer("short"))])
+    assert done.wait(30)
+    assert order == ["short", "long"]
+    assert engine.stats.passes - before <= 24 + 1  # the short call's steps were the long call's too
+    release_all(engine, [EngineRequest("long", long, 1), EngineRequest("short", short, 1)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import numpy as np
@@ -21,6 +22,11 @@ class EngineCallError(RuntimeError):
 
 
 class TritonEngineClient:
+    def __init__(self, decoupled_models: frozenset[str] = frozenset()) -> None:
+        # Decoupled engine models (in-flight batching) answer through a response iterator, as
+        # tensorrtllm_backend's BLS calls its decoupled tensorrt_llm model.
+        self.decoupled_models = decoupled_models
+
     async def generate(self, model: str, request: EngineRequest) -> EngineResult:
         tensors = [pb_utils.Tensor(name, array) for name, array in build_engine_inputs(request).items()]
         infer = pb_utils.InferenceRequest(
@@ -30,7 +36,10 @@ class TritonEngineClient:
             + (["generation_logits"] if request.return_generation_logits else []),
             request_id=request.request_id,
         )
-        response = await infer.async_exec()
+        if model in self.decoupled_models:
+            response = await _one_decoupled_response(model, infer)
+        else:
+            response = await infer.async_exec()
         if response.has_error():
             raise EngineCallError(model, response.error().message())
         output_ids = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy()
@@ -52,3 +61,16 @@ class TritonEngineClient:
             await self.generate(model, EngineRequest(request_id, [0], 1, stop=True, exclude_input_in_output=True))
         except Exception as exc:  # freeing is best effort: LRU eviction reclaims the slot anyway
             log.warning("could not release %s in %s: %s", request_id, model, exc)
+
+
+async def _one_decoupled_response(model: str, infer):
+    """The one data (or error) response of a decoupled engine model. Iterating Triton's response
+    iterator blocks, so it runs in the loop's executor; it is drained to the end (the FINAL flag)."""
+
+    def collect():
+        return [r for r in infer.exec(decoupled=True) if r.has_error() or r.output_tensors()]
+
+    responses = await asyncio.get_running_loop().run_in_executor(None, collect)
+    if len(responses) != 1:
+        raise EngineCallError(model, f"expected one response from a decoupled engine model, got {len(responses)}")
+    return responses[0]

@@ -1,14 +1,21 @@
-"""Triton adapter for every engine model (llm, ssm_*): tensors in, Engine.generate, tensors out."""
+"""Triton adapter for every engine model (llm, ssm_*): tensors in, Engine.generate, tensors out.
+
+A model whose config is decoupled (ssm_q4: its engine batches in flight) hands each request to the
+engine's `submit` and returns at once; the engine answers each request, with one response carrying the
+FINAL flag, when its work is done. Triton can then deliver the next requests while earlier ones are still
+decoding, so they join the running steps (as TensorRT-LLM's decoupled in-flight batching does). Other
+models answer their whole dynamic batch from `execute`."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 
 import triton_python_backend_utils as pb_utils
 
-from ..engine_api import encode_engine_outputs, parse_engine_inputs
+from ..engine_api import EngineRequest, encode_engine_outputs, parse_engine_inputs
 from ..engines import build_engine
 from ..errors import InvalidRequest
 from .common import error, input_arrays, model_config, setup_logging, string_parameters
@@ -25,7 +32,12 @@ class TritonPythonModel:
         params = string_parameters(config)
         start = time.perf_counter()
         self.engine = build_engine(params)
-        log.info("%s: %s engine ready in %.1f s", self.name, params.get("engine"), time.perf_counter() - start)
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        if self.decoupled and not hasattr(self.engine, "submit"):
+            raise pb_utils.TritonModelException(f"{self.name}: engine {params.get('engine')!r} cannot serve "
+                                                "a decoupled model (it has no in-flight batching)")
+        log.info("%s: %s engine ready in %.1f s%s", self.name, params.get("engine"), time.perf_counter() - start,
+                 " (decoupled, in-flight batching)" if self.decoupled else "")
         # The family must outlive its metrics, so keep a reference to it as well.
         self.cached_family = pb_utils.MetricFamily(
             name="minions_engine_cached_sequences",
@@ -53,6 +65,8 @@ class TritonPythonModel:
 
     def execute(self, requests):
         """Serve Triton's dynamic batch: engines with generate_batch get every request in one call."""
+        if self.decoupled:
+            return self._submit(requests)
         parsed, responses = [], [None] * len(requests)
         for i, request in enumerate(requests):
             try:
@@ -75,6 +89,24 @@ class TritonPythonModel:
             responses[i] = self._respond(request, engine_requests, mine)
         self._observe()
         return responses
+
+    def _submit(self, requests) -> None:
+        """Hand every request to the engine and return; each gets its one FINAL response when done."""
+        calls = []
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                engine_requests, anonymous = self._parse(request)
+            except InvalidRequest as exc:
+                sender.send(pb_utils.InferenceResponse(error=error(str(exc), pb_utils.TritonError.INVALID_ARG)),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+            collect = _Collector(self, request, sender, engine_requests, anonymous)
+            calls.extend((r, collect.answer_for(i)) for i, r in enumerate(engine_requests))
+        if calls:
+            self.engine.submit(calls)
+        self._observe()
+        return None
 
     def _parse(self, request):
         request_id = request.request_id()
@@ -121,4 +153,39 @@ class TritonPythonModel:
                 self.kv_gauge.set(cached_bytes())
 
     def finalize(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
         log.info("%s: unloaded", self.name)
+
+
+class _Collector:
+    """Gathers the answers to one Triton request's rows (from the engine's thread) and sends its
+    response, FINAL, once the last one is in."""
+
+    def __init__(self, model: TritonPythonModel, request, sender, engine_requests: list, anonymous: bool) -> None:
+        self.model, self.request, self.sender = model, request, sender
+        self.engine_requests = engine_requests
+        self.anonymous = anonymous
+        self.results: list = [None] * len(engine_requests)
+        self.missing = len(engine_requests)
+        self.lock = threading.Lock()
+
+    def answer_for(self, i: int):
+        def answer(result) -> None:
+            with self.lock:
+                self.results[i] = result
+                self.missing -= 1
+                if self.missing:
+                    return
+            if self.anonymous:  # no id, no reuse: free at once (queued behind this call)
+                self.model.engine.submit([(EngineRequest(r.request_id, [0], 0, stop=True), _ignore)
+                                          for r in self.engine_requests])
+            response = self.model._respond(self.request, self.engine_requests, self.results)
+            self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self.model._observe()
+        return answer
+
+
+def _ignore(_result) -> None:
+    pass

@@ -66,7 +66,7 @@ class TritonPythonModel:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(params["tokenizer_path"], local_files_only=True)
-        self.client = TritonEngineClient()
+        self.client = TritonEngineClient(frozenset(n for n in params.get("decoupled_model_names", "").split(",") if n))
         window_ms = float(params.get("llm_batch_window_ms", 0) or 0)
         if window_ms > 0:  # whole LLM batches instead of alternating cohorts (batch_gate.py)
             self.client = GatedClient(self.client, self.llm, BatchGate(window_ms / 1000.0))

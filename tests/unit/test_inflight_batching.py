@@ -1,0 +1,141 @@
+"""The in-flight batcher's rules, against a stepper whose jobs take a known number of steps and which
+records every step (the real llama.cpp stepper is exercised in test_llamacpp_batching)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from minions.engine_api import EngineRequest, EngineResult
+from minions.errors import InvalidRequest
+from minions.inflight_batching import InflightBatcher
+
+
+@dataclass
+class Job:
+    request: EngineRequest
+    steps_left: int
+    steps: int = 0
+
+
+@dataclass
+class RecordingStepper:
+    """A job takes request_output_len steps; its result is [number of steps it took]."""
+
+    events: list[tuple] = field(default_factory=list)
+    steps: list[list[str]] = field(default_factory=list)
+    on_step: Callable[[int], None] | None = None
+    fail_when: str | None = None  # a step with this id in it raises
+
+    def start(self, request: EngineRequest) -> Job:
+        if request.request_output_len < 0:
+            raise InvalidRequest("negative length")
+        self.events.append(("start", request.request_id, request.input_ids[0]))
+        return Job(request, request.request_output_len)
+
+    def step(self, jobs: list[Job]) -> list[bool]:
+        ids = [j.request.request_id for j in jobs]
+        self.steps.append(ids)
+        if self.on_step is not None:
+            self.on_step(len(self.steps))
+        if self.fail_when in ids:
+            raise RuntimeError("decode failed")
+        for j in jobs:
+            j.steps += 1
+            j.steps_left -= 1
+        return [j.steps_left <= 0 for j in jobs]
+
+    def result(self, job: Job) -> EngineResult:
+        self.events.append(("done", job.request.request_id, job.request.input_ids[0]))
+        return EngineResult([job.steps])
+
+    def release(self, request_id: str) -> None:
+        self.events.append(("release", request_id))
+
+
+def call(request_id: str, steps: int, tag: int = 0) -> EngineRequest:
+    return EngineRequest(request_id, [tag], steps)
+
+
+@pytest.fixture
+def stepper():
+    return RecordingStepper()
+
+
+@pytest.fixture
+def batcher(stepper):
+    b = InflightBatcher(stepper, capacity=4)
+    yield b
+    b.close()
+
+
+def test_a_call_arriving_mid_batch_joins_at_the_next_step(stepper, batcher):
+    late: list[EngineResult | Exception] = []
+    arrived = threading.Event()
+
+    def submit_late(step: int) -> None:
+        if step == 3:  # the long call has stepped 3 times
+            batcher.submit([(call("late", 2), lambda r: (late.append(r), arrived.set()))])
+
+    stepper.on_step = submit_late
+    (long,) = batcher.run([call("long", 10)])
+    assert arrived.wait(5)
+    assert long.tokens == [10] and late[0].tokens == [2]
+    assert stepper.steps[3:5] == [["long", "late"], ["long", "late"]]  # not after the long call's 10 steps
+    assert len(stepper.steps) == 10
+
+
+def test_calls_of_one_id_run_in_order_and_never_share_a_step(stepper, batcher):
+    results = batcher.run([call("a", 3, tag=1), call("b", 2), call("a", 2, tag=2)])
+    assert [r.tokens for r in results] == [[3], [2], [2]]
+    assert all(step.count("a") <= 1 for step in stepper.steps)
+    events = [e for e in stepper.events if e[1] == "a"]
+    assert events == [("start", "a", 1), ("done", "a", 1), ("start", "a", 2), ("done", "a", 2)]
+
+
+def test_a_stop_releases_after_the_id_s_earlier_call(stepper, batcher):
+    results = batcher.run([call("a", 3), EngineRequest("a", [0], 0, stop=True), call("b", 1)])
+    assert [r.tokens for r in results] == [[3], [], [1]]
+    assert [e for e in stepper.events if e[1] == "a"] == [("start", "a", 0), ("done", "a", 0), ("release", "a")]
+
+
+def test_no_more_calls_step_at_once_than_the_capacity_and_all_are_answered(stepper):
+    batcher = InflightBatcher(stepper, capacity=2)
+    try:
+        results = batcher.run([call(f"r{i}", 1 + i % 3) for i in range(7)])
+    finally:
+        batcher.close()
+    assert [r.tokens for r in results] == [[1 + i % 3] for i in range(7)]
+    assert max(len(s) for s in stepper.steps) == 2
+
+
+def test_a_failing_step_fails_its_calls_only_and_the_batcher_goes_on(stepper, batcher):
+    stepper.fail_when = "bad"
+    results = batcher.run([call("good", 2), call("bad", 2)])
+    assert all(isinstance(r, RuntimeError) for r in results)
+    assert ("release", "good") in stepper.events and ("release", "bad") in stepper.events
+    stepper.fail_when = None
+    assert batcher.run([call("good", 2)])[0].tokens == [2]
+
+
+def test_a_call_that_cannot_start_fails_alone(stepper, batcher):
+    results = batcher.run([call("x", -1), call("y", 1)])
+    assert isinstance(results[0], InvalidRequest) and results[1].tokens == [1]
+
+
+def test_an_answer_that_raises_does_not_stop_the_batcher(stepper, batcher):
+    def broken(_: EngineResult | Exception) -> None:
+        raise ConnectionError("stream closed")
+
+    batcher.submit([(call("gone", 1), broken)])
+    assert batcher.run([call("next", 1)])[0].tokens == [1]
+
+
+def test_a_closed_batcher_refuses_calls(stepper):
+    batcher = InflightBatcher(stepper, capacity=1)
+    batcher.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        batcher.submit([(call("late", 1), lambda r: None)])
