@@ -101,10 +101,18 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(error=error(str(exc), pb_utils.TritonError.INVALID_ARG)),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
+            if not engine_requests:  # nothing to compute (an empty batch dimension): answer at once
+                sender.send(self._respond(request, [], []), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
             collect = _Collector(self, request, sender, engine_requests, anonymous)
             calls.extend((r, collect.answer_for(i)) for i, r in enumerate(engine_requests))
         if calls:
-            self.engine.submit(calls)
+            try:
+                self.engine.submit(calls)
+            except Exception as exc:  # the engine is shutting down: every request still gets its FINAL
+                log.exception("%s: could not take %d calls", self.name, len(calls))
+                for _, answer in calls:
+                    answer(exc)
         self._observe()
         return None
 
