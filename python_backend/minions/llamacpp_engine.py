@@ -114,11 +114,11 @@ class LlamaCppStepper:
             raise InvalidRequest(f"sequence of {len(request.input_ids) + request.request_output_len} "
                                  f"tokens exceeds the context of {self.n_ctx}")
         entry = self._slot_for(request.request_id)
-        self._stepping.add(request.request_id)
         sequence = list(request.input_ids)
         keep = min(common_prefix_len(entry.tokens, sequence), len(sequence) - 1)
         self._ctx.kv_cache_seq_rm(entry.state, keep, -1)
         entry.tokens = sequence[:keep]
+        self._stepping.add(request.request_id)  # last: a start that raised leaves no pinned slot
         return _Draft(request, entry, sequence, sequence[keep:], np.random.default_rng(request.seed))
 
     def step(self, drafts: list[_Draft]) -> list[bool]:
@@ -189,7 +189,9 @@ class LlamaCppStepper:
         if entry is not None:
             return entry
         if len(self.cache) >= self.cache.capacity:  # the least recently used idle sequence makes room
-            idle = next(rid for rid, _ in self.cache.items() if rid not in self._stepping)
+            idle = next((rid for rid, _ in self.cache.items() if rid not in self._stepping), None)
+            if idle is None:  # the batcher starts at most capacity calls at once, so this cannot happen
+                raise RuntimeError(f"all {self.cache.capacity} llama.cpp sequences are drafting")
             self._free(self.cache.evict(idle))
         entry = CachedSequence(self.free_slots.pop(), [])
         self.cache.put(request_id, entry)

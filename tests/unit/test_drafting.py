@@ -183,6 +183,18 @@ def test_exploration_rounds_wait_only_for_the_dominant_ssm(engines, tiny_llm):
     assert all(r.draft_seconds < 0.25 for r in drafted)
 
 
+def test_a_dominant_ssm_slower_than_the_deadline_still_drafts_its_exploration_rounds(engines, tiny_llm):
+    """The deadline is for a real vote's voters; beside challengers, the dominant SSM is waited for, as
+    in the rounds it drafts alone (a loaded drafter is slow, and its round would otherwise go undrafted)."""
+    client = SlowClient(engines, "self", delay_s=0.15)
+    weights = SsmWeights(ALL, initial={"self": 10.0, "other": 0.1, "ngram": 0.1})
+    tokens, _, rounds = decode(client, vote_plan(PROMPTS[0], 12, num_draft_tokens=2, weights=weights,
+                                                 vote_explore_every=1, vote_deadline_s=0.02))
+    assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 12)
+    drafted = [r for r in rounds if r.drafts or r.failed]
+    assert drafted and all(r.failed == () and "self" in r.drafts for r in drafted)
+
+
 def test_a_slow_ssm_never_has_two_calls_in_flight_for_one_request(engines, tiny_llm):
     """Otherwise its late calls queue up behind each other faster than it drains them."""
     client = SlowClient(engines, "other", delay_s=0.2)

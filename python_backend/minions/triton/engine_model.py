@@ -186,11 +186,14 @@ class _Collector:
                 self.missing -= 1
                 if self.missing:
                     return
-            if self.anonymous:  # no id, no reuse: free at once (queued behind this call)
-                self.model.engine.submit([(EngineRequest(r.request_id, [0], 0, stop=True), _ignore)
-                                          for r in self.engine_requests])
             response = self.model._respond(self.request, self.engine_requests, self.results)
             self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            if self.anonymous:  # no id, no reuse: free at once, after the answer is out
+                try:
+                    self.model.engine.submit([(EngineRequest(r.request_id, [0], 0, stop=True), _ignore)
+                                              for r in self.engine_requests])
+                except RuntimeError as exc:  # shutting down: the context goes with the engine
+                    log.warning("%s: could not free anonymous sequences: %s", self.model.name, exc)
             self.model._observe()
         return answer
 
