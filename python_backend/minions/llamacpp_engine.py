@@ -189,10 +189,10 @@ class LlamaCppStepper:
         if entry is not None:
             return entry
         if len(self.cache) >= self.cache.capacity:  # the least recently used idle sequence makes room
-            idle = next((rid for rid, _ in self.cache.items() if rid not in self._stepping), None)
+            idle = self.cache.pop_oldest(keep=self._stepping)
             if idle is None:  # the batcher starts at most capacity calls at once, so this cannot happen
                 raise RuntimeError(f"all {self.cache.capacity} llama.cpp sequences are drafting")
-            self._free(self.cache.evict(idle))
+            self._free(idle)
         entry = CachedSequence(self.free_slots.pop(), [])
         self.cache.put(request_id, entry)
         return entry

@@ -9,7 +9,7 @@ recently used first, when the table is full.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -80,11 +80,10 @@ class SequenceCache(Generic[State]):
             self.evictions += 1
         return evicted
 
-    def pop_oldest(self) -> CachedSequence[State] | None:
-        if not self._entries:
-            return None
-        self.evictions += 1
-        return self._entries.popitem(last=False)[1]
+    def pop_oldest(self, keep: Container[str] = ()) -> CachedSequence[State] | None:
+        """Evict the least recently used entry whose id is not in `keep` (entries in use); None if none."""
+        request_id = next((rid for rid in self._entries if rid not in keep), None)
+        return None if request_id is None else self.evict(request_id)
 
     def evict(self, request_id: str) -> CachedSequence[State] | None:
         """Remove an entry for lack of room (counted, unlike a release)."""

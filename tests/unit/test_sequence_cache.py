@@ -82,3 +82,12 @@ def test_pop_oldest_and_cached_tokens():
     assert cache.cached_tokens() == 3
     assert cache.pop_oldest().state == "A"
     assert cache.evictions == 1 and cache.cached_tokens() == 2
+
+
+def test_pop_oldest_skips_entries_in_use():
+    cache = SequenceCache(3)
+    for name in "abc":
+        cache.put(name, CachedSequence(name.upper(), [1]))
+    assert cache.pop_oldest(keep={"a", "b"}).state == "C"
+    assert cache.pop_oldest(keep={"a", "b"}) is None
+    assert cache.evictions == 1 and "a" in cache and "b" in cache
