@@ -281,6 +281,8 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
             if proposal.logits is not None:
                 proposal.logits = proposal.logits[: len(draft)]
             t1 = time.perf_counter()
+            if plan.length_stats is not None:  # every request, so the LLM batch's draft length is known
+                plan.length_stats.report(request_id, len(draft))
             verification = asyncio.ensure_future(client.generate(
                 plan.llm,
                 EngineRequest(
@@ -339,6 +341,8 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
             if last:
                 return
     finally:
+        if plan.length_stats is not None:
+            plan.length_stats.forget(request_id)
         if slot is not None:
             slot.release()
         if early is not None:

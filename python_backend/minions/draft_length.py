@@ -4,12 +4,21 @@ Time per emitted token with s draft tokens, at load b (requests being decoded to
 
     J(s) = (d(s) + t(b, s)) / E(s),   E(s) = 1 + sum_{i=1..s} prod_{j<=i} a_j
 
-t(b, s) is the LLM's measured verification time (a table shared by all requests, since the LLM is
-shared), d(s) the drafting time the round actually waited for (per request: its SSMs, and how much of
-drafting the pipeline hides), and a_j the probability that draft position j is accepted once the ones
-before it were (per request, pulled towards the server-wide estimate while the request has little
-evidence of its own). E(s) is then the expected tokens per verification (accepted + the LLM's own).
-s = 0 is plain decoding: J(0) = t(b, 0).
+t(b, s) is the LLM's measured verification time when the requests verified together draft s tokens
+each (a table shared by all requests, since the LLM is shared), d(s) the drafting time the round
+actually waited for (per request: its SSMs, and how much of drafting the pipeline hides), and a_j the
+probability that draft position j is accepted once the ones before it were (per request, pulled
+towards the server-wide estimate while the request has little evidence of its own). E(s) is then the
+expected tokens per verification (accepted + the LLM's own). s = 0 is plain decoding: J(0) = t(b, 0).
+
+Why t is keyed on the batch's mean draft length, not the request's own: under load the LLM verifies
+many requests in one pass, whose time grows with all of their tokens. Keyed on its own s, a request
+that drafts longer than the rest sees the pass its shorter neighbours keep cheap, and every request
+reasons the same way: all drift to long drafts that make every pass slow (measured: 16 streams of
+dialogue settled at s = 16, 11% slower than all at s = 8). Keyed on the batch's length, t(b, s) is
+what a pass costs when everyone drafts s, so a request is charged for the time its tokens add to the
+others' pass too (for a pass linear in tokens, exactly its share). The decode loop reports each
+request's draft length before verification (`SharedLengthStats.report`).
 
 It does not oscillate: the estimates are moving averages, a change needs a `margin` gain over the
 current s by the same estimates, and after a change the choice holds for `dwell` rounds (the paper's
@@ -25,12 +34,20 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 DEFAULT_CANDIDATES = (0, 1, 2, 3, 4, 6, 8)
 
 
 def load_bucket(batch: int) -> int:
     """Loads 1, 2, 3-4, 5-8, 9-16...: verification cost changes with the batch roughly by powers of two."""
     return 1 << max(0, math.ceil(math.log2(max(batch, 1))))
+
+
+def buckets_by_nearness(buckets: set[int], batch: int) -> list[int]:
+    """Measured load buckets, the one nearest to `batch` first (nearest on a log scale)."""
+    target = math.log2(load_bucket(batch))
+    return sorted(buckets, key=lambda b: (abs(math.log2(b) - target), b))
 
 
 @dataclass
@@ -57,22 +74,47 @@ class VerifyCostTable:
         self.cells.setdefault((load_bucket(batch), s), Ema(self.weight)).add(seconds)
 
     def estimate(self, batch: int, s: int) -> float | None:
-        """Measured value; else linear interpolation (or flat extension) over the nearest bucket's lengths."""
-        buckets = sorted({b for b, _ in self.cells}, key=lambda b: (abs(math.log2(b) - math.log2(load_bucket(batch))), b))
-        for bucket in buckets:
-            points = sorted((n, e.value) for (b, n), e in self.cells.items() if b == bucket and e.value is not None)
-            if points:
-                return _interpolate(points, s)
+        """Measured value; else linear interpolation over the nearest bucket's lengths, and beyond them
+        their least-squares trend. Extending flat would make every longer draft look free, and the
+        selector would jump to the longest one before measuring it."""
+        for bucket in self._buckets_by_nearness(batch):
+            points = self._points(bucket)
+            if not points:
+                continue
+            below = [p for p in points if p[0] <= s]
+            above = [p for p in points if p[0] >= s]
+            if below and above:
+                (s0, t0), (s1, t1) = below[-1], above[0]
+                return t0 if s1 == s0 else t0 + (t1 - t0) * (s - s0) / (s1 - s0)
+            edge, t_edge = below[-1] if below else above[0]
+            slope = _trend(points)
+            if slope is None:  # one length measured here: the shape of the nearest load's curve, at this level
+                slope = t_edge * self._relative_trend(batch)
+            return max(t_edge + slope * (s - edge), 0.0)
         return None
 
+    def _buckets_by_nearness(self, batch: int) -> list[int]:
+        return buckets_by_nearness({b for b, _ in self.cells}, batch)
 
-def _interpolate(points: Sequence[tuple[int, float]], s: int) -> float:
-    below = [p for p in points if p[0] <= s]
-    above = [p for p in points if p[0] >= s]
-    if below and above:
-        (s0, t0), (s1, t1) = below[-1], above[0]
-        return t0 if s1 == s0 else t0 + (t1 - t0) * (s - s0) / (s1 - s0)
-    return (below or above)[-1 if below else 0][1]  # flat beyond the measured range
+    def _points(self, bucket: int) -> list[tuple[int, float]]:
+        return sorted((n, e.value) for (b, n), e in self.cells.items() if b == bucket and e.value is not None)
+
+    def _relative_trend(self, batch: int) -> float:
+        """Seconds per draft token relative to the level, of the nearest bucket with a trend (0: none)."""
+        for bucket in self._buckets_by_nearness(batch):
+            points = self._points(bucket)
+            slope = _trend(points)
+            if slope is not None:
+                return slope / max(sum(t for _, t in points) / len(points), 1e-9)
+        return 0.0
+
+
+def _trend(points: Sequence[tuple[int, float]]) -> float | None:
+    """Least-squares seconds per draft token (never negative); None with fewer than two lengths."""
+    if len(points) < 2:
+        return None
+    xs, ys = np.array([n for n, _ in points], float), np.array([t for _, t in points], float)
+    return max(float(np.polyfit(xs, ys, 1)[0]), 0.0)
 
 
 @dataclass
@@ -122,6 +164,32 @@ class SharedLengthStats:
         self.policy = policy or LengthPolicy()
         self.verify = VerifyCostTable()
         self.acceptance = AcceptanceModel(self.policy.global_decay)
+        self.draft_per_token: dict[int, Ema] = {}
+        """Per load bucket: the drafting seconds per token that requests waited for (server-wide)."""
+        self.drafting: dict[str, int] = {}
+        """Each request being decoded: the draft length of its latest round (0: plain decoding)."""
+
+    def report(self, request_id: str, drafted: int) -> None:
+        """A request sends a draft of this length (0 for a plain round) to the LLM now."""
+        self.drafting[request_id] = drafted
+
+    def forget(self, request_id: str) -> None:
+        self.drafting.pop(request_id, None)
+
+    def batch_length(self, default: int) -> int:
+        """The mean draft length of the requests being decoded (`default` when none has reported)."""
+        if not self.drafting:
+            return default
+        return round(sum(self.drafting.values()) / len(self.drafting))
+
+    def observe_draft(self, batch: int, seconds_per_token: float) -> None:
+        self.draft_per_token.setdefault(load_bucket(batch), Ema(0.2)).add(seconds_per_token)
+
+    def draft_estimate(self, batch: int) -> float:
+        """Drafting seconds per token at this load, from the nearest measured load (0 before any)."""
+        for bucket in buckets_by_nearness(set(self.draft_per_token), batch):
+            return self.draft_per_token[bucket].value or 0.0
+        return 0.0
 
     def global_rate(self, j: int) -> float:
         """Server-wide a_j; beyond the measured positions, the last measured one (drafts decay smoothly)."""
@@ -162,11 +230,20 @@ class DraftLengthSelector:
         """The estimated chance that the first n draft positions are all accepted."""
         return math.prod(self.rate(j) for j in range(n))
 
+    def draft_cost(self, batch: int) -> float:
+        """Seconds per draft token: this request's own measure, else the server's at this load. A new
+        request's first choices would otherwise take drafting as free (its first draft is not
+        representative, see `observe`), and pick the longest draft for rounds it then holds (dwell);
+        under load drafting a token costs more wall time than verifying it."""
+        if self.draft_per_token.value is not None:
+            return self.draft_per_token.value
+        return self.shared.draft_estimate(batch)
+
     def time_per_token(self, s: int, batch: int) -> float | None:
         verify = self.shared.verify.estimate(batch, s)
         if verify is None:
             return None
-        draft = s * (self.draft_per_token.value or 0.0)
+        draft = s * self.draft_cost(batch)
         return (draft + verify) / self.expected_tokens(s)
 
     # -- the decision ------------------------------------------------------------------------------
@@ -206,9 +283,10 @@ class DraftLengthSelector:
         """One round's outcome: its length, how much was accepted, what drafting (exposed) and verification
         cost. draft_seconds None: not representative (the request's first draft also pays the SSMs' prefill
         of the prompt, which would make drafting look many times dearer than it is)."""
-        self.shared.verify.observe(batch, drafted, verify_seconds)
+        self.shared.verify.observe(batch, self.shared.batch_length(default=drafted), verify_seconds)
         if drafted > 0:
             self.acceptance.observe(drafted, accepted)
             self.shared.acceptance.observe(drafted, accepted)
             if draft_seconds is not None:
                 self.draft_per_token.add(draft_seconds / drafted)
+                self.shared.observe_draft(batch, draft_seconds / drafted)

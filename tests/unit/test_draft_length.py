@@ -102,6 +102,19 @@ def test_one_request_learns_from_the_servers_history():
     assert world.run(fresh, 1, 10)[-5:].count(0) >= 4
 
 
+def test_a_new_request_prices_drafting_at_the_servers_measured_cost():
+    """Its own first draft pays the SSMs' prefill and is not measured; taken as free, drafting would
+    make the longest draft look best for the rounds a request holds its first choice."""
+    world = World(0.9, draft_per_token=0.05, seed=8)
+    shared = SharedLengthStats()
+    world.run(DraftLengthSelector(shared, 8), 1, 100)
+    fresh = DraftLengthSelector(shared, 8)
+    assert fresh.draft_cost(1) == pytest.approx(0.05, rel=0.1)
+    first = fresh.choose(1)
+    assert world.true_cost(1, first) <= world.true_cost(1, world.best(1)) * 1.05, (first, world.best(1))
+    assert world.true_cost(1, 8) > world.true_cost(1, world.best(1)) * 1.2, "free drafting's choice must cost"
+
+
 def test_max_length_bounds_the_candidates():
     selector = DraftLengthSelector(SharedLengthStats(LengthPolicy(initial=8)), max_length=3)
     assert selector.candidates == (0, 1, 2, 3) and selector.current == 3
@@ -113,6 +126,72 @@ def test_verify_cost_table_interpolates_and_borrows_the_nearest_load():
     table.observe(1, 2, 0.08)
     table.observe(1, 8, 0.14)
     assert table.estimate(1, 4) == pytest.approx(0.10)
-    assert table.estimate(1, 0) == pytest.approx(0.08) and table.estimate(1, 16) == pytest.approx(0.14)
     assert table.estimate(2, 8) == pytest.approx(0.14), "no load-2 data: the nearest bucket's"
     assert [load_bucket(b) for b in (1, 2, 3, 4, 5, 16, 17)] == [1, 2, 4, 4, 8, 16, 32]
+
+
+def test_verify_cost_table_extends_the_measured_trend_beyond_the_measured_lengths():
+    table = VerifyCostTable()
+    table.observe(1, 2, 0.08)
+    table.observe(1, 8, 0.14)
+    assert table.estimate(1, 0) == pytest.approx(0.06) and table.estimate(1, 16) == pytest.approx(0.22)
+    table.observe(16, 4, 1.0)  # one length measured at load 16: the load-1 curve's shape, at its level
+    relative = 0.01 / 0.11  # load 1: +0.01 s per token around a mean of 0.11 s
+    assert table.estimate(16, 16) == pytest.approx(1.0 * (1 + relative * 12))
+    assert table.estimate(16, 4) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_crowd_sharing_one_llm_pass_settles_on_the_best_common_length(seed):
+    """Eight requests at a time, each a few rounds long (as in the benchmark), verified in one pass
+    whose time grows with all their tokens. Keyed on its own length, each request would see the
+    others keep the pass cheap, and all would draft 8 (13% slower than the best common length here);
+    keyed on the batch's length they find the best common one."""
+    batch, acceptance, draft_per_token = 8, 0.9, 0.01
+    rng = np.random.default_rng(seed)
+    shared = SharedLengthStats()
+
+    def pass_seconds(lengths) -> float:
+        return 0.05 + 0.004 * sum(s + 1 for s in lengths)
+
+    def common_cost(s: int) -> float:
+        expected = sum(acceptance**i for i in range(s + 1))
+        return (s * draft_per_token + pass_seconds([s] * batch)) / expected
+
+    def new_request() -> list:
+        return [DraftLengthSelector(shared, max_length=8), int(rng.integers(4, 12))]  # selector, rounds left
+
+    requests = {f"r{i}": new_request() for i in range(batch)}
+    settled = Counter()
+    for step in range(400):
+        lengths = {rid: selector.choose(batch) for rid, (selector, _) in requests.items()}
+        for rid, s in lengths.items():
+            shared.report(rid, s)  # what the decode loop does before each verification
+        verify = pass_seconds(lengths.values())
+        for rid, s in lengths.items():
+            accepted = 0
+            while accepted < s and rng.random() < acceptance:
+                accepted += 1
+            requests[rid][0].observe(batch, s, accepted, s * draft_per_token, verify)
+            requests[rid][1] -= 1
+            if requests[rid][1] == 0:
+                shared.forget(rid)
+                requests[f"{rid}+"] = new_request()
+                del requests[rid]
+        if step >= 200:
+            settled.update(lengths.values())
+    best = min(DEFAULT_CANDIDATES, key=common_cost)
+    mean_cost = sum(common_cost(s) * n for s, n in settled.items()) / sum(settled.values())
+    assert mean_cost <= common_cost(best) * 1.05, (best, settled)
+    assert common_cost(8) > common_cost(best) * 1.1, "the world must punish the selfish choice"
+
+
+def test_finished_requests_leave_the_batch_length():
+    shared = SharedLengthStats()
+    assert shared.batch_length(default=5) == 5
+    shared.report("a", 8)
+    shared.report("b", 3)
+    assert shared.batch_length(default=5) == 6  # round(5.5): banker's rounding to even
+    shared.forget("a")
+    shared.forget("missing")
+    assert shared.batch_length(default=5) == 3
