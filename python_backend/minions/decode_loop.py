@@ -91,7 +91,7 @@ class DecodePlan:
     def length_selector(self) -> DraftLengthSelector | None:
         if self.num_draft_tokens is not None:
             return None
-        return DraftLengthSelector(self.length_stats or SharedLengthStats(), self.max_draft_tokens)
+        return DraftLengthSelector(self.length_stats or SharedLengthStats(), self.max_draft_tokens, self.pipeline)
 
     def drafter(self) -> Drafter | None:
         spec = self.speculation
@@ -282,7 +282,8 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
                 proposal.logits = proposal.logits[: len(draft)]
             t1 = time.perf_counter()
             if plan.length_stats is not None:  # every request, so the LLM batch's draft length is known
-                plan.length_stats.report(request_id, len(draft))
+                # The first round is the prompt's prefill: as much LLM work as a draft of the prompt's length.
+                plan.length_stats.report(request_id, len(draft) if produced else len(sequence) - 1)
             verification = asyncio.ensure_future(client.generate(
                 plan.llm,
                 EngineRequest(
@@ -331,8 +332,12 @@ async def speculative_decode(client: EngineClient, plan: DecodePlan, request_id:
                 control += drafter.observe(proposal, new, draft_seconds, t2 - t1)
             # TensorRT-LLM returns tokens only: the accepted count is the prefix shared with the draft.
             accepted = common_prefix_len(new, draft)
-            if selector is not None and index > 1:  # round 1 is the prompt's prefill, not a verification
-                selector.observe(batch, len(draft), accepted, draft_seconds if drafted_before else None, t2 - t1)
+            if index > 1:  # round 1 is the prompt's prefill, not a verification
+                measured = draft_seconds if drafted_before else None
+                if selector is not None:
+                    selector.observe(batch, len(draft), accepted, measured, t2 - t1)
+                elif plan.length_stats is not None:  # fixed lengths and plain decoding measure the LLM too
+                    plan.length_stats.observe(batch, plan.pipeline, len(draft), accepted, measured, t2 - t1)
             drafted_before = drafted_before or bool(draft)
             last = produced >= plan.max_new_tokens or (plan.end_id is not None and plan.end_id in new)
             discarded = early is not None and not early.holds(new)

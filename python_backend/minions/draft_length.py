@@ -2,14 +2,16 @@
 
 Time per emitted token with s draft tokens, at load b (requests being decoded together):
 
-    J(s) = (d(s) + t(b, s)) / E(s),   E(s) = 1 + sum_{i=1..s} prod_{j<=i} a_j
+    J(s) = (s * d(b) + t(b, s)) / E(s),   E(s) = 1 + sum_{i=1..s} prod_{j<=i} a_j
 
 t(b, s) is the LLM's measured verification time when the requests verified together draft s tokens
-each (a table shared by all requests, since the LLM is shared), d(s) the drafting time the round
-actually waited for (per request: its SSMs, and how much of drafting the pipeline hides), and a_j the
-probability that draft position j is accepted once the ones before it were (per request, pulled
-towards the server-wide estimate while the request has little evidence of its own). E(s) is then the
-expected tokens per verification (accepted + the LLM's own). s = 0 is plain decoding: J(0) = t(b, 0).
+each, d(b) the drafting time per token that rounds waited for (apart for pipelined requests, whose
+early drafts hide most of it), and a_j the probability that draft position j is accepted once the
+ones before it were (per request, pulled towards the server-wide estimate while the request has
+little evidence of its own). E(s) is then the expected tokens per verification (accepted + the
+LLM's own). s = 0 is plain decoding: J(0) = t(b, 0). t, d and the server-wide a_j are the server's,
+learnt from every request's rounds (fixed lengths and plain decoding verify on the same LLM);
+only a_j is also kept per request.
 
 Why t is keyed on the batch's mean draft length, not the request's own: under load the LLM verifies
 many requests in one pass, whose time grows with all of their tokens. Keyed on its own s, a request
@@ -18,7 +20,11 @@ reasons the same way: all drift to long drafts that make every pass slow (measur
 dialogue settled at s = 16, 11% slower than all at s = 8). Keyed on the batch's length, t(b, s) is
 what a pass costs when everyone drafts s, so a request is charged for the time its tokens add to the
 others' pass too (for a pass linear in tokens, exactly its share). The decode loop reports each
-request's draft length before verification (`SharedLengthStats.report`).
+request's round before verification (`SharedLengthStats.report`).
+
+Under load t(b, s) grows faster than linearly in s (the LLM's queue), so it is trusted only where it
+was measured: a choice goes at most one candidate beyond the longest length measured at its load
+(`DraftLengthSelector._trusted`). Requests climb together one step at a time and measure each.
 
 It does not oscillate: the estimates are moving averages, a change needs a `margin` gain over the
 current s by the same estimates, and after a change the choice holds for `dwell` rounds (the paper's
@@ -68,17 +74,23 @@ class VerifyCostTable:
     """t(b, s): measured LLM verification seconds per load bucket and draft length (server-wide)."""
 
     weight: float = 0.2
+    shrink: float = 4.0
     cells: dict[tuple[int, int], Ema] = field(default_factory=dict)
 
     def observe(self, batch: int, s: int, seconds: float) -> None:
         self.cells.setdefault((load_bucket(batch), s), Ema(self.weight)).add(seconds)
 
     def estimate(self, batch: int, s: int) -> float | None:
-        """Measured value; else linear interpolation over the nearest bucket's lengths, and beyond them
-        their least-squares trend. Extending flat would make every longer draft look free, and the
-        selector would jump to the longest one before measuring it."""
+        """Interpolation over the nearest bucket's measured lengths, and beyond them their trend.
+
+        Each length's value is shrunk towards the bucket's least-squares line by its number of
+        observations (`shrink` observations' worth of line): under load one verification's time
+        swings with whatever else the LLM is doing, and a length seen once would otherwise steer
+        every request. Beyond the measured lengths the line's slope continues from the last one:
+        extending flat would make every longer draft look free. A bucket measured at one length
+        only takes the shape of the nearest load's curve, at its own level."""
         for bucket in self._buckets_by_nearness(batch):
-            points = self._points(bucket)
+            points = self._smoothed(bucket)
             if not points:
                 continue
             below = [p for p in points if p[0] <= s]
@@ -87,34 +99,49 @@ class VerifyCostTable:
                 (s0, t0), (s1, t1) = below[-1], above[0]
                 return t0 if s1 == s0 else t0 + (t1 - t0) * (s - s0) / (s1 - s0)
             edge, t_edge = below[-1] if below else above[0]
-            slope = _trend(points)
-            if slope is None:  # one length measured here: the shape of the nearest load's curve, at this level
-                slope = t_edge * self._relative_trend(batch)
+            line = _line(self._points(bucket))
+            slope = line[1] if line is not None else t_edge * self._relative_trend(batch)
             return max(t_edge + slope * (s - edge), 0.0)
         return None
+
+    def measured_lengths(self, batch: int) -> list[int]:
+        """The lengths measured at this load's own bucket (none borrowed from other loads)."""
+        return [n for n, _, _ in self._points(load_bucket(batch))]
 
     def _buckets_by_nearness(self, batch: int) -> list[int]:
         return buckets_by_nearness({b for b, _ in self.cells}, batch)
 
-    def _points(self, bucket: int) -> list[tuple[int, float]]:
-        return sorted((n, e.value) for (b, n), e in self.cells.items() if b == bucket and e.value is not None)
+    def _points(self, bucket: int) -> list[tuple[int, float, int]]:
+        """(length, seconds, observations) of each measured length of the bucket, by length."""
+        return sorted((n, e.value, e.count) for (b, n), e in self.cells.items() if b == bucket and e.value is not None)
+
+    def _smoothed(self, bucket: int) -> list[tuple[int, float]]:
+        points = self._points(bucket)
+        line = _line(points)
+        if line is None:
+            return [(n, t) for n, t, _ in points]
+        return [(n, (c * t + self.shrink * (line[0] + line[1] * n)) / (c + self.shrink)) for n, t, c in points]
 
     def _relative_trend(self, batch: int) -> float:
         """Seconds per draft token relative to the level, of the nearest bucket with a trend (0: none)."""
         for bucket in self._buckets_by_nearness(batch):
             points = self._points(bucket)
-            slope = _trend(points)
-            if slope is not None:
-                return slope / max(sum(t for _, t in points) / len(points), 1e-9)
+            line = _line(points)
+            if line is not None:
+                return line[1] / max(sum(t for _, t, _ in points) / len(points), 1e-9)
         return 0.0
 
 
-def _trend(points: Sequence[tuple[int, float]]) -> float | None:
-    """Least-squares seconds per draft token (never negative); None with fewer than two lengths."""
+def _line(points: Sequence[tuple[int, float, int]]) -> tuple[float, float] | None:
+    """Least-squares (intercept, seconds per draft token), each length weighted by its count of
+    observations, the slope never negative; None with fewer than two lengths."""
     if len(points) < 2:
         return None
-    xs, ys = np.array([n for n, _ in points], float), np.array([t for _, t in points], float)
-    return max(float(np.polyfit(xs, ys, 1)[0]), 0.0)
+    xs, ys, ns = (np.array(column, float) for column in zip(*points))
+    slope, intercept = np.polyfit(xs, ys, 1, w=np.sqrt(ns))
+    if slope < 0:  # flat: the weighted mean
+        return float(np.average(ys, weights=ns)), 0.0
+    return float(intercept), float(slope)
 
 
 @dataclass
@@ -158,19 +185,23 @@ class LengthPolicy:
 
 
 class SharedLengthStats:
-    """What all requests share: the LLM's cost table and the server-wide acceptance per position."""
+    """What all requests share, learnt from all their rounds: the LLM's cost table, drafting's cost per
+    token and the acceptance per position."""
 
     def __init__(self, policy: LengthPolicy | None = None) -> None:
         self.policy = policy or LengthPolicy()
         self.verify = VerifyCostTable()
         self.acceptance = AcceptanceModel(self.policy.global_decay)
-        self.draft_per_token: dict[int, Ema] = {}
-        """Per load bucket: the drafting seconds per token that requests waited for (server-wide)."""
+        self.draft_per_token: dict[tuple[bool, int], Ema] = {}
+        """Per (pipelined, load bucket): the drafting seconds per token that requests waited for. Apart
+        for pipelined requests, whose early drafts hide most of drafting: one estimate for both would
+        price a pipelined request's drafting at what a plain one waits for."""
         self.drafting: dict[str, int] = {}
         """Each request being decoded: the draft length of its latest round (0: plain decoding)."""
 
     def report(self, request_id: str, drafted: int) -> None:
-        """A request sends a draft of this length (0 for a plain round) to the LLM now."""
+        """A request sends a round to the LLM now, as much work as a draft of this length (the tokens
+        it puts through the LLM, less one: 0 for a plain round, the prompt's length for a prefill)."""
         self.drafting[request_id] = drafted
 
     def forget(self, request_id: str) -> None:
@@ -182,33 +213,48 @@ class SharedLengthStats:
             return default
         return round(sum(self.drafting.values()) / len(self.drafting))
 
-    def observe_draft(self, batch: int, seconds_per_token: float) -> None:
-        self.draft_per_token.setdefault(load_bucket(batch), Ema(0.2)).add(seconds_per_token)
+    def observe(self, batch: int, pipelined: bool, drafted: int, accepted: int, draft_seconds: float | None,
+                verify_seconds: float) -> None:
+        """One round of any request (fixed lengths and plain decoding too: the LLM's verification time
+        and the SSMs' acceptance are the server's, whoever chose the length): its length, how much was
+        accepted, what drafting (exposed) and verification cost. draft_seconds None: not
+        representative (a request's first draft also pays the SSMs' prefill of the prompt, which
+        would make drafting look many times dearer than it is)."""
+        self.verify.observe(batch, self.batch_length(default=drafted), verify_seconds)
+        if drafted > 0:
+            self.acceptance.observe(drafted, accepted)
+            if draft_seconds is not None:
+                self.draft_per_token.setdefault((pipelined, load_bucket(batch)), Ema(0.2)).add(draft_seconds / drafted)
 
-    def draft_estimate(self, batch: int) -> float:
+    def draft_estimate(self, batch: int, pipelined: bool) -> float:
         """Drafting seconds per token at this load, from the nearest measured load (0 before any)."""
-        for bucket in buckets_by_nearness(set(self.draft_per_token), batch):
-            return self.draft_per_token[bucket].value or 0.0
+        for bucket in buckets_by_nearness({b for p, b in self.draft_per_token if p == pipelined}, batch):
+            return self.draft_per_token[pipelined, bucket].value or 0.0
         return 0.0
 
-    def global_rate(self, j: int) -> float:
-        """Server-wide a_j; beyond the measured positions, the last measured one (drafts decay smoothly)."""
-        if not self.acceptance.trials:
-            return self.policy.prior_acceptance
-        j = min(j, len(self.acceptance.trials) - 1)
-        return self.acceptance.rate(j, self.policy.prior_acceptance, 1.0)
+    def global_rates(self, n: int) -> list[float]:
+        """Server-wide a_0 .. a_{n-1}. Each position's counts are blended with the rate of the position
+        before it (worth one trial), the first with `prior_acceptance`: a position that drafts seldom
+        reach is taken to be accepted about as often as the one before it (acceptance changes smoothly
+        along a draft), not as often as an uninformed prior. Pulled towards 0.5 instead, the rare long
+        drafts' positions made every draft beyond 8 look worse than it measures."""
+        rates, prior = [], self.policy.prior_acceptance
+        for j in range(n):
+            prior = self.acceptance.rate(j, prior, 1.0)
+            rates.append(prior)
+        return rates
 
 
 class DraftLengthSelector:
     """One request's selector: per-request acceptance and draft cost over the shared statistics."""
 
-    def __init__(self, shared: SharedLengthStats, max_length: int) -> None:
+    def __init__(self, shared: SharedLengthStats, max_length: int, pipelined: bool = False) -> None:
         self.shared = shared
+        self.pipelined = pipelined
         policy = shared.policy
         self.policy = policy
         self.candidates = tuple(s for s in policy.candidates if s <= max_length) or (0,)
         self.acceptance = AcceptanceModel(policy.request_decay)
-        self.draft_per_token = Ema(0.3)
         self.current = min(self.candidates, key=lambda s: abs(s - policy.initial))
         self.held = 0
         self.rounds = 0
@@ -216,28 +262,27 @@ class DraftLengthSelector:
         self.trace: list[int] = []
 
     # -- estimates ---------------------------------------------------------------------------------
-    def rate(self, j: int) -> float:
-        return self.acceptance.rate(j, self.shared.global_rate(j), self.policy.prior_weight)
+    def rates(self, n: int) -> list[float]:
+        """a_0 .. a_{n-1} for this request: its own counts blended with the server's rates."""
+        return [self.acceptance.rate(j, g, self.policy.prior_weight) for j, g in enumerate(self.shared.global_rates(n))]
 
     def expected_tokens(self, s: int) -> float:
         total, survive = 1.0, 1.0
-        for j in range(s):
-            survive *= self.rate(j)
+        for a in self.rates(s):
+            survive *= a
             total += survive
         return total
 
     def survival(self, n: int) -> float:
         """The estimated chance that the first n draft positions are all accepted."""
-        return math.prod(self.rate(j) for j in range(n))
+        return math.prod(self.rates(n))
 
     def draft_cost(self, batch: int) -> float:
-        """Seconds per draft token: this request's own measure, else the server's at this load. A new
-        request's first choices would otherwise take drafting as free (its first draft is not
-        representative, see `observe`), and pick the longest draft for rounds it then holds (dwell);
-        under load drafting a token costs more wall time than verifying it."""
-        if self.draft_per_token.value is not None:
-            return self.draft_per_token.value
-        return self.shared.draft_estimate(batch)
+        """Seconds per draft token: the server's measure at this load (all requests draft with the same
+        SSMs). Not this request's own: its first draft is not representative (see `observe`), so its
+        first choices would take drafting as free and pick the longest draft; and one slow round could
+        send it to s = 0, where it drafts nothing more to correct the estimate."""
+        return self.shared.draft_estimate(batch, self.pipelined)
 
     def time_per_token(self, s: int, batch: int) -> float | None:
         verify = self.shared.verify.estimate(batch, s)
@@ -261,7 +306,8 @@ class DraftLengthSelector:
         if self.held > 0:
             self.held -= 1
             return self.current
-        known = {s: c for s, c in costs.items() if c is not None}
+        trusted = self._trusted(batch)
+        known = {s: c for s, c in costs.items() if c is not None and s in trusted}
         if not known or self.current not in known:
             return self.current
         best = min(known, key=lambda s: (known[s], s))
@@ -269,6 +315,17 @@ class DraftLengthSelector:
             self.current = best
             self.held = self.policy.dwell
         return self.current
+
+    def _trusted(self, batch: int) -> list[int]:
+        """The lengths whose estimate to act on: up to one candidate step beyond the longest measured at
+        this load (or beyond the current length, at a load not measured yet). Further out t(b, s) is
+        an extrapolation, and under load it is most wrong there: the LLM's queue makes verification
+        grow faster than linearly (16 streams of dialogue: 0.31, 0.61 and 1.28 s per round at s = 0, 8
+        and 16). Every request would jump together, and the jump's cost is seen only once taken."""
+        measured = [n for n in self.shared.verify.measured_lengths(batch) if n <= self.candidates[-1]]
+        top = max(measured, default=self.current)
+        step = next((i for i, s in enumerate(self.candidates) if s > top), len(self.candidates) - 1)
+        return [*self.candidates[: step + 1], self.current]
 
     def _neighbour(self) -> int:
         i = self.candidates.index(self.current)
@@ -280,13 +337,7 @@ class DraftLengthSelector:
     # -- feedback ----------------------------------------------------------------------------------
     def observe(self, batch: int, drafted: int, accepted: int, draft_seconds: float | None,
                 verify_seconds: float) -> None:
-        """One round's outcome: its length, how much was accepted, what drafting (exposed) and verification
-        cost. draft_seconds None: not representative (the request's first draft also pays the SSMs' prefill
-        of the prompt, which would make drafting look many times dearer than it is)."""
-        self.shared.verify.observe(batch, self.shared.batch_length(default=drafted), verify_seconds)
+        """One round's outcome, into this request's estimates and the server's (`SharedLengthStats.observe`)."""
+        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds)
         if drafted > 0:
             self.acceptance.observe(drafted, accepted)
-            self.shared.acceptance.observe(drafted, accepted)
-            if draft_seconds is not None:
-                self.draft_per_token.add(draft_seconds / drafted)
-                self.shared.observe_draft(batch, draft_seconds / drafted)

@@ -115,6 +115,43 @@ def test_a_new_request_prices_drafting_at_the_servers_measured_cost():
     assert world.true_cost(1, 8) > world.true_cost(1, world.best(1)) * 1.2, "free drafting's choice must cost"
 
 
+def test_positions_drafts_seldom_reach_are_taken_as_accepted_like_the_one_before():
+    shared = SharedLengthStats()
+    for _ in range(200):
+        shared.acceptance.observe(8, 8)  # every 8-token draft fully accepted
+    for _ in range(2):
+        shared.acceptance.observe(16, 16)  # and the two 16-token ones too
+    rates = shared.global_rates(20)
+    assert min(rates) > 0.95, rates  # pulled towards 0.5 instead, positions 9-16 read 0.83
+    assert rates[19] == pytest.approx(rates[15]), "unmeasured positions: the last measured rate"
+
+
+def test_a_length_seen_once_is_pulled_towards_the_line_of_the_well_measured_ones():
+    table = VerifyCostTable()
+    for _ in range(50):
+        table.observe(16, 0, 0.30)
+        table.observe(16, 8, 0.70)
+    table.observe(16, 2, 0.05)  # one verification while the LLM happened to be idle
+    assert 0.30 < table.estimate(16, 2) < 0.40  # the line says 0.40; taken as it is, s = 2 would look best
+    assert table.estimate(16, 8) == pytest.approx(0.70, abs=0.01)
+
+
+def test_moves_at_most_one_length_beyond_the_longest_measured_at_its_load():
+    """Longer drafts look ever better by extrapolation here; the selector climbs one candidate at a
+    time, measuring each, and still reaches the longest."""
+    world = World(0.99, draft_per_token=0.002, seed=9)
+    candidates = (0, 1, 2, 3, 4, 6, 8, 12, 16)
+    shared = SharedLengthStats(LengthPolicy(candidates=candidates))
+    selector = DraftLengthSelector(shared, max_length=16)
+    longest_measured = selector.current  # nothing measured yet: one step beyond the current length
+    for _ in range(60):
+        s = world.run(selector, 1, 1)[0]
+        beyond = [c for c in candidates if c > longest_measured]
+        assert s <= (beyond[0] if beyond else candidates[-1]), (s, longest_measured, selector.trace)
+        longest_measured = max(longest_measured, s)
+    assert Counter(selector.trace[-20:]).most_common(1)[0][0] == world.best(1, candidates) == 16
+
+
 def test_max_length_bounds_the_candidates():
     selector = DraftLengthSelector(SharedLengthStats(LengthPolicy(initial=8)), max_length=3)
     assert selector.candidates == (0, 1, 2, 3) and selector.current == 3

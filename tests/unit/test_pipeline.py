@@ -17,7 +17,7 @@ from test_verification import goodness_of_fit
 from minions.decode_loop import DecodePlan, DecodeStats
 from minions.draft_length import LengthPolicy, SharedLengthStats
 from minions.errors import InvalidRequest
-from minions.generation_request import Speculation
+from minions.generation_request import SPECULATION_OFF, Speculation
 from minions.pipeline_pool import DraftPool, KvAdmission
 from minions.sampling import SamplingParams, target_probs
 from tiny_models import VOCAB, hf_greedy, next_logits
@@ -100,6 +100,18 @@ def test_fixed_length_is_respected_and_adaptive_records_its_choices(client):
     _, adaptive, _ = decode(client, full_plan(PROMPTS[2], 30, Speculation("single", ("ngram",)), length_stats=shared))
     assert len(adaptive.planned_lengths) == adaptive.verifications
     assert shared.verify.cells, "verification costs were measured"
+
+
+def test_every_request_measures_the_server_s_costs_and_leaves_the_batch_when_done(client):
+    """Fixed lengths and plain decoding verify on the same LLM: their rounds feed the shared table."""
+    shared = SharedLengthStats()
+    decode(client, full_plan(PROMPTS[2], 12, Speculation("single", ("self",)), num_draft_tokens=3, length_stats=shared))
+    lengths = {s for _, s in shared.verify.cells}
+    assert 3 in lengths and max(lengths) == 3, shared.verify.cells  # (the last round may be shorter)
+    assert shared.acceptance.trials and shared.draft_per_token, "acceptance and drafting were measured"
+    decode(client, full_plan(PROMPTS[0], 4, Speculation(SPECULATION_OFF), length_stats=shared))
+    assert (1, 0) in shared.verify.cells, "plain decoding measures t(b, 0)"
+    assert shared.drafting == {}, "finished requests no longer count in the batch's draft length"
 
 
 def test_adaptive_stops_drafting_when_drafts_are_always_wrong(client, engines):
