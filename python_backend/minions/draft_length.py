@@ -23,8 +23,9 @@ others' pass too (for a pass linear in tokens, exactly its share). The decode lo
 request's round before verification (`SharedLengthStats.report`).
 
 Under load t(b, s) grows faster than linearly in s (the LLM's queue), so it is trusted only where it
-was measured: a choice goes at most one candidate beyond the longest length measured at its load
-(`DraftLengthSelector._trusted`). Requests climb together one step at a time and measure each.
+was measured: a choice goes at most one candidate beyond the longest length measured at its load, and
+only while the cost falls towards that length (`DraftLengthSelector._trusted`). Requests climb
+together one step at a time and measure each.
 
 It does not oscillate: the estimates are moving averages, a change needs a `margin` gain over the
 current s by the same estimates, and after a change the choice holds for `dwell` rounds (the paper's
@@ -71,7 +72,7 @@ class Ema:
 
 @dataclass
 class VerifyCostTable:
-    """t(b, s): measured LLM verification seconds per load bucket and draft length (server-wide)."""
+    """t(b, s): measured LLM verification seconds per load bucket and the batch's mean draft length."""
 
     weight: float = 0.2
     shrink: float = 4.0
@@ -104,9 +105,9 @@ class VerifyCostTable:
             return max(t_edge + slope * (s - edge), 0.0)
         return None
 
-    def measured_lengths(self, batch: int) -> list[int]:
-        """The lengths measured at this load's own bucket (none borrowed from other loads)."""
-        return [n for n, _, _ in self._points(load_bucket(batch))]
+    def measured_lengths(self, batch: int) -> dict[int, int]:
+        """The lengths measured at this load's own bucket (none borrowed), with their observation counts."""
+        return {n: c for n, _, c in self._points(load_bucket(batch))}
 
     def _buckets_by_nearness(self, batch: int) -> list[int]:
         return buckets_by_nearness({b for b, _ in self.cells}, batch)
@@ -197,7 +198,7 @@ class SharedLengthStats:
         for pipelined requests, whose early drafts hide most of drafting: one estimate for both would
         price a pipelined request's drafting at what a plain one waits for."""
         self.drafting: dict[str, int] = {}
-        """Each request being decoded: the draft length of its latest round (0: plain decoding)."""
+        """Each request being decoded: its latest round's LLM work as a draft length (see `report`)."""
 
     def report(self, request_id: str, drafted: int) -> None:
         """A request sends a round to the LLM now, as much work as a draft of this length (the tokens
@@ -306,7 +307,7 @@ class DraftLengthSelector:
         if self.held > 0:
             self.held -= 1
             return self.current
-        trusted = self._trusted(batch)
+        trusted = self._trusted(batch, costs)
         known = {s: c for s, c in costs.items() if c is not None and s in trusted}
         if not known or self.current not in known:
             return self.current
@@ -316,16 +317,30 @@ class DraftLengthSelector:
             self.held = self.policy.dwell
         return self.current
 
-    def _trusted(self, batch: int) -> list[int]:
-        """The lengths whose estimate to act on: up to one candidate step beyond the longest measured at
-        this load (or beyond the current length, at a load not measured yet). Further out t(b, s) is
-        an extrapolation, and under load it is most wrong there: the LLM's queue makes verification
-        grow faster than linearly (16 streams of dialogue: 0.31, 0.61 and 1.28 s per round at s = 0, 8
-        and 16). Every request would jump together, and the jump's cost is seen only once taken."""
-        measured = [n for n in self.shared.verify.measured_lengths(batch) if n <= self.candidates[-1]]
-        top = max(measured, default=self.current)
-        step = next((i for i, s in enumerate(self.candidates) if s > top), len(self.candidates) - 1)
-        return [*self.candidates[: step + 1], self.current]
+    def _trusted(self, batch: int, costs: dict[int, float | None]) -> list[int]:
+        """The lengths whose estimate to act on: those up to the longest measured at this load (or up to
+        the current length, at a load not measured yet), and one candidate beyond, only while the cost
+        still falls towards that edge: the edge beats the nearest shorter length measured
+        `shrink` times or more by the margin, as a line search widens its bracket (an interpolated
+        length between them would only echo the straight line drawn through it). Further out t(b, s)
+        is an extrapolation, and under load it is most wrong there: the LLM's queue makes
+        verification grow faster than linearly (16 streams of dialogue: 0.31, 0.61 and 1.28 s per
+        round at s = 0, 8 and 16). Every request steps together, and a step's cost is seen only once
+        taken."""
+        table = self.shared.verify
+        counts = {n: c for n, c in table.measured_lengths(batch).items() if n <= self.candidates[-1]}
+        top = max(counts, default=self.current)
+        inside = [s for s in self.candidates if s <= top]
+        beyond = [s for s in self.candidates if s > top]
+        trusted = [*inside, self.current]
+        shorter = [n for n, c in counts.items() if n < top and c >= table.shrink]
+        if beyond and not shorter:
+            trusted.append(beyond[0])
+        elif beyond:
+            edge, before = self.time_per_token(top, batch), self.time_per_token(max(shorter), batch)
+            if edge is not None and before is not None and edge < (1.0 - self.policy.margin) * before:
+                trusted.append(beyond[0])
+        return trusted
 
     def _neighbour(self) -> int:
         i = self.candidates.index(self.current)

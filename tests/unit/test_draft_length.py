@@ -152,6 +152,20 @@ def test_moves_at_most_one_length_beyond_the_longest_measured_at_its_load():
     assert Counter(selector.trace[-20:]).most_common(1)[0][0] == world.best(1, candidates) == 16
 
 
+def test_does_not_step_beyond_the_measured_lengths_once_the_cost_stops_falling_towards_them():
+    """Verification turned convex at 8 (the LLM's queue): the line through the measured lengths
+    extends to an optimistic t(12), but 8 is no cheaper than 6, so the bracket is not widened."""
+    candidates = (0, 1, 2, 3, 4, 6, 8, 12, 16)
+    shared = SharedLengthStats(LengthPolicy(candidates=candidates))
+    for _ in range(50):
+        for s, seconds in ((0, 0.30), (4, 0.40), (6, 0.45), (8, 0.60)):
+            shared.verify.observe(16, s, seconds)
+        shared.acceptance.observe(16, 16)
+    selector = DraftLengthSelector(shared, max_length=16)
+    assert selector.time_per_token(12, 16) < 0.9 * selector.time_per_token(6, 16), "extrapolation favours 12"
+    assert selector.choose(16) == 6
+
+
 def test_max_length_bounds_the_candidates():
     selector = DraftLengthSelector(SharedLengthStats(LengthPolicy(initial=8)), max_length=3)
     assert selector.candidates == (0, 1, 2, 3) and selector.current == 3
