@@ -91,16 +91,17 @@ class VerifyCostTable:
         extending flat would make every longer draft look free. A bucket measured at one length
         only takes the shape of the nearest load's curve, at its own level."""
         for bucket in self._buckets_by_nearness(batch):
-            points = self._smoothed(bucket)
-            if not points:
+            measured = self._points(bucket)
+            if not measured:
                 continue
+            line = _line(measured)
+            points = self._smoothed(measured, line)
             below = [p for p in points if p[0] <= s]
             above = [p for p in points if p[0] >= s]
             if below and above:
                 (s0, t0), (s1, t1) = below[-1], above[0]
                 return t0 if s1 == s0 else t0 + (t1 - t0) * (s - s0) / (s1 - s0)
             edge, t_edge = below[-1] if below else above[0]
-            line = _line(self._points(bucket))
             slope = line[1] if line is not None else t_edge * self._relative_trend(batch)
             return max(t_edge + slope * (s - edge), 0.0)
         return None
@@ -116,9 +117,8 @@ class VerifyCostTable:
         """(length, seconds, observations) of each measured length of the bucket, by length."""
         return sorted((n, e.value, e.count) for (b, n), e in self.cells.items() if b == bucket and e.value is not None)
 
-    def _smoothed(self, bucket: int) -> list[tuple[int, float]]:
-        points = self._points(bucket)
-        line = _line(points)
+    def _smoothed(self, points: list[tuple[int, float, int]], line: tuple[float, float] | None) -> list[tuple[int, float]]:
+        """Each length's seconds shrunk towards `line` by its observation count (as measured without one)."""
         if line is None:
             return [(n, t) for n, t, _ in points]
         return [(n, (c * t + self.shrink * (line[0] + line[1] * n)) / (c + self.shrink)) for n, t, c in points]
