@@ -27,6 +27,9 @@ from .datasets import DATASETS, load_prompts
 from .server_process import ROOT, TritonProcess
 
 FIXED_LENGTHS = (1, 2, 3, 4, 6, 8)
+RESPONSE_TIMEOUT_S = 180.0
+"""A stream silent this long has lost its server side (a round takes seconds even at 16 streams): it
+is cancelled and counted as an error, so that the sweep goes on instead of hanging."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,8 @@ def run_cell(url: str, metrics_url: str, mode: LoadMode, streams: int, prompts: 
             except queue.Empty:
                 return
             try:
-                c = generate_grpc(url, "minions", prompt, mode.params(max_tokens), stream=True)
+                c = generate_grpc(url, "minions", prompt, mode.params(max_tokens), stream=True,
+                                  timeout_s=RESPONSE_TIMEOUT_S)
             except Exception as exc:  # counted and reported, the sweep goes on
                 with lock:
                     cell.errors.append(str(exc))

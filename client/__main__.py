@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-draft-tokens", type=int, help="fix the draft length (default: adaptive)")
     p.add_argument("--pipeline", choices=["on", "off"], help="draft the next round during verification "
                    "(default: the deployment's)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds to wait for each response before cancelling the request (default 600)")
     p.add_argument("--timing", action="store_true", help="print TTFT, tokens/s and acceptance to stderr")
     a = p.parse_args(argv)
     params = GenerationParams(
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         result = generate(a.prompt, params, a.protocol, a.url, a.model, stream=not a.no_stream,
-                          on_text=lambda t: print(t, end="", flush=True))
+                          on_text=lambda t: print(t, end="", flush=True), timeout_s=a.timeout)
     except MinionsClientError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

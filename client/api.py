@@ -159,7 +159,11 @@ def generate_grpc(
     timeout_s: float = 600.0,
     cancel_after_chunks: int | None = None,
 ) -> Completion:
-    """Stream over gRPC (bidirectional stream; decoupled model). Optionally cancel after N chunks."""
+    """Stream over gRPC (bidirectional stream; decoupled model). Optionally cancel after N chunks.
+
+    `timeout_s` bounds the wait for each response, not the whole generation: a server that falls
+    silent (a stub that died takes its requests' streams with it, and Triton does not end them) would
+    otherwise hang the caller for good. On expiry the request is cancelled and the call raises."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
@@ -173,7 +177,12 @@ def generate_grpc(
             enable_empty_final_response=True,
         )
         while True:
-            result, error = responses.get(timeout=timeout_s)
+            try:
+                result, error = responses.get(timeout=timeout_s)
+            except queue.Empty:
+                client.stop_stream(cancel_requests=True)
+                raise MinionsClientError(f"no response from {model} for {timeout_s:g} s "
+                                         f"({len(completion.chunks)} chunks received); the request was cancelled") from None
             if error is not None:
                 raise MinionsClientError(str(error))
             response = result.get_response()
@@ -205,6 +214,10 @@ def _post(url: str, body: dict, timeout_s: float):
         except json.JSONDecodeError:
             pass
         raise MinionsClientError(detail) from None
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):  # timed out sending: the same as waiting too long for the answer
+            raise exc.reason from None
+        raise
 
 
 def generate_http(
@@ -216,23 +229,28 @@ def generate_http(
     on_text: Callable[[str], None] | None = None,
     timeout_s: float = 600.0,
 ) -> Completion:
-    """HTTP: /generate_stream (SSE, one event per chunk) when streaming, /generate (one JSON) otherwise."""
+    """HTTP: /generate_stream (SSE, one event per chunk) when streaming, /generate (one JSON) otherwise.
+    `timeout_s` bounds each wait on the socket (the response's start, then each event), as for gRPC."""
     base = url if url.startswith("http") else f"http://{url}"
     endpoint = f"{base}/v2/models/{model}/{'generate_stream' if stream else 'generate'}"
     completion = Completion()
     start = time.perf_counter()
-    with _post(endpoint, params.inputs(prompt, stream), timeout_s) as response:
-        if not stream:
-            completion.add(json.loads(response.read()), time.perf_counter() - start, on_text)
-        else:
-            for raw in response:
-                line = raw.decode("utf-8").strip()
-                if not line.startswith("data:"):
-                    continue
-                event = json.loads(line[5:])
-                if "error" in event:
-                    raise MinionsClientError(event["error"])
-                completion.add(event, time.perf_counter() - start, on_text)
+    try:
+        with _post(endpoint, params.inputs(prompt, stream), timeout_s) as response:
+            if not stream:
+                completion.add(json.loads(response.read()), time.perf_counter() - start, on_text)
+            else:
+                for raw in response:
+                    line = raw.decode("utf-8").strip()
+                    if not line.startswith("data:"):
+                        continue
+                    event = json.loads(line[5:])
+                    if "error" in event:
+                        raise MinionsClientError(event["error"])
+                    completion.add(event, time.perf_counter() - start, on_text)
+    except TimeoutError:  # closing the connection cancels the request on the server
+        raise MinionsClientError(f"no response from {model} for {timeout_s:g} s "
+                                 f"({len(completion.chunks)} chunks received); the request was cancelled") from None
     completion.latency_s = time.perf_counter() - start
     return completion
 
@@ -245,10 +263,12 @@ def generate(
     model: str = "minions",
     stream: bool = True,
     on_text: Callable[[str], None] | None = None,
+    timeout_s: float = 600.0,
 ) -> Completion:
+    """One generation; `timeout_s` bounds the wait for each response (see `generate_grpc`)."""
     params = params or GenerationParams()
     if protocol == "grpc":
-        return generate_grpc(url or "127.0.0.1:8001", model, prompt, params, stream, on_text)
+        return generate_grpc(url or "127.0.0.1:8001", model, prompt, params, stream, on_text, timeout_s)
     if protocol == "http":
-        return generate_http(url or "127.0.0.1:8000", model, prompt, params, stream, on_text)
+        return generate_http(url or "127.0.0.1:8000", model, prompt, params, stream, on_text, timeout_s)
     raise ValueError(f"protocol must be grpc or http, got {protocol!r}")

@@ -7,7 +7,9 @@ from pathlib import Path
 import time
 import urllib.request
 
-from client.api import GenerationParams, generate_grpc
+import pytest
+
+from client.api import GenerationParams, MinionsClientError, generate_grpc, generate_http
 
 
 def _gauge(server, name: str, model: str) -> float:
@@ -61,3 +63,21 @@ def test_cancellations_leak_no_shared_memory_regions(server):
                       GenerationParams(max_tokens=300, chat=True), cancel_after_chunks=2)
     _wait_for(lambda: _gauge(server, "minions_engine_cached_sequences", "llm") == 0, timeout=20)
     assert _shm_regions() == before
+
+
+def test_a_client_that_stops_waiting_cancels_its_request_with_a_clear_error(server):
+    """A response that does not come within the client's timeout ends the call with an error that says
+    so, and the request does not go on using the server (a stub that dies leaves streams silent)."""
+    before = server.log_text().count("cancelled by the client")
+    params = GenerationParams(max_tokens=600, chat=True, speculation="single:ssm_q4")
+    with pytest.raises(MinionsClientError, match=r"no response from minions for 0\.001 s"):
+        generate_grpc(server.grpc_url, "minions", "Write a very long story about a dragon.", params, timeout_s=0.001)
+    _wait_for(lambda: server.log_text().count("cancelled by the client") > before, timeout=20,
+              what="the server sees the cancellation")
+    _wait_for(lambda: _gauge(server, "minions_engine_cached_sequences", "llm") == 0, timeout=20, what="llm caches nothing")
+    cancelled = server.log_text().count("cancelled by the client")
+    with pytest.raises(MinionsClientError, match="no response from minions"):
+        generate_http(server.http_url, "minions", "Write a very long story about a dragon.", params, timeout_s=0.001)
+    _wait_for(lambda: server.log_text().count("cancelled by the client") > cancelled, timeout=20,
+              what="the server sees the HTTP client hang up")
+    assert generate_grpc(server.grpc_url, "minions", "Say hi.", GenerationParams(max_tokens=4, chat=True)).num_output_tokens > 0
