@@ -57,6 +57,15 @@ def buckets_by_nearness(buckets: set[int], batch: int) -> list[int]:
     return sorted(buckets, key=lambda b: (abs(math.log2(b) - target), b))
 
 
+def server_weight(weight: float, batch: int) -> float:
+    """The weight of one request's observation in a server-wide average, when `batch` requests each
+    send one per round: `weight` per round of the whole batch, so the average remembers as many rounds
+    at every load. At `weight` per observation, 16 streams' averages held the last 5 requests' rounds,
+    all from one moment: drafting's cost per token swung 4x within two rounds of a wave (while other
+    requests' SSM prefills held the SSMs) and sent the whole batch to s = 0."""
+    return weight / max(batch, 1)
+
+
 @dataclass
 class Ema:
     """Exponential moving average; the first observation is taken as it is."""
@@ -65,8 +74,10 @@ class Ema:
     value: float | None = None
     count: int = 0
 
-    def add(self, x: float) -> None:
-        self.value = x if self.value is None else self.value + self.weight * (x - self.value)
+    def add(self, x: float, weight: float | None = None) -> None:
+        """`weight`: this observation's, instead of the average's own."""
+        w = self.weight if weight is None else weight
+        self.value = x if self.value is None else self.value + w * (x - self.value)
         self.count += 1
 
 
@@ -75,11 +86,12 @@ class VerifyCostTable:
     """t(b, s): measured LLM verification seconds per load bucket and the batch's mean draft length."""
 
     weight: float = 0.2
+    """Per round of the whole batch (`server_weight`); the drafting cost's averages use it too."""
     shrink: float = 4.0
     cells: dict[tuple[int, int], Ema] = field(default_factory=dict)
 
     def observe(self, batch: int, s: int, seconds: float) -> None:
-        self.cells.setdefault((load_bucket(batch), s), Ema(self.weight)).add(seconds)
+        self.cells.setdefault((load_bucket(batch), s), Ema(self.weight)).add(seconds, server_weight(self.weight, batch))
 
     def estimate(self, batch: int, s: int) -> float | None:
         """Interpolation over the nearest bucket's measured lengths, and beyond them their trend.
@@ -225,7 +237,9 @@ class SharedLengthStats:
         if drafted > 0:
             self.acceptance.observe(drafted, accepted)
             if draft_seconds is not None:
-                self.draft_per_token.setdefault((pipelined, load_bucket(batch)), Ema(0.2)).add(draft_seconds / drafted)
+                weight = self.verify.weight
+                self.draft_per_token.setdefault((pipelined, load_bucket(batch)), Ema(weight)).add(
+                    draft_seconds / drafted, server_weight(weight, batch))
 
     def draft_estimate(self, batch: int, pipelined: bool) -> float:
         """Drafting seconds per token at this load, from the nearest measured load (0 before any)."""

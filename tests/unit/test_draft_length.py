@@ -246,3 +246,25 @@ def test_finished_requests_leave_the_batch_length():
     shared.forget("a")
     shared.forget("missing")
     assert shared.batch_length(default=5) == 3
+
+
+def test_one_rounds_burst_of_slow_drafts_at_high_load_does_not_swing_the_servers_estimates():
+    """At 16 streams every request's round feeds the server's averages: weighted per observation,
+    they held the last few requests' rounds, all from one moment. Measured: drafting's cost per token
+    swung 4x within two rounds of a wave (other requests' SSM prefills held the SSMs) and sent the
+    whole batch to s = 0. Weighted per round of the batch, a burst from a third of one round moves
+    them little, and the next request still chooses the best length."""
+    world = World(0.9, draft_per_token=0.02, slope=0.001, seed=11)
+    shared = SharedLengthStats()
+    crowd = [DraftLengthSelector(shared, 8) for _ in range(16)]
+    for _ in range(20):
+        for selector in crowd:
+            world.run(selector, 16, 1)
+    best = world.best(16)
+    assert best >= 4
+    for _ in range(5):  # five requests' drafts each waited behind the SSMs' prefill of a new prompt
+        shared.observe(16, False, 6, 5, 6 * world.draft_per_token * 5, world.verify_seconds(16, 6))
+    assert shared.draft_estimate(16, False) < 1.5 * world.draft_per_token
+    fresh = DraftLengthSelector(shared, 8)
+    fresh.current = best
+    assert world.true_cost(16, fresh.choose(16)) <= world.true_cost(16, best) * 1.05
