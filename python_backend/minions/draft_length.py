@@ -232,8 +232,15 @@ class SharedLengthStats:
         and the SSMs' acceptance are the server's, whoever chose the length): its length, how much was
         accepted, what drafting (exposed) and verification cost. draft_seconds None: not
         representative (a request's first draft also pays the SSMs' prefill of the prompt, which
-        would make drafting look many times dearer than it is)."""
-        self.verify.observe(batch, self.batch_length(default=drafted), verify_seconds)
+        would make drafting look many times dearer than it is).
+
+        A pass whose mean work is longer than the longest candidate holds prompts' prefills: no choice
+        of length makes it, so it is not put in t. Kept, a few such points at 70-80 tokens beside
+        the candidates' 0-16 set the slope of the least-squares line that shrinks thin lengths and
+        extends beyond the measured ones, by their leverage alone."""
+        length = self.batch_length(default=drafted)
+        if length <= max(self.policy.candidates):
+            self.verify.observe(batch, length, verify_seconds)
         if drafted > 0:
             self.acceptance.observe(drafted, accepted)
             if draft_seconds is not None:

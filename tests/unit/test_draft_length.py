@@ -268,3 +268,19 @@ def test_one_rounds_burst_of_slow_drafts_at_high_load_does_not_swing_the_servers
     fresh = DraftLengthSelector(shared, 8)
     fresh.current = best
     assert world.true_cost(16, fresh.choose(16)) <= world.true_cost(16, best) * 1.05
+
+
+def test_passes_holding_prefills_longer_than_any_candidate_stay_out_of_the_cost_table():
+    """A wave of new requests reports its prompts' prefills (as drafts of the prompt's length), so the
+    batch's mean is 70-80 tokens for a few passes. No choice makes such a pass; in the table its few
+    points set the slope that extends beyond the measured lengths by leverage alone."""
+    shared = SharedLengthStats()
+    for s in (0, 4, 8):  # t = 0.3 + 0.05 s at 16 streams, well measured
+        for _ in range(20):
+            shared.observe(16, False, s, s, 0.1 * s, 0.3 + 0.05 * s)
+    for rid in range(16):
+        shared.report(str(rid), 80)  # a wave's prefills: cheaper per token than the line
+    for _ in range(3):
+        shared.observe(16, False, 80, 0, None, 1.0)
+    assert set(shared.verify.measured_lengths(16)) == {0, 4, 8}
+    assert shared.verify.estimate(16, 12) == pytest.approx(0.3 + 0.05 * 12, rel=0.02)
