@@ -59,6 +59,8 @@ def default_modes() -> list[LoadMode]:
 class Cell:
     mode: str
     streams: int
+    repeat: int = 0
+    """Which pass over the modes this cell was measured in (--repeat)."""
     requests: int = 0
     tokens: int = 0
     wall_s: float = 0.0
@@ -75,7 +77,8 @@ class Cell:
 
     def row(self) -> dict:
         return {
-            "mode": self.mode, "streams": self.streams, "requests": self.requests, "tokens": self.tokens,
+            "mode": self.mode, "streams": self.streams, "repeat": self.repeat, "requests": self.requests,
+            "tokens": self.tokens,
             "tokens_per_s": self.tokens / self.wall_s if self.wall_s else 0.0,
             "normalized_latency_ms": 1000 * statistics.mean(self.latencies_per_token) if self.latencies_per_token else None,
             "ttft_ms": 1000 * statistics.median(self.ttfts) if self.ttfts else None,
@@ -95,8 +98,9 @@ def engine_totals(metrics_url: str, model: str = "llm") -> dict[str, float]:
     return out
 
 
-def run_cell(url: str, metrics_url: str, mode: LoadMode, streams: int, prompts: list[str], max_tokens: int) -> Cell:
-    cell = Cell(mode.label, streams)
+def run_cell(url: str, metrics_url: str, mode: LoadMode, streams: int, prompts: list[str], max_tokens: int,
+             repeat: int = 0) -> Cell:
+    cell = Cell(mode.label, streams, repeat)
     work: queue.Queue = queue.Queue()
     for i, p in enumerate(prompts):
         work.put((i, p))
@@ -156,9 +160,10 @@ def mixed_prompts(count: int, datasets: list[str] | None = None) -> list[str]:
 
 
 def summarize(cells: list[Cell]) -> list[dict]:
+    """One row per cell, its speedup over the `off` cell of the same concurrency and repeat."""
     rows = []
-    for streams in sorted({c.streams for c in cells}):
-        group = [c for c in cells if c.streams == streams]
+    for streams, repeat in sorted({(c.streams, c.repeat) for c in cells}):
+        group = [c for c in cells if c.streams == streams and c.repeat == repeat]
         off = next(c for c in group if c.mode == "off")
         base = off.row()["tokens_per_s"]
         for c in group:
@@ -169,9 +174,37 @@ def summarize(cells: list[Cell]) -> list[dict]:
     return rows
 
 
-def comparisons(rows: list[dict]) -> list[dict]:
-    """Per concurrency: best fixed-s vote, adaptive's gap to it, and the ablation steps."""
+MEDIAN_KEYS = ("tokens_per_s", "speedup", "normalized_latency_ms", "ttft_ms", "acceptance", "mean_draft_length",
+               "llm_batch", "ssm_batch", "padding_share")
+SUM_KEYS = ("requests", "tokens", "identical_to_off", "errors")
+
+
+def pool_repeats(rows: list[dict]) -> list[dict]:
+    """One row per mode and concurrency: the median over repeats (sums for counts), with the speedup's
+    range. Why the median: one cell at 8-16 streams is a single wave of requests, and its rate swings
+    by 10% or more between runs of one build (a wave's slowest request sets its time)."""
+    pooled = []
+    for streams, mode in dict.fromkeys((r["streams"], r["mode"]) for r in rows):
+        group = [r for r in rows if r["streams"] == streams and r["mode"] == mode]
+        row = {"mode": mode, "streams": streams, "repeats": len(group)}
+        for key in MEDIAN_KEYS:
+            values = [r[key] for r in group if r.get(key) is not None]
+            row[key] = statistics.median(values) if values else None
+        for key in SUM_KEYS:
+            row[key] = sum(r[key] for r in group)
+        speedups = [r["speedup"] for r in group if r["speedup"] is not None]
+        row["speedup_range"] = (min(speedups), max(speedups)) if speedups else None
+        pooled.append(row)
+    return pooled
+
+
+def comparisons(rows: list[dict], per_repeat: list[dict] | None = None) -> list[dict]:
+    """Per concurrency: best fixed-s vote, adaptive's gap to it, and the ablation steps. `rows` are
+    pooled over repeats (`pool_repeats`); with `per_repeat` the gap is the median of each repeat's gap
+    to the length best over all repeats, with its range. Picking the best fixed length of each
+    repeat instead would pit adaptive against the luckiest of several noisy cells."""
     out = []
+    per_repeat = per_repeat or rows
     for streams in sorted({r["streams"] for r in rows}):
         by = {r["mode"]: r for r in rows if r["streams"] == streams}
         fixed = [by[f"vote s={s}"] for s in FIXED_LENGTHS if f"vote s={s}" in by]
@@ -180,7 +213,9 @@ def comparisons(rows: list[dict]) -> list[dict]:
                  "best_fixed_speedup": best["speedup"] if best else None}
         for name in ("vote adaptive", "minions"):
             if name in by and best:
-                entry[f"{name} vs best fixed"] = by[name]["tokens_per_s"] / best["tokens_per_s"] - 1.0
+                gaps = _gaps(per_repeat, streams, name, best["mode"])
+                entry[f"{name} vs best fixed"] = statistics.median(gaps)
+                entry[f"{name} vs best fixed range"] = (min(gaps), max(gaps)) if len(gaps) > 1 else None
                 entry[f"{name} speedup"] = by[name]["speedup"]
         if "vote s=8" in by:
             entry["vote s=8 speedup"] = by["vote s=8"]["speedup"]
@@ -188,11 +223,22 @@ def comparisons(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _gaps(rows: list[dict], streams: int, mode: str, against: str) -> list[float]:
+    """mode's tokens/s over against's, less one, in each repeat at this concurrency."""
+    rate = {(r["repeat"], r["mode"]): r["tokens_per_s"] for r in rows if r["streams"] == streams and "repeat" in r}
+    if not rate:  # rows already pooled: one value each
+        rate = {(0, r["mode"]): r["tokens_per_s"] for r in rows if r["streams"] == streams}
+    return [rate[k, mode] / rate[k, against] - 1.0 for k, m in rate if m == mode and rate.get((k, against))]
+
+
 def format_tables(rows: list[dict], comps: list[dict]) -> str:
     head = (f"{'streams':>7} {'mode':<14} {'tok/s':>7} {'speedup':>8} {'ms/tok':>7} {'TTFT ms':>8} {'accept':>7} "
             f"{'mean s':>6} {'LLM batch':>9} {'SSM batch':>9} {'pad':>5} {'same':>6}")
-    lines = ["## Load sweep (greedy; speedup = tokens/s over `off` at the same concurrency, same run)", head,
-             "-" * len(head)]
+    repeats = max((r.get("repeats", 1) for r in rows), default=1)
+    title = "## Load sweep (greedy; speedup = tokens/s over `off` at the same concurrency, same run)"
+    if repeats > 1:
+        title += f", medians of {repeats} repeats"
+    lines = [title, head, "-" * len(head)]
     for r in rows:
         acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
         batch = f"{r['llm_batch']:.1f}" if r["llm_batch"] is not None else "-"
@@ -203,6 +249,8 @@ def format_tables(rows: list[dict], comps: list[dict]) -> str:
             f"{r['normalized_latency_ms'] or 0:>7.0f} {r['ttft_ms'] or 0:>8.0f} {acc:>7} {r['mean_draft_length']:>6.1f} "
             f"{batch:>9} {ssm_batch:>9} {pad:>5} {r['identical_to_off']:>3}/{r['requests']}"
             + (f"  ({r['errors']} errors)" if r["errors"] else "")
+            + (f"  speedup {r['speedup_range'][0]:.2f}-{r['speedup_range'][1]:.2f}x" if r.get("repeats", 1) > 1
+               and r.get("speedup_range") else "")
         )
     lines += ["", "## Adaptive length against the best fixed s, and the ablation (speedup over off)",
               f"{'streams':>7} {'best fixed':<11} {'its speedup':>11} {'vote s=8':>9} {'+adaptive':>10} {'+pipeline':>10} "
@@ -215,7 +263,10 @@ def format_tables(rows: list[dict], comps: list[dict]) -> str:
             return f"{c[key]:.2f}x" if c.get(key) is not None else "-"
         lines.append(f"{c['streams']:>7} {c['best_fixed'] or '-':<11} {x('best_fixed_speedup'):>11} {x('vote s=8 speedup'):>9} "
                      f"{x('vote adaptive speedup'):>10} {x('minions speedup'):>10} {pct('vote adaptive vs best fixed'):>16} "
-                     f"{pct('minions vs best fixed'):>15}")
+                     f"{pct('minions vs best fixed'):>15}"
+                     + "".join(f"  {name} {100 * c[key][0]:+.1f}..{100 * c[key][1]:+.1f}%"
+                               for name, key in (("adaptive", "vote adaptive vs best fixed range"),
+                                                 ("minions", "minions vs best fixed range")) if c.get(key)))
     return "\n".join(lines)
 
 
@@ -260,6 +311,8 @@ def main() -> None:
     p.add_argument("--modes", nargs="+", help="labels from: " + ", ".join(m.label for m in default_modes()))
     p.add_argument("--datasets", nargs="+", choices=list(DATASETS), help="prompts from these only (default: all, mixed)")
     p.add_argument("--out", default=str(ROOT / "bench_results" / "load"))
+    p.add_argument("--repeat", type=int, default=1, help="passes over the modes at each concurrency; the tables "
+                   "show medians and ranges (a cell at 8-16 streams swings by 10%% between runs)")
     args = p.parse_args()
     modes = [m for m in default_modes() if not args.modes or m.label in args.modes or m.label == "off"]
     out = Path(args.out)
@@ -271,18 +324,20 @@ def main() -> None:
             run_cell(server.grpc_url, server.metrics_url, mode, 2, warm, 16)
         for streams in args.streams:
             prompts = mixed_prompts(max(streams, args.min_requests), args.datasets)
-            for mode in modes:
-                cell = run_cell(server.grpc_url, server.metrics_url, mode, streams, prompts, args.max_tokens)
-                cells.append(cell)
-                r = cell.row()
-                print(f"{streams:>3} streams {mode.label:<14} {r['tokens_per_s']:6.1f} tok/s  "
-                      f"batch {r['llm_batch'] or 0:.1f}  mean s {r['mean_draft_length']:.1f}", flush=True)
-    rows = summarize(cells)
-    comps = comparisons(rows)
+            for repeat in range(args.repeat):
+                for mode in modes:
+                    cell = run_cell(server.grpc_url, server.metrics_url, mode, streams, prompts, args.max_tokens, repeat)
+                    cells.append(cell)
+                    r = cell.row()
+                    print(f"{streams:>3} streams {mode.label:<14} {r['tokens_per_s']:6.1f} tok/s  "
+                          f"batch {r['llm_batch'] or 0:.1f}  mean s {r['mean_draft_length']:.1f}", flush=True)
+    cell_rows = summarize(cells)
+    rows = pool_repeats(cell_rows)
+    comps = comparisons(rows, cell_rows)
     text = format_tables(rows, comps)
     print(text)
     (out / "load_sweep.md").write_text(text + "\n")
-    (out / "load_sweep.json").write_text(json.dumps({"rows": rows, "comparisons": comps}, indent=1))
+    (out / "load_sweep.json").write_text(json.dumps({"rows": rows, "comparisons": comps, "cells": cell_rows}, indent=1))
     plot(rows, comps, out / "load_sweep.png")
     print(f"\nwrote {out / 'load_sweep.md'}, load_sweep.json and load_sweep.png")
 

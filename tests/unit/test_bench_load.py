@@ -1,0 +1,45 @@
+"""benchmarks.bench_load's tables: repeats pooled by median, adaptive's gap against one fixed length."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.bench_load import Cell, comparisons, pool_repeats, summarize
+
+
+def _cells(rates_by_repeat: list[dict[str, float]], streams: int = 16) -> list[Cell]:
+    cells = []
+    for repeat, rates in enumerate(rates_by_repeat):
+        for mode, rate in rates.items():
+            cell = Cell(mode, streams, repeat, requests=4, tokens=400, wall_s=400 / rate)
+            cell.texts = {i: f"text {i}" for i in range(4)}
+            cells.append(cell)
+    return cells
+
+
+def test_repeats_pool_to_medians_and_the_gap_is_taken_against_the_length_best_over_all_repeats():
+    # s=4 is lucky once (repeat 1) but s=8 is better over all repeats; adaptive tracks s=8 within 1%.
+    cells = _cells([
+        {"off": 10.0, "vote s=4": 14.0, "vote s=8": 16.0, "vote adaptive": 15.9},
+        {"off": 10.0, "vote s=4": 17.0, "vote s=8": 16.2, "vote adaptive": 16.1},
+        {"off": 10.0, "vote s=4": 13.0, "vote s=8": 15.8, "vote adaptive": 15.7},
+    ])
+    per_cell = summarize(cells)
+    rows = pool_repeats(per_cell)
+    s8 = next(r for r in rows if r["mode"] == "vote s=8")
+    assert s8["tokens_per_s"] == pytest.approx(16.0) and s8["repeats"] == 3 and s8["requests"] == 12
+    assert s8["speedup_range"] == pytest.approx((1.58, 1.62))
+    (comp,) = comparisons(rows, per_cell)
+    assert comp["best_fixed"] == "vote s=8"
+    assert comp["vote adaptive vs best fixed"] == pytest.approx(15.9 / 16.0 - 1)
+    low, high = comp["vote adaptive vs best fixed range"]
+    assert low == pytest.approx(15.7 / 15.8 - 1) and high == pytest.approx(16.1 / 16.2 - 1)
+
+
+def test_one_repeat_compares_cell_against_cell():
+    cells = _cells([{"off": 10.0, "vote s=4": 14.0, "vote s=8": 12.0, "vote adaptive": 13.3}])
+    rows = pool_repeats(summarize(cells))
+    (comp,) = comparisons(rows, summarize(cells))
+    assert comp["best_fixed"] == "vote s=4"
+    assert comp["vote adaptive vs best fixed"] == pytest.approx(13.3 / 14.0 - 1)
+    assert comp["vote adaptive vs best fixed range"] is None
