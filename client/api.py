@@ -132,6 +132,12 @@ def _first(value):
     return value
 
 
+def _silent(model: str, timeout_s: float, completion: Completion) -> MinionsClientError:
+    """The error for a stream that fell silent for longer than the client waits."""
+    return MinionsClientError(f"no response from {model} for {timeout_s:g} s ({len(completion.chunks)} chunks "
+                              "received); the request was cancelled")
+
+
 # -- gRPC -------------------------------------------------------------------------------------------
 def _grpc_inputs(inputs: dict):
     import tritonclient.grpc as grpcclient
@@ -181,8 +187,7 @@ def generate_grpc(
                 result, error = responses.get(timeout=timeout_s)
             except queue.Empty:
                 client.stop_stream(cancel_requests=True)
-                raise MinionsClientError(f"no response from {model} for {timeout_s:g} s "
-                                         f"({len(completion.chunks)} chunks received); the request was cancelled") from None
+                raise _silent(model, timeout_s, completion) from None
             if error is not None:
                 raise MinionsClientError(str(error))
             response = result.get_response()
@@ -249,8 +254,7 @@ def generate_http(
                         raise MinionsClientError(event["error"])
                     completion.add(event, time.perf_counter() - start, on_text)
     except TimeoutError:  # closing the connection cancels the request on the server
-        raise MinionsClientError(f"no response from {model} for {timeout_s:g} s "
-                                 f"({len(completion.chunks)} chunks received); the request was cancelled") from None
+        raise _silent(model, timeout_s, completion) from None
     completion.latency_s = time.perf_counter() - start
     return completion
 
