@@ -102,21 +102,18 @@ class VerifyCostTable:
         every request. Beyond the measured lengths the line's slope continues from the last one:
         extending flat would make every longer draft look free. A bucket measured at one length
         only takes the shape of the nearest load's curve, at its own level."""
+        return self.estimates(batch, [s])[s]
+
+    def estimates(self, batch: int, lengths: Sequence[int]) -> dict[int, float | None]:
+        """`estimate` at each length, the bucket's line fitted once (a decision prices every length)."""
         for bucket in self._buckets_by_nearness(batch):
             measured = self._points(bucket)
-            if not measured:
-                continue
-            line = _line(measured)
-            points = self._smoothed(measured, line)
-            below = [p for p in points if p[0] <= s]
-            above = [p for p in points if p[0] >= s]
-            if below and above:
-                (s0, t0), (s1, t1) = below[-1], above[0]
-                return t0 if s1 == s0 else t0 + (t1 - t0) * (s - s0) / (s1 - s0)
-            edge, t_edge = below[-1] if below else above[0]
-            slope = line[1] if line is not None else t_edge * self._relative_trend(batch)
-            return max(t_edge + slope * (s - edge), 0.0)
-        return None
+            if measured:
+                line = _line(measured)
+                relative = self._relative_trend(batch) if line is None else 0.0
+                points = self._smoothed(measured, line)
+                return {s: _on_curve(points, line, relative, s) for s in lengths}
+        return dict.fromkeys(lengths)
 
     def measured_lengths(self, batch: int) -> dict[int, int]:
         """The lengths measured at this load's own bucket (none borrowed), with their observation counts."""
@@ -143,6 +140,19 @@ class VerifyCostTable:
             if line is not None:
                 return line[1] / max(sum(t for _, t, _ in points) / len(points), 1e-9)
         return 0.0
+
+
+def _on_curve(points: list[tuple[int, float]], line: tuple[float, float] | None, relative: float, s: int) -> float:
+    """Seconds at length s: between measured lengths, on the straight line joining them; beyond them,
+    the line's slope from the edge (without a line, the nearest load's slope `relative` to the level)."""
+    below = [p for p in points if p[0] <= s]
+    above = [p for p in points if p[0] >= s]
+    if below and above:
+        (s0, t0), (s1, t1) = below[-1], above[0]
+        return t0 if s1 == s0 else t0 + (t1 - t0) * (s - s0) / (s1 - s0)
+    edge, t_edge = below[-1] if below else above[0]
+    slope = line[1] if line is not None else t_edge * relative
+    return max(t_edge + slope * (s - edge), 0.0)
 
 
 def _line(points: Sequence[tuple[int, float, int]]) -> tuple[float, float] | None:
@@ -289,11 +299,16 @@ class DraftLengthSelector:
         return [self.acceptance.rate(j, g, self.policy.prior_weight) for j, g in enumerate(self.shared.global_rates(n))]
 
     def expected_tokens(self, s: int) -> float:
-        total, survive = 1.0, 1.0
-        for a in self.rates(s):
+        return self._expected(s)[s]
+
+    def _expected(self, n: int) -> list[float]:
+        """E(0) .. E(n), the acceptance chain built once."""
+        totals, total, survive = [1.0], 1.0, 1.0
+        for a in self.rates(n):
             survive *= a
             total += survive
-        return total
+            totals.append(total)
+        return totals
 
     def survival(self, n: int) -> float:
         """The estimated chance that the first n draft positions are all accepted."""
@@ -307,11 +322,14 @@ class DraftLengthSelector:
         return self.shared.draft_estimate(batch, self.pipelined)
 
     def time_per_token(self, s: int, batch: int) -> float | None:
-        verify = self.shared.verify.estimate(batch, s)
-        if verify is None:
-            return None
-        draft = s * self.draft_cost(batch)
-        return (draft + verify) / self.expected_tokens(s)
+        return self._costs(batch, [s])[s]
+
+    def _costs(self, batch: int, lengths: Sequence[int]) -> dict[int, float | None]:
+        """J at each length, with the cost table's line fitted and the acceptance chain built once."""
+        verify = self.shared.verify.estimates(batch, lengths)
+        expected = self._expected(max(lengths))
+        draft = self.draft_cost(batch)
+        return {s: None if verify[s] is None else (s * draft + verify[s]) / expected[s] for s in lengths}
 
     # -- the decision ------------------------------------------------------------------------------
     def choose(self, batch: int) -> int:
@@ -322,14 +340,14 @@ class DraftLengthSelector:
         return s
 
     def _decide(self, batch: int) -> int:
-        costs = {s: self.time_per_token(s, batch) for s in self.candidates}
         if self.policy.explore_every and self.rounds % self.policy.explore_every == 0:
             return self._neighbour()
         if self.held > 0:
             self.held -= 1
             return self.current
+        costs = self._costs(batch, range(self.candidates[-1] + 1))  # every length: the edges may lie between candidates
         trusted = self._trusted(batch, costs)
-        known = {s: c for s, c in costs.items() if c is not None and s in trusted}
+        known = {s: costs[s] for s in self.candidates if costs[s] is not None and s in trusted}
         if not known or self.current not in known:
             return self.current
         best = min(known, key=lambda s: (known[s], s))
@@ -347,7 +365,7 @@ class DraftLengthSelector:
         is an extrapolation, and under load it is most wrong there: the LLM's queue makes
         verification grow faster than linearly (16 streams of dialogue: 0.31, 0.61 and 1.28 s per
         round at s = 0, 8 and 16). Every request steps together, and a step's cost is seen only once
-        taken."""
+        taken. `costs`: J at every length up to the longest candidate (`_costs`)."""
         table = self.shared.verify
         counts = {n: c for n, c in table.measured_lengths(batch).items() if n <= self.candidates[-1]}
         top = max(counts, default=self.current)
@@ -358,7 +376,7 @@ class DraftLengthSelector:
         if beyond and not shorter:
             trusted.append(beyond[0])
         elif beyond:
-            edge, before = self.time_per_token(top, batch), self.time_per_token(max(shorter), batch)
+            edge, before = costs[top], costs[max(shorter)]
             if edge is not None and before is not None and edge < (1.0 - self.policy.margin) * before:
                 trusted.append(beyond[0])
         return trusted
