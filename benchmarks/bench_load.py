@@ -198,13 +198,12 @@ def pool_repeats(rows: list[dict]) -> list[dict]:
     return pooled
 
 
-def comparisons(rows: list[dict], per_repeat: list[dict] | None = None) -> list[dict]:
+def comparisons(rows: list[dict], per_repeat: list[dict]) -> list[dict]:
     """Per concurrency: best fixed-s vote, adaptive's gap to it, and the ablation steps. `rows` are
-    pooled over repeats (`pool_repeats`); with `per_repeat` the gap is the median of each repeat's gap
-    to the length best over all repeats, with its range. Picking the best fixed length of each
-    repeat instead would pit adaptive against the luckiest of several noisy cells."""
+    pooled over repeats (`pool_repeats`), `per_repeat` one per cell (`summarize`): the gap is the
+    median of each repeat's gap to the length best over all repeats, with its range. Picking the best
+    fixed length of each repeat instead would pit adaptive against the luckiest of several noisy cells."""
     out = []
-    per_repeat = per_repeat or rows
     for streams in sorted({r["streams"] for r in rows}):
         by = {r["mode"]: r for r in rows if r["streams"] == streams}
         fixed = [by[f"vote s={s}"] for s in FIXED_LENGTHS if f"vote s={s}" in by]
@@ -224,10 +223,8 @@ def comparisons(rows: list[dict], per_repeat: list[dict] | None = None) -> list[
 
 
 def _gaps(rows: list[dict], streams: int, mode: str, against: str) -> list[float]:
-    """mode's tokens/s over against's, less one, in each repeat at this concurrency."""
-    rate = {(r["repeat"], r["mode"]): r["tokens_per_s"] for r in rows if r["streams"] == streams and "repeat" in r}
-    if not rate:  # rows already pooled: one value each
-        rate = {(0, r["mode"]): r["tokens_per_s"] for r in rows if r["streams"] == streams}
+    """mode's tokens/s over against's, less one, in each repeat at this concurrency (rows per cell)."""
+    rate = {(r["repeat"], r["mode"]): r["tokens_per_s"] for r in rows if r["streams"] == streams}
     return [rate[k, mode] / rate[k, against] - 1.0 for k, m in rate if m == mode and rate.get((k, against))]
 
 
