@@ -24,10 +24,10 @@ $(STAMP): requirements.txt
 venv: $(STAMP)
 
 prepare: $(STAMP)
-	$(PY) -m minions.server --deploy $(DEPLOY) --prepare-only
+	$(PY) -m minions.deploy.server --deploy $(DEPLOY) --prepare-only
 
 serve: $(STAMP)
-	$(PY) -m minions.server --deploy $(DEPLOY)
+	$(PY) -m minions.deploy.server --deploy $(DEPLOY)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

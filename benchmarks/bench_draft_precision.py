@@ -18,8 +18,9 @@ import numpy as np
 import torch
 
 from benchmarks.datasets import DATASETS, load_prompts
-from minions.deploy import ROOT, hf_dir_for, load_deployment, repacked_gguf, smollm2_gguf
-from minions.torch_engine import load_causal_lm
+from minions.deploy.artifacts import hf_dir_for, repacked_gguf, smollm2_gguf
+from minions.deploy.config import ROOT, load_deployment
+from minions.engines.torch_engine import load_causal_lm
 
 SHIPPED = "Q4_1"
 

@@ -16,10 +16,11 @@ import time
 import numpy as np
 import torch
 
-from minions.deploy import ROOT, hf_dir_for, load_deployment
-from minions.engine_api import EngineRequest
-from minions.sequence_cache import common_prefix_len
-from minions.torch_engine import TorchEngine, load_causal_lm
+from minions.deploy.artifacts import hf_dir_for
+from minions.deploy.config import ROOT, load_deployment
+from minions.engines.api import EngineRequest
+from minions.engines.sequence_cache import common_prefix_len
+from minions.engines.torch_engine import TorchEngine, load_causal_lm
 
 
 def _median_ms(fn, repeats: int) -> float:

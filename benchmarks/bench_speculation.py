@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def default_modes(deploy: str) -> list[str]:
     """`off`, then every SSM the deployment serves alone, then `bandit` and `vote` over all of them."""
-    from minions.deploy import load_deployment
+    from minions.deploy.config import load_deployment
 
     return ["off", *(f"single:{s['name']}" for s in load_deployment(deploy).ssms), "bandit", "vote"]
 

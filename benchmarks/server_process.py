@@ -8,8 +8,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from minions.deploy import ROOT, load_deployment
-from minions.server import ServerPorts, free_port, start_server, wait_ready
+from minions.deploy.config import ROOT, load_deployment
+from minions.deploy.server import ServerPorts, free_port, start_server, wait_ready
 
 
 class TritonProcess:

@@ -9,6 +9,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from decoding import InProcessClient  # noqa: E402
 from tiny_models import make_tiny_llama  # noqa: E402
 
 
@@ -39,3 +40,23 @@ def tiny_ssm():
         for param in model.parameters():
             param.add_(torch.randn(param.shape, generator=noise) * 0.3 * param.std())
     return model
+
+
+@pytest.fixture
+def engines(tiny_llm, tiny_ssm) -> dict:
+    """The decode loop's engines: 'self' drafts with the LLM's own weights (a perfect greedy
+    drafter), 'other' with a noisy copy, 'ngram' by prompt lookup."""
+    from minions.engines.ngram_engine import NgramEngine
+    from minions.engines.torch_engine import TorchEngine
+
+    return {
+        "llm": TorchEngine(tiny_llm, max_sequences=4),
+        "self": TorchEngine(tiny_llm, max_sequences=4),
+        "other": TorchEngine(tiny_ssm, max_sequences=4),
+        "ngram": NgramEngine(max_ngram=3),
+    }
+
+
+@pytest.fixture
+def client(engines) -> InProcessClient:
+    return InProcessClient(engines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minions.bad_words import BadWords
+from minions.text.bad_words import BadWords
 
 
 def test_single_token_words_are_banned_everywhere():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from minions.bandit import Ucb1
+from minions.speculation.bandit import Ucb1
 
 
 def test_every_arm_is_tried_first_in_order():

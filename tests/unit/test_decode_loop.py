@@ -1,108 +1,28 @@
-"""minions.decode_loop: the orchestrator's loop against real engines over an in-process transport.
-
-InProcessClient is the test's EngineClient: it moves every call through the same tensor interface
-the Triton BLS uses (build_engine_inputs -> parse_engine_inputs -> engine -> encode_engine_outputs,
-then reads output_ids up to sequence_length), and releases with a `stop` request, as
-minions.triton.engine_client does. The engines behind it are real: TorchEngine and NgramEngine.
-"""
+"""minions.speculation.loop: the orchestrator's loop against real engines over an in-process
+transport (decoding.InProcessClient; the engines are the fixtures of conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from contextlib import aclosing
 
 import numpy as np
 import pytest
-
-from minions.decode_loop import DecodePlan, DecodeStats, Round, round_seed, speculative_decode
-from minions.engine_api import (
-    EngineRequest,
-    EngineResult,
-    build_engine_inputs,
-    encode_engine_outputs,
-    parse_engine_inputs,
-)
-from minions.errors import InvalidRequest
-from minions.generation_request import SPECULATION_OFF, Speculation
-from minions.ngram_engine import NgramEngine
-from minions.sampling import SamplingParams
-from minions.torch_engine import TorchEngine
+from decoding import PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_released, decode, make_plan, rounds_of
 from tiny_models import hf_greedy
 
-PROMPTS = [[3, 7, 1, 9, 4], [0, 0, 5], [12, 2, 8, 8, 1, 6, 15, 12, 2]]
+from minions.engines.torch_engine import TorchEngine
+from minions.errors import InvalidRequest
+from minions.speculation.loop import round_seed
+from minions.speculation.mode import OFF, Speculation, SpeculationMode
+from minions.speculation.rounds import DecodeStats
+from minions.speculation.sampling import SamplingParams
+
 SSMS = ("self", "other", "ngram")
 
 
-class InProcessClient:
-    """EngineClient over in-process engines, speaking the tensorrt_llm tensor interface."""
-
-    def __init__(self, engines: dict) -> None:
-        self.engines = engines
-        self.calls: list[tuple[str, EngineRequest]] = []
-        self.released: list[tuple[str, str]] = []
-
-    async def generate(self, model: str, request: EngineRequest) -> EngineResult:
-        # Snapshot: the loop passes its live sequence list as input_ids and extends it afterwards.
-        self.calls.append((model, dataclasses.replace(request, input_ids=list(request.input_ids))))
-        tensors = build_engine_inputs(request)
-        requests = parse_engine_inputs(tensors, request.request_id)
-        engine = self.engines[model]
-        results = [engine.generate(r) for r in requests]
-        outputs = encode_engine_outputs(requests, results)
-        length = int(outputs["sequence_length"].reshape(-1)[0])
-        tokens = outputs["output_ids"].reshape(-1)[:length]
-        if not request.exclude_input_in_output:
-            tokens = tokens[len(request.input_ids):]
-        logits = None
-        if request.return_generation_logits and outputs["generation_logits"].shape[-1] > 0:
-            logits = outputs["generation_logits"][0, 0, : len(tokens)]
-        await asyncio.sleep(0)  # a real transport yields to the event loop
-        return EngineResult([int(t) for t in tokens], logits=logits)
-
-    async def release(self, model: str, request_id: str) -> None:
-        self.released.append((model, request_id))
-        await self.generate(model, EngineRequest(request_id, [0], 1, stop=True, exclude_input_in_output=True))
-
-
-@pytest.fixture
-def engines(tiny_llm, tiny_ssm) -> dict:
-    """'self' drafts with the LLM's own weights (a perfect greedy drafter), 'other' with a noisy copy."""
-    return {
-        "llm": TorchEngine(tiny_llm, max_sequences=4),
-        "self": TorchEngine(tiny_llm, max_sequences=4),
-        "other": TorchEngine(tiny_ssm, max_sequences=4),
-        "ngram": NgramEngine(max_ngram=3),
-    }
-
-
-@pytest.fixture
-def client(engines) -> InProcessClient:
-    return InProcessClient(engines)
-
-
-def plan(prompt, n, ssm=None, **kwargs) -> DecodePlan:
-    speculation = Speculation("single", (ssm,)) if ssm else Speculation(SPECULATION_OFF)
-    return DecodePlan(prompt_ids=list(prompt), max_new_tokens=n, speculation=speculation, **kwargs)
-
-
-async def collect(client, p: DecodePlan, request_id: str = "req") -> list[Round]:
-    async with aclosing(speculative_decode(client, p, request_id)) as rounds:
-        return [r async for r in rounds]
-
-
-def decode(client, p: DecodePlan, request_id: str = "req") -> tuple[list[int], DecodeStats, list[Round]]:
-    rounds = asyncio.run(collect(client, p, request_id))
-    stats = DecodeStats()
-    for r in rounds:
-        stats.add(r)
-    return [t for r in rounds for t in r.tokens], stats, rounds
-
-
-def assert_all_released(engines) -> None:
-    for name, engine in engines.items():
-        if isinstance(engine, TorchEngine):
-            assert len(engine.cache) == 0, f"{name} still caches {list(engine.cache._entries)}"
+def plan(prompt, n, ssm=None, **kwargs) -> Plan:
+    return make_plan(prompt, n, Speculation(SpeculationMode.SINGLE, (ssm,)) if ssm else OFF, **kwargs)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -184,7 +104,7 @@ def test_closing_early_releases_every_engine(client, engines, ssm):
     """A client that disconnects closes the generator: the finally clause must free all cached state."""
 
     async def first_round():
-        async with aclosing(speculative_decode(client, plan(PROMPTS[0], 30, ssm), "early")) as rounds:
+        async with aclosing(rounds_of(client, plan(PROMPTS[0], 30, ssm), "early")) as rounds:
             async for r in rounds:
                 assert len(engines["llm"].cache) == 1, "the LLM holds state while the request runs"
                 return r
@@ -231,29 +151,11 @@ def test_round_seed_is_a_uint64_function_of_both_arguments():
     assert np.uint64(round_seed(3, 4)) == round_seed(3, 4)
 
 
-class BrokenEngine:
-    """An SSM whose drafting fails after `working_calls` calls, as a crashed stub or a timeout would."""
-
-    def __init__(self, inner, working_calls: int) -> None:
-        self.inner = inner
-        self.working_calls = working_calls
-        self.calls = 0
-
-    def generate(self, request: EngineRequest) -> EngineResult:
-        if request.stop:
-            return self.inner.generate(request)
-        self.calls += 1
-        if self.calls > self.working_calls:
-            raise RuntimeError("SSM stub is gone")
-        return self.inner.generate(request)
-
-    def release(self, request_id: str) -> None:
-        self.inner.release(request_id)
 
 
 def test_a_failing_ssm_never_fails_the_request(engines, tiny_llm):
     """The round goes on without a draft; after `threshold` failures in a row the SSM is skipped."""
-    from minions.ssm_health import SsmHealth
+    from minions.speculation.health import SsmHealth
 
     health = SsmHealth(threshold=3, cooldown_s=3600)
     broken = BrokenEngine(engines["self"], working_calls=2)

@@ -1,4 +1,4 @@
-"""minions.deploy: optional (distilled) SSMs are served only once `make distill` has built them."""
+"""minions.deploy.render: optional (distilled) SSMs are served only once `make distill` has built them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import pytest
 import torch
 import yaml
 
-from minions.deploy import load_deployment, render_repository, repacked_gguf, smollm2_gguf
+from minions.deploy.artifacts import repacked_gguf, smollm2_gguf
+from minions.deploy.config import load_deployment
+from minions.deploy.render import render_repository
 from minions.distill.draft_model import DistilledDraftModel
 from tiny_models import VOCAB
 

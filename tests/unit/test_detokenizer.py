@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from minions.deploy import ROOT, hf_dir_for, load_deployment
-from minions.detokenizer import IncrementalDetokenizer
+from minions.deploy.artifacts import hf_dir_for
+from minions.deploy.config import ROOT, load_deployment
+from minions.text.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     "Café naïve — 東京タワー 🎉🚀 done 👨‍👩‍👧",

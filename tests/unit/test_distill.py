@@ -18,9 +18,10 @@ from minions.distill.train import (
     validation_loss,
     vocab_coverage,
 )
-from minions.engine_api import EngineRequest
-from minions.engines import build_engine
-from minions.torch_engine import TorchEngine
+from minions.engines.api import EngineRequest
+from minions.engines.factory import build_engine
+from minions.engines.torch_engine import TorchEngine
+from minions.settings import EngineSettings
 from tiny_models import VOCAB, full_logits, hf_greedy
 
 
@@ -98,7 +99,7 @@ def test_saved_model_is_served_by_the_distilled_engine(tmp_path, tiny_llm):
     model = DistilledDraftModel.from_teacher(tiny_llm, [0, 1], torch.arange(VOCAB))
     model.save(tmp_path / "d", {"name": "d"})
     assert is_distilled_dir(tmp_path / "d") and not is_distilled_dir(tmp_path)
-    engine = build_engine({"engine": "distilled", "model_path": str(tmp_path / "d"), "num_threads": "1"})
+    engine = build_engine(EngineSettings(engine="distilled", model_path=str(tmp_path / "d"), num_threads=1))
     out = engine.generate(EngineRequest("r", [3, 7, 1], 5, exclude_input_in_output=True))
     assert out.tokens == hf_greedy(tiny_llm, [3, 7, 1], 5), "all layers and the full head: the teacher's own greedy"
     loaded = load_draft_model(tmp_path / "d")

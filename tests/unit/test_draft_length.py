@@ -12,14 +12,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from minions.draft_length import (
-    DEFAULT_CANDIDATES,
-    DraftLengthSelector,
-    LengthPolicy,
-    SharedLengthStats,
-    VerifyCostTable,
-    load_bucket,
-)
+from minions.settings import DEFAULTS
+from minions.speculation.draft_length import DraftLengthSelector
+from minions.speculation.length_stats import LengthPolicy, SharedLengthStats, VerifyCostTable, load_bucket
+
+DEFAULT_CANDIDATES = DEFAULTS.draft_length_candidates
 
 
 class World:
@@ -85,8 +82,7 @@ def test_does_not_oscillate_on_a_steady_workload():
     selector = DraftLengthSelector(SharedLengthStats(), max_length=8)
     world.run(selector, 2, 100)
     explore = selector.policy.explore_every
-    steady = [s for i, s in enumerate(selector.trace[100:], start=101) if i % explore]  # exploration rounds aside
-    before = len(selector.trace)
+    before = selector.rounds
     steady = world.run(selector, 2, 200)
     steady = [s for i, s in enumerate(steady, start=before + 1) if i % explore]
     changes = sum(a != b for a, b in zip(steady, steady[1:]))
@@ -144,12 +140,14 @@ def test_moves_at_most_one_length_beyond_the_longest_measured_at_its_load():
     shared = SharedLengthStats(LengthPolicy(candidates=candidates))
     selector = DraftLengthSelector(shared, max_length=16)
     longest_measured = selector.current  # nothing measured yet: one step beyond the current length
+    trace = []
     for _ in range(60):
         s = world.run(selector, 1, 1)[0]
+        trace.append(s)
         beyond = [c for c in candidates if c > longest_measured]
-        assert s <= (beyond[0] if beyond else candidates[-1]), (s, longest_measured, selector.trace)
+        assert s <= (beyond[0] if beyond else candidates[-1]), (s, longest_measured, trace)
         longest_measured = max(longest_measured, s)
-    assert Counter(selector.trace[-20:]).most_common(1)[0][0] == world.best(1, candidates) == 16
+    assert Counter(trace[-20:]).most_common(1)[0][0] == world.best(1, candidates) == 16
 
 
 def test_does_not_step_beyond_the_measured_lengths_once_the_cost_stops_falling_towards_them():

@@ -6,27 +6,27 @@ import asyncio
 
 import numpy as np
 import pytest
-from test_decode_loop import PROMPTS, BrokenEngine, InProcessClient, assert_all_released, client, decode, engines  # noqa: F401
-from test_verification import goodness_of_fit
 
-from minions.bandit import Ucb1
-from minions.decode_loop import DecodePlan
-from minions.engine_api import EngineRequest, EngineResult
-from minions.generation_request import Speculation
-from minions.sampling import SamplingParams, target_probs
-from minions.ssm_health import SsmHealth
-from minions.ssm_weights import SsmWeights
+from decoding import PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_released, decode, make_plan
+from laws import goodness_of_fit
 from tiny_models import VOCAB, hf_greedy, next_logits
+
+from minions.engines.api import EngineRequest, EngineResult
+from minions.speculation.bandit import Ucb1
+from minions.speculation.health import SsmHealth
+from minions.speculation.mode import Speculation, SpeculationMode
+from minions.speculation.sampling import SamplingParams, target_probs
+from minions.speculation.weights import SsmWeights
 
 ALL = ("self", "other", "ngram")
 
 
-def vote_plan(prompt, n, ssms=ALL, **kwargs) -> DecodePlan:
-    return DecodePlan(prompt_ids=list(prompt), max_new_tokens=n, speculation=Speculation("vote", ssms), **kwargs)
+def vote_plan(prompt, n, ssms=ALL, **kwargs) -> Plan:
+    return make_plan(prompt, n, Speculation(SpeculationMode.VOTE, ssms), **kwargs)
 
 
-def bandit_plan(prompt, n, ssms=ALL, **kwargs) -> DecodePlan:
-    return DecodePlan(prompt_ids=list(prompt), max_new_tokens=n, speculation=Speculation("bandit", ssms), **kwargs)
+def bandit_plan(prompt, n, ssms=ALL, **kwargs) -> Plan:
+    return make_plan(prompt, n, Speculation(SpeculationMode.BANDIT, ssms), **kwargs)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

@@ -1,4 +1,4 @@
-"""minions.engine_api: the tensorrt_llm tensor interface between the orchestrator and every engine."""
+"""minions.engines.tensors: the tensorrt_llm tensor interface between the orchestrator and every engine."""
 
 from __future__ import annotations
 
@@ -7,17 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from minions.bad_words import BadWords
-from minions.engine_api import (
-    ENGINE_INPUTS,
-    EngineRequest,
-    EngineResult,
-    build_engine_inputs,
-    encode_engine_outputs,
-    parse_engine_inputs,
-)
+from minions.text.bad_words import BadWords
+from minions.engines.api import EngineRequest, EngineResult
+from minions.engines.tensors import ENGINE_INPUTS, build_engine_inputs, encode_engine_outputs, parse_engine_inputs
 from minions.errors import InvalidRequest
-from minions.sampling import SamplingParams
+from minions.speculation.sampling import SamplingParams
 
 
 def ids(values) -> np.ndarray:
@@ -150,7 +144,7 @@ def test_encode_outputs_excluding_input():
 def test_encode_generation_logits():
     logits = np.arange(2 * 4, dtype=np.float32).reshape(2, 4)
     requests = [EngineRequest("a", [1], 2, return_generation_logits=True), EngineRequest("b", [1], 1)]
-    out = encode_engine_outputs(requests, [EngineResult([2, 3], 1, logits), EngineResult([4])])
+    out = encode_engine_outputs(requests, [EngineResult([2, 3], logits=logits), EngineResult([4])])
     assert out["generation_logits"].shape == (2, 1, 2, 4)
     np.testing.assert_array_equal(out["generation_logits"][0, 0], logits)
     np.testing.assert_array_equal(out["generation_logits"][1], 0.0)
@@ -173,7 +167,7 @@ def test_bad_words_tensor_survives_the_batch_dimension():
 
 @pytest.mark.parametrize("model", ["llm", "ssm_q4", "ssm_ngram"])
 def test_engine_configs_declare_exactly_the_interface_the_code_speaks(model):
-    """config.pbtxt and engine_api must not drift apart: same input names, dtypes and dims."""
+    """config.pbtxt and engines/tensors.py must not drift apart: same input names, dtypes and dims."""
     import re
     from pathlib import Path
 

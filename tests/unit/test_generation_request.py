@@ -1,4 +1,4 @@
-"""minions.generation_request: client inputs (numpy arrays as Triton hands them) to a GenerationRequest."""
+"""minions.serving.request: client inputs (numpy arrays as Triton hands them) to a GenerationRequest."""
 
 from __future__ import annotations
 
@@ -6,20 +6,17 @@ import numpy as np
 import pytest
 
 from minions.errors import InvalidRequest
-from minions.generation_request import (
-    SPECULATION_OFF,
-    Limits,
-    Speculation,
-    parse_generation_request,
-)
-from minions.sampling import SamplingParams
+from minions.serving.request import parse_generation_request
+from minions.settings import OrchestratorSettings
+from minions.speculation.mode import Speculation, SpeculationMode
+from minions.speculation.sampling import SamplingParams
 
-LIMITS = Limits(
+LIMITS = OrchestratorSettings(
     max_tokens_limit=256,
     default_max_tokens=32,
-    default_num_draft_tokens=4,
+    default_num_draft_tokens="4",
     max_num_draft_tokens=8,
-    ssm_names=("ssm_q4", "ngram"),
+    ssm_model_names=("ssm_q4", "ngram"),
 )
 
 
@@ -44,10 +41,10 @@ def test_minimal_request_gets_defaults_from_limits():
     req = parse()
     assert req.text == "hi"
     assert req.max_tokens == LIMITS.default_max_tokens
-    assert req.num_draft_tokens == LIMITS.default_num_draft_tokens
+    assert req.num_draft_tokens == LIMITS.num_draft_tokens
     assert req.sampling == SamplingParams(temperature=0.0, top_k=0, top_p=1.0) and req.sampling.greedy
-    assert req.speculation == Speculation(SPECULATION_OFF)
-    assert req.seed is None and req.end_id is None and req.pad_id is None
+    assert req.speculation == Speculation(SpeculationMode.OFF)
+    assert req.seed is None and req.end_id is None
     assert req.stop_words == () and req.bad_words == ()
     assert not req.stream and not req.exclude_input_in_output and not req.return_perf_metrics
     assert req.chat is LIMITS.default_chat
@@ -77,7 +74,7 @@ def test_full_request():
     assert req.seed == 2**63 + 5, "uint64 seeds must survive without overflow"
     assert req.stop_words == ("\n\n", "END"), "empty strings are dropped"
     assert req.bad_words == ("darn",)
-    assert (req.end_id, req.pad_id) == (2, 0)
+    assert req.end_id == 2
     assert req.exclude_input_in_output and req.return_perf_metrics and req.chat
     assert req.num_draft_tokens == 6
     assert req.speculation == Speculation("single", ("ssm_q4",))
@@ -96,12 +93,12 @@ def test_str_text_input_and_flat_shapes_are_accepted():
 
 def test_num_draft_tokens_zero_turns_speculation_off():
     req = parse(num_draft_tokens=i32(0), speculation=text(b"single:ngram"))
-    assert req.speculation == Speculation(SPECULATION_OFF)
+    assert req.speculation == Speculation(SpeculationMode.OFF)
     assert req.num_draft_tokens == 0
 
 
 def test_default_speculation_comes_from_limits():
-    limits = Limits(default_speculation="single:ngram", ssm_names=("ngram",))
+    limits = OrchestratorSettings(default_speculation="single:ngram", ssm_model_names=("ngram",))
     req = parse_generation_request({"text_input": text(b"x")}, limits)
     assert req.speculation == Speculation("single", ("ngram",))
 
@@ -163,7 +160,7 @@ def test_boundaries_are_inclusive():
 
 @pytest.mark.parametrize("text_value", [" off ", "off"])
 def test_speculation_parse_strips_whitespace(text_value):
-    assert Speculation.parse(text_value, ()) == Speculation(SPECULATION_OFF)
+    assert Speculation.parse(text_value, ()) == Speculation(SpeculationMode.OFF)
 
 
 def test_speculation_parse_single():

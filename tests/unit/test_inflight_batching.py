@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from minions.engine_api import EngineRequest, EngineResult
+from minions.engines.api import EngineRequest, EngineResult
 from minions.errors import InvalidRequest
-from minions.inflight_batching import InflightBatcher
+from minions.engines.inflight_batching import InflightBatcher
 
 
 @dataclass

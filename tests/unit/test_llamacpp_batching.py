@@ -12,11 +12,11 @@ import threading
 import numpy as np
 import pytest
 
-from minions.deploy import repacked_gguf, smollm2_gguf
-from minions.engine_api import EngineRequest, EngineResult
+from minions.deploy.artifacts import repacked_gguf, smollm2_gguf
+from minions.engines.api import EngineRequest, EngineResult
 from minions.errors import InvalidRequest
-from minions.llamacpp_engine import LlamaCppEngine
-from minions.sampling import SamplingParams
+from minions.engines.llamacpp_engine import LlamaCppEngine
+from minions.speculation.sampling import SamplingParams
 
 SLOTS = 4
 # Batched against alone, F16, 64 positions measured: logits differ by at most 0.08. Two sequences

@@ -1,10 +1,10 @@
-"""minions.ngram: prompt-lookup drafting."""
+"""minions.engines.ngram_engine.ngram_draft: prompt-lookup drafting."""
 
 from __future__ import annotations
 
 import pytest
 
-from minions.ngram import ngram_draft
+from minions.engines.ngram_engine import ngram_draft
 
 
 def test_copies_what_followed_the_previous_occurrence():

@@ -1,6 +1,6 @@
 """Pipelined decoding, the adaptive draft length in the loop, and the pool / KV admission throttles.
 
-The loop runs against real tiny engines in process (see test_decode_loop.InProcessClient). Every
+The loop runs against real tiny engines in process (decoding.InProcessClient). Every
 expected output is computed from the LLM alone (HF greedy decoding, or the exact sampling law).
 """
 
@@ -11,25 +11,27 @@ import itertools
 
 import numpy as np
 import pytest
-from test_decode_loop import PROMPTS, InProcessClient, assert_all_released, client, collect, decode, engines  # noqa: F401
-from test_verification import goodness_of_fit
 
-from minions.decode_loop import DecodePlan, DecodeStats
-from minions.draft_length import LengthPolicy, SharedLengthStats
-from minions.errors import InvalidRequest
-from minions.generation_request import SPECULATION_OFF, Speculation
-from minions.pipeline_pool import DraftPool, KvAdmission
-from minions.sampling import SamplingParams, target_probs
+from decoding import PROMPTS, Plan, assert_all_released, collect, decode, make_plan, rounds_of
+from laws import goodness_of_fit
 from tiny_models import VOCAB, hf_greedy, next_logits
 
-SPECULATIONS = [Speculation("single", ("self",)), Speculation("single", ("other",)), Speculation("single", ("ngram",)),
-                Speculation("vote", ("self", "other", "ngram"))]
+from minions.errors import InvalidRequest
+from minions.serving.admission import KvAdmission
+from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
+from minions.speculation.mode import OFF, Speculation, SpeculationMode
+from minions.speculation.pool import DraftPool
+from minions.speculation.rounds import DecodeStats
+from minions.speculation.sampling import SamplingParams, target_probs
+
+SPECULATIONS = [Speculation(SpeculationMode.SINGLE, ("self",)), Speculation(SpeculationMode.SINGLE, ("other",)), Speculation(SpeculationMode.SINGLE, ("ngram",)),
+                Speculation(SpeculationMode.VOTE, ("self", "other", "ngram"))]
 
 
-def full_plan(prompt, n, speculation, **kwargs) -> DecodePlan:
+def full_plan(prompt, n, speculation, **kwargs) -> Plan:
     """Full Minions: adaptive length (num_draft_tokens None) and the pipeline."""
     kwargs.setdefault("num_draft_tokens", None)
-    return DecodePlan(prompt_ids=list(prompt), max_new_tokens=n, speculation=speculation, pipeline=True, **kwargs)
+    return make_plan(prompt, n, speculation, pipeline=True, **kwargs)
 
 
 @pytest.mark.parametrize("speculation", SPECULATIONS, ids=str)
@@ -42,12 +44,12 @@ def test_pipelined_adaptive_greedy_equals_plain_decoding(client, engines, tiny_l
 
 def test_early_drafts_are_used_when_the_assumption_holds_and_dropped_otherwise(client):
     perfect = DecodeStats()
-    for r in decode(client, full_plan(PROMPTS[0], 20, Speculation("single", ("self",)), num_draft_tokens=3))[2]:
+    for r in decode(client, full_plan(PROMPTS[0], 20, Speculation(SpeculationMode.SINGLE, ("self",)), num_draft_tokens=3))[2]:
         perfect.add(r)
     assert perfect.pipelined_drafts >= 3 and perfect.discarded_early_drafts == 0
     noisy = DecodeStats()
     for i, prompt in enumerate(PROMPTS):
-        for r in decode(client, full_plan(prompt, 20, Speculation("single", ("other",)), num_draft_tokens=3), f"n{i}")[2]:
+        for r in decode(client, full_plan(prompt, 20, Speculation(SpeculationMode.SINGLE, ("other",)), num_draft_tokens=3), f"n{i}")[2]:
             noisy.add(r)
     assert noisy.discarded_early_drafts > 0 and noisy.pipelined_drafts > 0
 
@@ -55,7 +57,7 @@ def test_early_drafts_are_used_when_the_assumption_holds_and_dropped_otherwise(c
 @pytest.mark.parametrize("load, most_early", [(1, 20), (3, 1)])
 def test_early_drafts_stop_above_the_pipeline_load_limit(client, tiny_llm, load, most_early):
     """Above the limit only round 1 (plain decoding) drafts early: the SSM's prefill of the prompt."""
-    plan = full_plan(PROMPTS[0], 20, Speculation("single", ("self",)), num_draft_tokens=3, pipeline_max_load=2,
+    plan = full_plan(PROMPTS[0], 20, Speculation(SpeculationMode.SINGLE, ("self",)), num_draft_tokens=3, pipeline_max_load=2,
                      load=lambda: load)
     tokens, _, rounds = decode(client, plan, f"load{load}")
     assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 20)
@@ -64,13 +66,13 @@ def test_early_drafts_stop_above_the_pipeline_load_limit(client, tiny_llm, load,
     assert load == 3 or sum(r.pipelined for r in rounds) > 1
 
 
-@pytest.mark.parametrize("min_hit, fewest, most", [(None, 1, 1), (0.5, 8, 20)])
+@pytest.mark.parametrize("min_hit, fewest, most", [(0.0, 1, 1), (0.5, 8, 20)])
 def test_above_the_load_limit_early_drafts_are_made_while_likely_used(client, tiny_llm, min_hit, fewest, most):
     """Adaptive length above the load limit: a perfect drafter's early drafts go on while the selector
     expects them to pass (prior 0.9 per position: 0.73 for the 3 positions, then more as they pass);
     with no pipeline_min_hit only round 1 drafts early."""
     policy = LengthPolicy(candidates=(2,), initial=2, prior_acceptance=0.9, explore_every=0)
-    plan = full_plan(PROMPTS[0], 30, Speculation("single", ("self",)), pipeline_max_load=2, load=lambda: 3,
+    plan = full_plan(PROMPTS[0], 30, Speculation(SpeculationMode.SINGLE, ("self",)), pipeline_max_load=2, load=lambda: 3,
                      pipeline_min_hit=min_hit, length_stats=SharedLengthStats(policy))
     tokens, _, rounds = decode(client, plan, f"hit{min_hit}")
     assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 30)
@@ -85,7 +87,7 @@ def test_early_drafts_take_up_the_selector_s_new_length(client, tiny_llm):
     shared = SharedLengthStats(LengthPolicy(candidates=(2, 6), initial=2, explore_every=0, dwell=100))
     for s in (2, 6):
         shared.verify.observe(1, s, 0.01)  # equal verification costs: 6 tokens per round win
-    tokens, stats, rounds = decode(client, full_plan(PROMPTS[0], 40, Speculation("single", ("self",)),
+    tokens, stats, rounds = decode(client, full_plan(PROMPTS[0], 40, Speculation(SpeculationMode.SINGLE, ("self",)),
                                                      length_stats=shared))
     assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 40)
     assert 6 in stats.planned_lengths, stats.planned_lengths
@@ -94,10 +96,10 @@ def test_early_drafts_take_up_the_selector_s_new_length(client, tiny_llm):
 
 
 def test_fixed_length_is_respected_and_adaptive_records_its_choices(client):
-    _, fixed, _ = decode(client, full_plan(PROMPTS[2], 20, Speculation("single", ("self",)), num_draft_tokens=2))
+    _, fixed, _ = decode(client, full_plan(PROMPTS[2], 20, Speculation(SpeculationMode.SINGLE, ("self",)), num_draft_tokens=2))
     assert set(fixed.planned_lengths[1:]) == {2} and fixed.planned_lengths[0] == 0
     shared = SharedLengthStats()
-    _, adaptive, _ = decode(client, full_plan(PROMPTS[2], 30, Speculation("single", ("ngram",)), length_stats=shared))
+    _, adaptive, _ = decode(client, full_plan(PROMPTS[2], 30, Speculation(SpeculationMode.SINGLE, ("ngram",)), length_stats=shared))
     assert len(adaptive.planned_lengths) == adaptive.verifications
     assert shared.verify.cells, "verification costs were measured"
 
@@ -105,11 +107,11 @@ def test_fixed_length_is_respected_and_adaptive_records_its_choices(client):
 def test_every_request_measures_the_server_s_costs_and_leaves_the_batch_when_done(client):
     """Fixed lengths and plain decoding verify on the same LLM: their rounds feed the shared table."""
     shared = SharedLengthStats()
-    decode(client, full_plan(PROMPTS[2], 12, Speculation("single", ("self",)), num_draft_tokens=3, length_stats=shared))
+    decode(client, full_plan(PROMPTS[2], 12, Speculation(SpeculationMode.SINGLE, ("self",)), num_draft_tokens=3, length_stats=shared))
     lengths = {s for _, s in shared.verify.cells}
     assert 3 in lengths and max(lengths) == 3, shared.verify.cells  # (the last round may be shorter)
     assert shared.acceptance.trials and shared.draft_per_token, "acceptance and drafting were measured"
-    decode(client, full_plan(PROMPTS[0], 4, Speculation(SPECULATION_OFF), length_stats=shared))
+    decode(client, full_plan(PROMPTS[0], 4, OFF, length_stats=shared))
     assert (1, 0) in shared.verify.cells, "plain decoding measures t(b, 0)"
     assert shared.drafting == {}, "finished requests no longer count in the batch's draft length"
 
@@ -119,7 +121,7 @@ def test_adaptive_stops_drafting_when_drafts_are_always_wrong(client, engines):
 
     class WrongEngine:
         def generate(self, request):
-            from minions.engine_api import EngineResult
+            from minions.engines.api import EngineResult
             truth = engines["llm"].generate(type(request)(f"probe-{request.request_id}", request.input_ids, 1)).tokens[0]
             engines["llm"].release(f"probe-{request.request_id}")
             return EngineResult([(truth + 1) % VOCAB] * request.request_output_len)
@@ -129,7 +131,7 @@ def test_adaptive_stops_drafting_when_drafts_are_always_wrong(client, engines):
 
     engines["wrong"] = WrongEngine()
     shared = SharedLengthStats()
-    _, stats, _ = decode(client, full_plan(PROMPTS[0], 50, Speculation("single", ("wrong",)), length_stats=shared,
+    _, stats, _ = decode(client, full_plan(PROMPTS[0], 50, Speculation(SpeculationMode.SINGLE, ("wrong",)), length_stats=shared,
                                            max_draft_tokens=4))
     tail = stats.planned_lengths[-20:]
     assert tail.count(0) >= 16, stats.planned_lengths
@@ -158,7 +160,7 @@ def test_sampled_pipelined_decoding_is_lossless(client, tiny_llm):
     counts = np.zeros(VOCAB * VOCAB, dtype=np.int64)
     stats = DecodeStats()
     for seed in range(1200):
-        tokens, s, _ = decode(client, full_plan(prompt, 5, Speculation("single", ("other",)), num_draft_tokens=1,
+        tokens, s, _ = decode(client, full_plan(prompt, 5, Speculation(SpeculationMode.SINGLE, ("other",)), num_draft_tokens=1,
                                                 sampling=params, seed=seed, use_draft_logits=True), f"s{seed}")
         counts[tokens[2] * VOCAB + tokens[3]] += 1
         stats.pipelined_drafts += s.pipelined_drafts
@@ -173,7 +175,7 @@ def test_pool_bound_holds_and_outputs_stay_exact_under_concurrency(client, engin
     pool = DraftPool(1)
 
     async def run_all():
-        plans = [full_plan(p, 14, Speculation("single", ("self",)), num_draft_tokens=2, pool=pool) for p in PROMPTS]
+        plans = [full_plan(p, 14, Speculation(SpeculationMode.SINGLE, ("self",)), num_draft_tokens=2, pool=pool) for p in PROMPTS]
         return await asyncio.gather(*(collect(client, p, f"c{i}") for i, p in enumerate(plans)))
 
     results = asyncio.run(run_all())
@@ -190,8 +192,7 @@ def test_cancelling_requests_mid_pipeline_frees_everything_and_does_not_deadlock
         rounds = []
         from contextlib import aclosing
 
-        from minions.decode_loop import speculative_decode
-        async with aclosing(speculative_decode(client, full_plan(prompt, 30, Speculation("single", ("other",)),
+        async with aclosing(rounds_of(client, full_plan(prompt, 30, Speculation(SpeculationMode.SINGLE, ("other",)),
                                                                  num_draft_tokens=2, pool=pool), f"x{i}")) as gen:
             async for r in gen:
                 rounds.append(r)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minions.sampling import (
+from minions.speculation.sampling import (
     GREEDY,
     SamplingParams,
     draw,

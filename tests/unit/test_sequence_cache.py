@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minions.sequence_cache import CachedSequence, SequenceCache, common_prefix_len
+from minions.engines.sequence_cache import CachedSequence, SequenceCache, common_prefix_len
 
 
 @pytest.mark.parametrize(

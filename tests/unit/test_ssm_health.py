@@ -1,6 +1,6 @@
 """minions.ssm_health: the breaker that keeps a failing SSM from costing every round a failed call."""
 
-from minions.ssm_health import SsmHealth
+from minions.speculation.health import SsmHealth
 
 
 class Clock:

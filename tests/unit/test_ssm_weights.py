@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from minions.ssm_weights import SsmWeights, WeightRule, draft_score
+from minions.speculation.weights import SsmWeights, WeightRule, draft_score
 
 
 def test_draft_score_counts_only_what_the_llm_output_can_confirm():

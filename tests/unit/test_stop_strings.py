@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minions.stop_strings import StopStringMatcher
+from minions.text.stop_strings import StopStringMatcher
 
 
 def run(stops, chunks):

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from minions.bad_words import BadWords
-from minions.engine_api import EngineRequest
+from minions.text.bad_words import BadWords
+from minions.engines.api import EngineRequest
 from minions.errors import InvalidRequest
-from minions.sampling import SamplingParams
-from minions.torch_engine import TorchEngine
+from minions.speculation.sampling import SamplingParams
+from minions.engines.sequence_cache import common_prefix_len
+from minions.engines.torch_engine import TorchEngine
 from tiny_models import VOCAB, full_logits, hf_greedy
 
 PROMPTS = [[3, 7, 1, 9, 4], [0, 0, 5], [12, 2, 8, 8, 1, 6, 15]]
@@ -55,7 +56,7 @@ def test_generation_logits_match_a_from_scratch_forward(engine, tiny_llm):
 def test_verifying_the_greedy_continuation_accepts_all_plus_bonus(engine, tiny_llm, prompt):
     want = hf_greedy(tiny_llm, prompt, 5)
     result = engine.generate(EngineRequest("r", prompt, 5, draft=want[:4]))
-    assert result.tokens == want and result.num_accepted == 4
+    assert result.tokens == want and accepted(result, want[:4]) == 4
 
 
 def test_wrong_draft_returns_accepted_prefix_and_correction(engine, tiny_llm):
@@ -63,14 +64,14 @@ def test_wrong_draft_returns_accepted_prefix_and_correction(engine, tiny_llm):
     want = hf_greedy(tiny_llm, prompt, 3)
     wrong = (want[1] + 1) % VOCAB
     result = engine.generate(EngineRequest("r", prompt, 4, draft=[want[0], wrong, want[2]]))
-    assert result.tokens == want[:2] and result.num_accepted == 1
+    assert result.tokens == want[:2] and accepted(result, [want[0], wrong, want[2]]) == 1
 
 
 def test_draft_is_cut_to_request_output_len(engine, tiny_llm):
     prompt = PROMPTS[1]
     want = hf_greedy(tiny_llm, prompt, 3)
     result = engine.generate(EngineRequest("r", prompt, 2, draft=want))
-    assert result.tokens == want[:2] and result.num_accepted == 1
+    assert result.tokens == want[:2] and accepted(result, want[:1]) == 1
 
 
 def test_cache_is_cropped_to_prompt_plus_accepted_after_rejection(engine, tiny_llm):
@@ -78,7 +79,7 @@ def test_cache_is_cropped_to_prompt_plus_accepted_after_rejection(engine, tiny_l
     want = hf_greedy(tiny_llm, prompt, 8)
     draft = [want[0], want[1], (want[2] + 3) % VOCAB, want[3]]
     result = engine.generate(EngineRequest("r", prompt, 5, draft=draft))
-    assert result.tokens == want[:3] and result.num_accepted == 2
+    assert result.tokens == want[:3] and accepted(result, draft) == 2
     tokens, kv_len = cached_tokens(engine, "r")
     assert tokens == prompt + want[:2], "KV of the rejected draft tokens must be gone"
     assert kv_len == len(tokens)
@@ -87,7 +88,7 @@ def test_cache_is_cropped_to_prompt_plus_accepted_after_rejection(engine, tiny_l
     before = engine.forward_tokens
     second = engine.generate(EngineRequest("r", sequence, 4, draft=want[3:6]))
     assert engine.forward_tokens - before == 1 + 3, "only the correction token and the new draft are computed"
-    assert second.tokens == want[3:7] and second.num_accepted == 3
+    assert second.tokens == want[3:7] and accepted(second, want[3:6]) == 3
     tokens, kv_len = cached_tokens(engine, "r")
     assert tokens == sequence + want[3:6] and kv_len == len(tokens)
 
@@ -161,7 +162,7 @@ def test_bad_words_agree_between_generation_and_verification(engine, tiny_llm):
     plain = engine.generate(EngineRequest("plain", prompt, 2, bad_words=bad)).tokens
     verified = engine.generate(EngineRequest("verify", prompt, 3, draft=greedy[:2], bad_words=bad))
     assert plain[0] == greedy[0] and plain[1] != greedy[1]
-    assert verified.tokens == plain and verified.num_accepted == 1
+    assert verified.tokens == plain and accepted(verified, greedy[:2]) == 1
 
 
 def test_sampling_is_reproducible_by_seed(engine):
@@ -197,7 +198,13 @@ def test_padded_short_passes_give_the_same_tokens_logits_and_cache(tiny_llm):
             )
             results.append((verdict, cached_tokens(engine, "r"), engine.stats.tokens - before))
         (a, cache_a, width_a), (b, cache_b, width_b) = results
-        assert a.tokens == b.tokens and a.num_accepted == b.num_accepted
+        assert a.tokens == b.tokens and accepted(a, draft) == accepted(b, draft)
         np.testing.assert_allclose(a.logits, b.logits, rtol=1e-5, atol=1e-5)
         assert cache_a == cache_b
         assert width_a == len(draft) + 1 and width_b == max(4, len(draft) + 1)
+
+
+def accepted(result, draft: list[int]) -> int:
+    """Draft tokens the engine accepted: the prefix its output shares with the draft (the loop's own
+    count, since the tensor interface returns tokens only)."""
+    return common_prefix_len(result.tokens, draft)

@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from minions.bad_words import BadWords
-from minions.engine_api import EngineRequest
-from minions.sampling import GREEDY, SamplingParams, draw, target_probs
-from minions.torch_engine import TorchEngine
-from minions.verification import Verdict, verify_draft
+from minions.text.bad_words import BadWords
+from minions.engines.api import EngineRequest
+from minions.engines.sequence_cache import common_prefix_len
+from minions.speculation.sampling import GREEDY, SamplingParams, draw, target_probs
+from minions.engines.torch_engine import TorchEngine
+from minions.speculation.verification import Verdict, verify_draft
+from laws import goodness_of_fit
 from tiny_models import VOCAB, full_logits
 
 
@@ -214,25 +216,6 @@ def sample_two_tokens(next_logits: NextLogits, verifier, draft: list[int], param
     return out[0] * VOCAB + out[1]
 
 
-def goodness_of_fit(counts: np.ndarray, law: np.ndarray) -> float:
-    """Chi-square p-value of counts against law, bins with expected count < 5 merged into one.
-
-    Any observation where the law is zero is impossible under the null hypothesis: p-value 0.
-    """
-    n = counts.sum()
-    expected = n * law
-    if counts[law == 0].sum() > 0:
-        return 0.0
-    big = expected >= 5
-    obs = list(counts[big])
-    exp = list(expected[big])
-    small_exp = expected[~big].sum()
-    if small_exp > 0:
-        obs.append(counts[~big].sum())
-        exp.append(small_exp)
-    return float(chisquare(obs, exp).pvalue)
-
-
 def run_sampler(next_logits, verifier, draft, params, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     outcomes = [sample_two_tokens(next_logits, verifier, draft, params, rng) for _ in range(N_SAMPLES)]
@@ -352,10 +335,11 @@ def test_torch_engine_verification_is_verify_draft_on_the_model_logits(tiny_llm)
         request = EngineRequest("r", PROMPT, len(draft) + 1, draft=draft, sampling=params, seed=seed)
         got = engine.generate(request)
         want = verify_draft(rows, draft, params, np.random.default_rng(seed), PROMPT)
-        assert (got.tokens, got.num_accepted) == (want.tokens, want.num_accepted), f"seed {seed}"
+        got_accepted = common_prefix_len(got.tokens, draft)  # a recovered token never equals the draft's
+        assert (got.tokens, got_accepted) == (want.tokens, want.num_accepted), f"seed {seed}"
         again = engine.generate(request)
         assert again.tokens == got.tokens
-        accepted[got.num_accepted] += 1
+        accepted[got_accepted] += 1
     assert len(accepted) >= 2, "the draft should be sometimes accepted and sometimes rejected"
 
 

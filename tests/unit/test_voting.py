@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from minions.voting import dominant, heaviest_path, merge_drafts, vote
+from minions.speculation.voting import dominant, heaviest_path, merge_drafts, vote
 
 
 def test_merge_shares_prefixes_and_sums_weights():
@@ -18,7 +18,11 @@ def test_merge_shares_prefixes_and_sums_weights():
     assert root.children[1].children[2].ssms == ["b", "a"]  # heaviest first
     assert root.children[1].children[2].children[3].weight == pytest.approx(1.0)
     assert root.children[1].children[2].children[4].weight == pytest.approx(2.0)
-    assert root.size() == 1 + 4 + 1
+    assert nodes(root) == 1 + 4 + 1
+
+
+def nodes(node) -> int:
+    return 1 + sum(nodes(c) for c in node.children.values())
 
 
 def test_majority_of_light_ssms_beats_one_heavier_ssm():
@@ -75,5 +79,6 @@ def test_a_dominant_ssms_draft_starts_every_voted_path():
 
 
 def test_heaviest_path_of_an_empty_tree():
-    v = heaviest_path(merge_drafts({}, {}))
-    assert v.draft == [] and v.supporters == [] and v.tree_nodes == 1
+    root = merge_drafts({}, {})
+    v = heaviest_path(root)
+    assert v.draft == [] and v.supporters == [] and nodes(root) == 1

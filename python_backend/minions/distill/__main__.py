@@ -25,9 +25,10 @@ import torch
 
 from benchmarks.datasets import DATASETS, load_prompts
 
-from ..deploy import ROOT, hf_dir_for, load_deployment, smollm2_gguf
-from ..prompt import encode_prompt
-from ..torch_engine import TorchEngine, load_causal_lm
+from minions.deploy.artifacts import hf_dir_for, smollm2_gguf
+from minions.deploy.config import ROOT, load_deployment
+from minions.text.prompt import encode_prompt
+from minions.engines.torch_engine import TorchEngine, load_causal_lm
 from .draft_model import MANIFEST_FILE, DistilledDraftModel, is_distilled_dir, load_draft_model
 from .evaluate import replay_acceptance
 from .teacher_data import Example, label_prompts, teacher_generate
@@ -172,7 +173,7 @@ def evaluate_existing(out: Path, k: int, teacher) -> None:
 
 
 def _llamacpp_reference(val: list[Example], k: int) -> dict:
-    from ..llamacpp_engine import LlamaCppEngine
+    from minions.engines.llamacpp_engine import LlamaCppEngine
 
     return replay_acceptance(LlamaCppEngine(str(smollm2_gguf()), 2, 2, 2048), val, k).as_dict()
 

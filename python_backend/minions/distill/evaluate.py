@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..engine_api import Engine, EngineRequest
-from ..sequence_cache import common_prefix_len
+from minions.engines.api import Engine, EngineRequest
+from minions.engines.sequence_cache import common_prefix_len
 from .teacher_data import Example
 
 

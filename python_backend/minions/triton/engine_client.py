@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from ..engine_api import EngineRequest, EngineResult, build_engine_inputs
+from minions.engines.api import EngineRequest, EngineResult
+from minions.engines.tensors import build_engine_inputs, decode_engine_outputs
 
 log = logging.getLogger("minions.bls")
 
@@ -42,23 +42,12 @@ class TritonEngineClient:
             response = await infer.async_exec()
         if response.has_error():
             raise EngineCallError(model, response.error().message())
-        output_ids = pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy()
-        length = int(np.asarray(pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy()).reshape(-1)[0])
-        tokens = np.asarray(output_ids).reshape(-1)[:length]
-        if not request.exclude_input_in_output:
-            tokens = tokens[len(request.input_ids):]
-        logits = None
-        if request.return_generation_logits:
-            tensor = pb_utils.get_output_tensor_by_name(response, "generation_logits")
-            rows = np.asarray(tensor.as_numpy())[0, 0] if tensor is not None else None
-            if rows is not None and rows.shape[-1] > 0:  # an engine without logits sends a 0-wide tensor
-                logits = rows[: len(tokens)]
-        return EngineResult([int(t) for t in tokens], logits=logits)
+        return decode_engine_outputs(request, {t.name(): t.as_numpy() for t in response.output_tensors()})
 
     async def release(self, model: str, request_id: str) -> None:
         """Tell an engine the sequence is over (tensorrt_llm's `stop`), so it frees the cached state."""
         try:
-            await self.generate(model, EngineRequest(request_id, [0], 1, stop=True, exclude_input_in_output=True))
+            await self.generate(model, EngineRequest.release(request_id))
         except Exception as exc:  # freeing is best effort: LRU eviction reclaims the slot anyway
             log.warning("could not release %s in %s: %s", request_id, model, exc)
 

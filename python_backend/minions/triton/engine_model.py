@@ -1,6 +1,9 @@
 """Triton adapter for every engine model (llm, ssm_*): tensors in, Engine.generate, tensors out.
 
-A model whose config is decoupled (ssm_q4: its engine batches in flight) hands each request to the
+What an engine can do beyond `Engine` is read from the capability protocols of engines/api.py
+(BatchEngine, InflightEngine, MeteredEngine), never from probed attributes.
+
+A model whose config is decoupled (ssm_q4: its engine is an InflightEngine) hands each request to the
 engine's `submit` and returns at once; the engine answers each request, with one response carrying the
 FINAL flag, when its work is done. Triton can then deliver the next requests while earlier ones are still
 decoding, so they join the running steps (as TensorRT-LLM's decoupled in-flight batching does). Other
@@ -8,6 +11,7 @@ models answer their whole dynamic batch from `execute`."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -15,9 +19,11 @@ import uuid
 
 import triton_python_backend_utils as pb_utils
 
-from ..engine_api import EngineRequest, encode_engine_outputs, parse_engine_inputs
-from ..engines import build_engine
-from ..errors import InvalidRequest
+from minions.engines.api import BatchEngine, BatchStats, EngineRequest, InflightEngine, MeteredEngine
+from minions.engines.factory import build_engine
+from minions.engines.tensors import encode_engine_outputs, parse_engine_inputs
+from minions.errors import InvalidRequest
+from minions.settings import EngineSettings
 from .common import error, input_arrays, model_config, setup_logging, string_parameters
 
 log = logging.getLogger("minions.engine")
@@ -29,14 +35,14 @@ class TritonPythonModel:
         config = model_config(args)
         self.name = args["model_name"]
         self.input_names = [i["name"] for i in config["input"]]
-        params = string_parameters(config)
+        settings = EngineSettings.from_params(string_parameters(config))
         start = time.perf_counter()
-        self.engine = build_engine(params)
+        self.engine = build_engine(settings)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        if self.decoupled and not hasattr(self.engine, "submit"):
-            raise pb_utils.TritonModelException(f"{self.name}: engine {params.get('engine')!r} cannot serve "
+        if self.decoupled and not isinstance(self.engine, InflightEngine):
+            raise pb_utils.TritonModelException(f"{self.name}: engine {settings.engine!r} cannot serve "
                                                 "a decoupled model (it has no in-flight batching)")
-        log.info("%s: %s engine ready in %.1f s%s", self.name, params.get("engine"), time.perf_counter() - start,
+        log.info("%s: %s engine ready in %.1f s%s", self.name, settings.engine, time.perf_counter() - start,
                  " (decoupled, in-flight batching)" if self.decoupled else "")
         # The family must outlive its metrics, so keep a reference to it as well.
         self.cached_family = pb_utils.MetricFamily(
@@ -54,7 +60,7 @@ class TritonPythonModel:
         )
         self.batch_gauges = {
             what: self.batch_family.Metric(labels={"model": self.name, "what": what})
-            for what in ("passes", "sequences", "tokens", "pad_tokens")
+            for what in (f.name for f in dataclasses.fields(BatchStats))
         }
         self.kv_family = pb_utils.MetricFamily(
             name="minions_engine_kv_bytes",
@@ -64,7 +70,7 @@ class TritonPythonModel:
         self.kv_gauge = self.kv_family.Metric(labels={"model": self.name})
 
     def execute(self, requests):
-        """Serve Triton's dynamic batch: engines with generate_batch get every request in one call."""
+        """Serve Triton's dynamic batch: a BatchEngine gets every request in one call."""
         if self.decoupled:
             return self._submit(requests)
         parsed, responses = [], [None] * len(requests)
@@ -124,9 +130,9 @@ class TritonPythonModel:
         return parse_engine_inputs(input_arrays(request, self.input_names), request_id), anonymous
 
     def _generate(self, engine_requests: list) -> list:
-        batch = getattr(self.engine, "generate_batch", None)
-        if batch is not None:
-            return batch(engine_requests)
+        """Every request's result, or its exception in its place."""
+        if isinstance(self.engine, BatchEngine):
+            return self.engine.generate_batch(engine_requests)
         results = []
         for r in engine_requests:
             try:
@@ -149,21 +155,20 @@ class TritonPythonModel:
         )
 
     def _observe(self) -> None:
-        cache = getattr(self.engine, "cache", None)
-        self.cached_gauge.set(len(cache) if cache is not None else 0)
-        stats = getattr(self.engine, "stats", None)
-        if stats is not None:
-            for name, value in (("passes", stats.passes), ("sequences", stats.sequences), ("tokens", stats.tokens),
-                                ("pad_tokens", stats.pad_tokens)):
-                self.batch_gauges[name].set(value)
-            cached_bytes = getattr(self.engine, "cached_bytes", None)
-            if cached_bytes is not None:
-                self.kv_gauge.set(cached_bytes())
+        """Mirror a MeteredEngine's state into the gauges (an engine without state caches nothing)."""
+        if not isinstance(self.engine, MeteredEngine):
+            self.cached_gauge.set(0)
+            return
+        self.cached_gauge.set(len(self.engine.cache))
+        for name, value in dataclasses.asdict(self.engine.stats).items():
+            self.batch_gauges[name].set(value)
+        kv_bytes = self.engine.cached_bytes()
+        if kv_bytes is not None:
+            self.kv_gauge.set(kv_bytes)
 
     def finalize(self) -> None:
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        if isinstance(self.engine, InflightEngine):
+            self.engine.close()
         log.info("%s: unloaded", self.name)
 
 
@@ -190,7 +195,7 @@ class _Collector:
             self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             if self.anonymous:  # no id, no reuse: free at once, after the answer is out
                 try:
-                    self.model.engine.submit([(EngineRequest(r.request_id, [0], 0, stop=True), _ignore)
+                    self.model.engine.submit([(EngineRequest.release(r.request_id), _ignore)
                                               for r in self.engine_requests])
                 except RuntimeError as exc:  # shutting down: the context goes with the engine
                     log.warning("%s: could not free anonymous sequences: %s", self.model.name, exc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import triton_python_backend_utils as pb_utils
 
-from ..decode_loop import Round
+from minions.speculation.rounds import Round
 
 COUNTERS = {
     "minions_spec_decode_num_drafts": "Verification rounds that carried a non-empty draft",

@@ -1,117 +1,17 @@
-"""Drafters: how one round's draft is obtained from the SSMs (one SSM, a vote of several, or a bandit's pick).
-
-A drafter never raises because of an SSM: a failed or late SSM is reported in the proposal and the
-round goes on with what arrived (possibly no draft at all, i.e. plain decoding). Drafters also learn
-from each verification (`observe`): the vote's weights, the bandit's rewards.
-"""
+"""The weighted-vote drafter: several SSMs draft concurrently and voting.py picks the draft."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Protocol
 
-import numpy as np
-
-from .bandit import Ucb1
-from .engine_api import EngineRequest, EngineResult
-from .sampling import GREEDY, SamplingParams
-from .ssm_health import SsmHealth
-from .ssm_weights import SsmWeights, draft_score
-from .voting import dominant, vote
+from minions.speculation.drafters import DraftRound, EngineClient, Proposal, ask_one
+from minions.speculation.health import SsmHealth
+from minions.speculation.voting import dominant, vote
+from minions.speculation.weights import SsmWeights, draft_score
 
 log = logging.getLogger("minions.draft")
-
-
-class EngineClient(Protocol):
-    """How the loop reaches engine models (Triton BLS calls in production, objects in tests)."""
-
-    async def generate(self, model: str, request: EngineRequest) -> EngineResult: ...
-
-    async def release(self, model: str, request_id: str) -> None: ...
-
-
-@dataclass
-class DraftRound:
-    """What every SSM asked in a round gets: the sequence so far and how to draft."""
-
-    request_id: str
-    sequence: list[int]
-    k: int
-    sampling: SamplingParams = GREEDY
-    """The request's sampling when the SSM should sample its draft (and send logits); GREEDY otherwise."""
-    seed: int | None = None
-    index: int = 0
-    """Round number within the request (for exploration schedules)."""
-
-    def engine_request(self, sampled: bool) -> EngineRequest:
-        return EngineRequest(
-            self.request_id, list(self.sequence), self.k,
-            sampling=self.sampling if sampled else GREEDY, seed=self.seed if sampled else None,
-            return_generation_logits=sampled, exclude_input_in_output=True,
-        )
-
-
-@dataclass
-class Proposal:
-    draft: list[int] = field(default_factory=list)
-    logits: np.ndarray | None = None
-    """[len(draft), vocab] when the draft was sampled from these logits (min(1, p/q) rule)."""
-    chosen: str | None = None
-    drafts: dict[str, list[int]] = field(default_factory=dict)
-    """Every SSM's draft that arrived in time (the vote's ballots; one entry for a single SSM)."""
-    failed: tuple[str, ...] = ()
-    """SSMs that failed or missed the deadline this round (a late one is slow, not broken: no breaker, no score)."""
-    control_seconds: float = 0.0
-    """Time spent choosing (vote, bandit), not waiting for engines."""
-    exploring: dict[str, asyncio.Future] = field(default_factory=dict)
-    """Drafts still being made by SSMs the round did not wait for (scored if done by verification's end)."""
-
-
-class Drafter(Protocol):
-    ssms: tuple[str, ...]
-
-    async def propose(self, client: EngineClient, rnd: DraftRound) -> Proposal: ...
-
-    def observe(self, proposal: Proposal, emitted: list[int], draft_seconds: float, verify_seconds: float) -> float:
-        """Learn from a verification; returns the control time it took."""
-        ...
-
-
-async def ask_one(client: EngineClient, health: SsmHealth, ssm: str, rnd: DraftRound, sampled: bool) -> Proposal:
-    """One SSM's draft, or an empty proposal naming it as failed."""
-    try:
-        result = await client.generate(ssm, rnd.engine_request(sampled))
-    except Exception as exc:  # a request never fails because of an SSM
-        _record_failure(health, ssm, rnd.request_id, exc)
-        return Proposal(failed=(ssm,))
-    health.succeeded(ssm)
-    draft = result.tokens[: rnd.k]
-    logits = result.logits[: len(draft)] if draft and sampled and result.logits is not None else None
-    return Proposal(draft, logits, ssm if draft else None, {ssm: draft})
-
-
-def _record_failure(health: SsmHealth, ssm: str, request_id: str, exc: BaseException | str) -> None:
-    log.warning("%s: SSM %s failed: %s", request_id, ssm, exc)
-    if health.failed(ssm):
-        log.warning("SSM %s skipped by all requests for %.0f s", ssm, health.cooldown_s)
-
-
-class SingleDrafter:
-    def __init__(self, ssm: str, health: SsmHealth, sampled: bool) -> None:
-        self.ssms = (ssm,)
-        self.health = health
-        self.sampled = sampled
-
-    async def propose(self, client: EngineClient, rnd: DraftRound) -> Proposal:
-        if not self.health.available(self.ssms[0]):
-            return Proposal()
-        return await ask_one(client, self.health, self.ssms[0], rnd, self.sampled)
-
-    def observe(self, proposal: Proposal, emitted: list[int], draft_seconds: float, verify_seconds: float) -> float:
-        return 0.0
 
 
 class VoteDrafter:
@@ -214,33 +114,4 @@ class VoteDrafter:
         # 4 streams). The deadline already keeps it from delaying rounds.
         self.weights.update(scores)
         self.global_weights.update(scores)
-        return time.perf_counter() - t0
-
-
-class BanditDrafter:
-    """SPIN-style selection: a bandit shared by all requests picks the SSM of each round."""
-
-    def __init__(self, ssms: tuple[str, ...], health: SsmHealth, bandit: Ucb1, sampled: bool) -> None:
-        self.ssms = ssms
-        self.health = health
-        self.bandit = bandit
-        self.sampled = sampled
-
-    async def propose(self, client: EngineClient, rnd: DraftRound) -> Proposal:
-        t0 = time.perf_counter()
-        ssm = self.bandit.choose([s for s in self.ssms if self.health.available(s)])
-        control = time.perf_counter() - t0
-        if ssm is None:
-            return Proposal(control_seconds=control)
-        proposal = await ask_one(client, self.health, ssm, rnd, self.sampled)
-        proposal.chosen = ssm  # rewarded even when it proposed nothing: that round was plain decoding
-        proposal.control_seconds = control
-        return proposal
-
-    def observe(self, proposal: Proposal, emitted: list[int], draft_seconds: float, verify_seconds: float) -> float:
-        if proposal.chosen is None:
-            return 0.0
-        t0 = time.perf_counter()
-        rate = 0.0 if proposal.failed else len(emitted) / max(draft_seconds + verify_seconds, 1e-6)
-        self.bandit.reward(proposal.chosen, rate)
         return time.perf_counter() - t0

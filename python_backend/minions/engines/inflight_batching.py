@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from .engine_api import EngineRequest, EngineResult
+from minions.engines.api import Answer, EngineRequest, EngineResult
 
 log = logging.getLogger(__name__)
 
 Job = TypeVar("Job")
-Answer = Callable[[EngineResult | Exception], None]
 
 
 class Stepper(Protocol[Job]):
@@ -56,6 +54,8 @@ class _Call:
 
 
 class InflightBatcher(Generic[Job]):
+    """One thread that steps every call with work, taking in new calls before each step (the rules above)."""
+
     def __init__(self, stepper: Stepper[Job], capacity: int, name: str = "engine") -> None:
         self.stepper = stepper
         self.capacity = capacity

@@ -2,28 +2,23 @@
 
 Because the LLM and every SSM use the same names, shapes and types as TensorRT-LLM's backend, a
 TensorRT-LLM engine can replace any of them by a config change alone. This module is the pure half:
-numpy arrays in, dataclasses out, and back; Triton's pb_utils stays in `minions.triton`.
+numpy arrays in, engines/api.py's dataclasses out, and back; Triton's pb_utils stays in `minions.triton`.
 
-Semantics kept from TensorRT-LLM:
-- `input_ids` is the whole sequence so far (the orchestrator resends it every round).
-- without `draft_input_ids`: generate `request_output_len` tokens.
-- with `draft_input_ids` (k tokens, `request_output_len` = k + 1): verify the draft and return the
-  accepted draft tokens plus one token of the engine's own (draft-tokens-external mode); with
-  `draft_logits` too, the draft counts as sampled from them (see verification.py).
-- `stop` = true ends the sequence `request_id` names and frees its cached state.
+Both directions live here: the engine model parses requests and encodes results
+(`parse_engine_inputs`, `encode_engine_outputs`); the orchestrator builds requests and decodes results
+(`build_engine_inputs`, `decode_engine_outputs`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
-from .bad_words import BadWords
-from .errors import InvalidRequest
-from .sampling import SamplingParams, pick_token
+from minions.engines.api import EngineRequest, EngineResult
+from minions.errors import InvalidRequest
+from minions.speculation.sampling import SamplingParams
+from minions.text.bad_words import BadWords
 
 # name -> (numpy dtype, dims without the batch dimension); mirrors tensorrt_llm/config.pbtxt.
 ENGINE_INPUTS: dict[str, tuple[type, list[int]]] = {
@@ -45,103 +40,6 @@ ENGINE_INPUTS: dict[str, tuple[type, list[int]]] = {
     "streaming": (np.bool_, [1]),  # accepted for compatibility; these engines answer in one response
     "stop": (np.bool_, [1]),
 }
-
-
-@dataclass
-class EngineRequest:
-    request_id: str
-    input_ids: list[int]
-    request_output_len: int
-    draft: list[int] = field(default_factory=list)
-    draft_logits: np.ndarray | None = None
-    """[len(draft), vocab]: the SSM's logits when it sampled the draft."""
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    seed: int | None = None
-    end_id: int | None = None
-    pad_id: int = 0
-    bad_words: BadWords = field(default_factory=lambda: BadWords([]))
-    return_generation_logits: bool = False
-    exclude_input_in_output: bool = False
-    stop: bool = False
-
-    def next_token(self, logits: np.ndarray, sequence: list[int], rng: np.random.Generator) -> int:
-        """The next generated token after `sequence`: drawn with the request's sampling, bad words banned."""
-        banned = self.bad_words.banned_next(sequence) if self.bad_words else None
-        return pick_token(logits, self.sampling, rng, banned)
-
-    def generation_done(self, tokens: list[int]) -> bool:
-        """Whether a generation that has produced `tokens` is over: request_output_len reached, or end_id."""
-        return len(tokens) >= self.request_output_len or (
-            self.end_id is not None and bool(tokens) and tokens[-1] == self.end_id)
-
-
-@dataclass
-class EngineResult:
-    tokens: list[int]
-    """New tokens only (accepted draft tokens + the engine's own, or the generated ones)."""
-    num_accepted: int = 0
-    logits: np.ndarray | None = None
-    """[len(tokens), vocab] generation logits when asked for."""
-
-
-@dataclass
-class BatchStats:
-    """What batching achieved, for the engine's metrics: mean batch = sequences / passes, padding share =
-    pad_tokens / tokens."""
-
-    passes: int = 0
-    sequences: int = 0
-    tokens: int = 0
-    pad_tokens: int = 0
-
-
-class BatchEngine:
-    """Base of the engines that serve a whole dynamic batch at once (one forward or decode step for all).
-
-    Subclasses implement `_generate_distinct` for a batch of distinct request ids; a failing request
-    gets its exception in its place, the others their results."""
-
-    def generate(self, request: EngineRequest) -> EngineResult:
-        result = self.generate_batch([request])[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
-
-    def generate_batch(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
-        """Two calls for one sequence (a pipelined early draft and the regular draft that replaced it)
-        can land in one batch: the later call runs in a second pass, after the first, so each sees its
-        own prefix. Releases (`stop`) are applied after the batch's work: a release is always a
-        request's last call."""
-        out: list[EngineResult | Exception | None] = [None] * len(requests)
-        seen: set[str] = set()
-        first, later, stops = [], [], []
-        for i, r in enumerate(requests):
-            if r.stop:
-                stops.append(i)
-            else:
-                (later if r.request_id in seen else first).append(i)
-                seen.add(r.request_id)
-        for part in (first, later):
-            if part:
-                for i, result in zip(part, self._generate_distinct([requests[i] for i in part])):
-                    out[i] = result
-        for i in stops:
-            self.release(requests[i].request_id)
-            out[i] = EngineResult([])
-        return out  # type: ignore[return-value]
-
-    def release(self, request_id: str) -> None:
-        raise NotImplementedError
-
-    def _generate_distinct(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
-        """Serve requests with distinct ids, none of them a release."""
-        raise NotImplementedError
-
-
-class Engine(Protocol):
-    def generate(self, request: EngineRequest) -> EngineResult: ...
-
-    def release(self, request_id: str) -> None: ...
 
 
 def _row(inputs: Mapping[str, np.ndarray], name: str, b: int):
@@ -262,3 +160,20 @@ def build_engine_inputs(request: EngineRequest) -> dict[str, np.ndarray]:
     if request.stop:
         tensors["stop"] = np.array([[True]], dtype=np.bool_)
     return tensors
+
+
+def decode_engine_outputs(request: EngineRequest, outputs: Mapping[str, np.ndarray]) -> EngineResult:
+    """The inverse of encode_engine_outputs for the one sequence `request` built: the new tokens
+    (output_ids up to sequence_length, past the input unless it was excluded) and, when asked for, their
+    generation logits. `outputs` maps output names to arrays; generation_logits may be absent."""
+    length = int(np.asarray(outputs["sequence_length"]).reshape(-1)[0])
+    tokens = np.asarray(outputs["output_ids"]).reshape(-1)[:length]
+    if not request.exclude_input_in_output:
+        tokens = tokens[len(request.input_ids):]
+    logits = None
+    generation_logits = outputs.get("generation_logits")
+    if request.return_generation_logits and generation_logits is not None:
+        rows = np.asarray(generation_logits)[0, 0]
+        if rows.shape[-1] > 0:  # an engine without logits sends a 0-wide tensor
+            logits = rows[: len(tokens)]
+    return EngineResult([int(t) for t in tokens], logits=logits)

@@ -20,9 +20,6 @@ class TreeNode:
     ssms: list[str] = field(default_factory=list)
     children: dict[int, TreeNode] = field(default_factory=dict)
 
-    def size(self) -> int:
-        return 1 + sum(c.size() for c in self.children.values())
-
 
 def merge_drafts(drafts: Mapping[str, list[int]], weights: Mapping[str, float]) -> TreeNode:
     """The prefix tree of all drafts, each node weighted by the SSMs passing through it."""
@@ -43,7 +40,6 @@ class Vote:
     draft: list[int]
     supporters: list[str]
     """SSMs whose draft contains the whole chosen path, heaviest first."""
-    tree_nodes: int
 
 
 def heaviest_path(root: TreeNode) -> Vote:
@@ -52,7 +48,7 @@ def heaviest_path(root: TreeNode) -> Vote:
     while node.children:
         node = max(node.children.values(), key=lambda c: c.weight)  # max keeps the first on ties
         draft.append(node.token)  # type: ignore[arg-type]
-    return Vote(draft, list(node.ssms), root.size())
+    return Vote(draft, list(node.ssms))
 
 
 def vote(drafts: Mapping[str, list[int]], weights: Mapping[str, float]) -> Vote:

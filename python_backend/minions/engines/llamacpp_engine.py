@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .engine_api import BatchEngine, BatchStats, EngineRequest, EngineResult
-from .errors import InvalidRequest
-from .inflight_batching import Answer, InflightBatcher
-from .sequence_cache import CachedSequence, SequenceCache, common_prefix_len
+from minions.engines.api import Answer, BatchStats, EngineRequest, EngineResult, result_or_raise
+from minions.engines.inflight_batching import InflightBatcher
+from minions.engines.sequence_cache import CachedSequence, SequenceCache, common_prefix_len
+from minions.errors import InvalidRequest
 
 
 @dataclass
@@ -35,9 +35,10 @@ class _Draft:
     rows: list[np.ndarray] = field(default_factory=list)
 
 
-class LlamaCppEngine(BatchEngine):
-    """The engine: calls go through an in-flight batcher, so a call joins the drafts already running at
-    their next decode step instead of waiting for them to finish (inflight_batching.py)."""
+class LlamaCppEngine:
+    """An InflightEngine and MeteredEngine (engines/api.py): every call, batched or submitted, goes
+    through an in-flight batcher, so it joins the drafts already running at their next decode step
+    instead of waiting for them to finish (inflight_batching.py)."""
 
     def __init__(
         self,
@@ -54,6 +55,9 @@ class LlamaCppEngine(BatchEngine):
         self.n_vocab = self.stepper.n_vocab
         self.batcher: InflightBatcher[_Draft] = InflightBatcher(self.stepper, max_sequences, name="llamacpp")
 
+    def generate(self, request: EngineRequest) -> EngineResult:
+        return result_or_raise(self.batcher.run([request])[0])
+
     def generate_batch(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
         return self.batcher.run(requests)
 
@@ -62,12 +66,15 @@ class LlamaCppEngine(BatchEngine):
         self.batcher.submit(calls)
 
     def release(self, request_id: str) -> None:
-        result = self.batcher.run([EngineRequest(request_id, [0], 0, stop=True)])[0]
-        if isinstance(result, Exception):
-            raise result
+        """Free the sequence's slot, after any call of it still queued or running."""
+        result_or_raise(self.batcher.run([EngineRequest.release(request_id)])[0])
 
     def close(self) -> None:
         self.batcher.close()
+
+    def cached_bytes(self) -> None:
+        """Unknown: llama.cpp allocates one KV buffer for every slot at load."""
+        return None
 
 
 class LlamaCppStepper:
@@ -127,7 +134,7 @@ class LlamaCppStepper:
 
     def result(self, draft: _Draft) -> EngineResult:
         self._stepping.discard(draft.request.request_id)
-        return EngineResult(draft.tokens, 0, np.stack(draft.rows) if draft.rows else None)
+        return EngineResult(draft.tokens, logits=np.stack(draft.rows) if draft.rows else None)
 
     def release(self, request_id: str) -> None:
         self._stepping.discard(request_id)

@@ -8,73 +8,14 @@ can act on.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidRequest
-from .sampling import SamplingParams
-
-SPECULATION_OFF = "off"
-SPECULATION_SINGLE = "single"
-SPECULATION_VOTE = "vote"
-SPECULATION_BANDIT = "bandit"
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Deployment-wide bounds and defaults (rendered from deploy.yaml into the BLS config)."""
-
-    max_context: int = 2048
-    max_tokens_limit: int = 1024
-    default_max_tokens: int = 128
-    default_num_draft_tokens: int | None = 4
-    """None: adaptive (the selector chooses per round)."""
-    max_num_draft_tokens: int = 16
-    default_speculation: str = SPECULATION_OFF
-    default_chat: bool = False
-    default_use_draft_logits: bool = False
-    default_pipeline: bool = False
-    ssm_names: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Speculation:
-    """How a request is decoded.
-
-    `off`: plain LLM decoding. `single:<ssm>`: one SSM drafts. `vote` (or `vote:<ssm>,<ssm>...`):
-    every (listed) SSM drafts and a weighted vote picks the draft. `bandit` (or `bandit:<ssm>,...`):
-    a learnt policy picks one SSM per round.
-    """
-
-    mode: str
-    ssms: tuple[str, ...] = ()
-
-    @classmethod
-    def parse(cls, text: str, known_ssms: tuple[str, ...]) -> "Speculation":
-        text = text.strip()
-        if text == SPECULATION_OFF:
-            return cls(SPECULATION_OFF)
-        kind, sep, names = text.partition(":")
-        listed = tuple(n.strip() for n in names.split(",")) if sep else ()
-        unknown = [n for n in listed if n not in known_ssms]
-        if kind in (SPECULATION_SINGLE, SPECULATION_VOTE, SPECULATION_BANDIT) and unknown:
-            raise InvalidRequest(f"unknown SSM {unknown[0]!r} in speculation {text!r}; known: {', '.join(known_ssms)}")
-        if kind == SPECULATION_SINGLE and len(listed) == 1:
-            return cls(SPECULATION_SINGLE, listed)
-        if kind in (SPECULATION_VOTE, SPECULATION_BANDIT) and (listed or known_ssms):
-            return cls(kind, tuple(dict.fromkeys(listed)) if listed else known_ssms)
-        choices = ["off", "vote", "bandit"] + [f"single:{n}" for n in known_ssms]
-        raise InvalidRequest(f"unknown speculation {text!r}; use one of: {', '.join(choices)}")
-
-    def __str__(self) -> str:
-        return self.mode if self.mode == SPECULATION_OFF else f"{self.mode}:{','.join(self.ssms)}"
-
-    @property
-    def label(self) -> str:
-        """Short name for metrics and logs: `vote`, not `vote:a,b,c`."""
-        return str(self) if self.mode == SPECULATION_SINGLE else self.mode
-
+from minions.errors import InvalidRequest
+from minions.settings import OrchestratorSettings
+from minions.speculation.mode import OFF, Speculation
+from minions.speculation.sampling import SamplingParams
 
 @dataclass(frozen=True)
 class GenerationRequest:
@@ -86,12 +27,11 @@ class GenerationRequest:
     stop_words: tuple[str, ...] = ()
     bad_words: tuple[str, ...] = ()
     end_id: int | None = None
-    pad_id: int | None = None
     exclude_input_in_output: bool = False
     num_draft_tokens: int | None = 4
     """Fixed draft length; None: adaptive."""
     return_perf_metrics: bool = False
-    speculation: Speculation = field(default_factory=lambda: Speculation(SPECULATION_OFF))
+    speculation: Speculation = OFF
     chat: bool = False
     use_draft_logits: bool = False
     pipeline: bool = False
@@ -130,7 +70,7 @@ def _strings(inputs: Mapping[str, np.ndarray], name: str) -> tuple[str, ...]:
     return tuple(s for s in (_utf8(name, item) for item in np.asarray(value).reshape(-1)) if s)
 
 
-def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Limits) -> GenerationRequest:
+def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: OrchestratorSettings) -> GenerationRequest:
     """Validate raw input tensors into a GenerationRequest (token-level checks come later)."""
     if "text_input" not in inputs:
         raise InvalidRequest("input 'text_input' is required")
@@ -152,12 +92,12 @@ def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Limits) -
     seed = _scalar(inputs, "seed", int, None)
     if seed is None:
         seed = _scalar(inputs, "random_seed", int, None)
-    k = _scalar(inputs, "num_draft_tokens", int, limits.default_num_draft_tokens)
+    k = _scalar(inputs, "num_draft_tokens", int, limits.num_draft_tokens)
     if k is not None and not 0 <= k <= limits.max_num_draft_tokens:
         raise InvalidRequest(f"'num_draft_tokens' must be in [0, {limits.max_num_draft_tokens}], got {k}")
-    speculation = Speculation.parse(_scalar(inputs, "speculation", str, limits.default_speculation), limits.ssm_names)
+    speculation = Speculation.parse(_scalar(inputs, "speculation", str, limits.default_speculation), limits.ssm_model_names)
     if k == 0:
-        speculation = Speculation(SPECULATION_OFF)
+        speculation = OFF
     return GenerationRequest(
         text=text,
         max_tokens=max_tokens,
@@ -167,12 +107,11 @@ def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Limits) -
         stop_words=_strings(inputs, "stop_words"),
         bad_words=_strings(inputs, "bad_words"),
         end_id=_scalar(inputs, "end_id", int, None),
-        pad_id=_scalar(inputs, "pad_id", int, None),
         exclude_input_in_output=_scalar(inputs, "exclude_input_in_output", bool, False),
         num_draft_tokens=k,
         return_perf_metrics=_scalar(inputs, "return_perf_metrics", bool, False),
         speculation=speculation,
         chat=_scalar(inputs, "chat", bool, limits.default_chat),
         use_draft_logits=_scalar(inputs, "use_draft_logits", bool, limits.default_use_draft_logits),
-        pipeline=_scalar(inputs, "pipeline", bool, limits.default_pipeline),
+        pipeline=_scalar(inputs, "pipeline", bool, limits.pipeline),
     )

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .engine_api import BatchEngine, BatchStats, EngineRequest, EngineResult
-from .errors import InvalidRequest
-from .packed_forward import ForwardBackend, ForwardRow, forward_backend
-from .sequence_cache import CachedSequence, SequenceCache, common_prefix_len
-from .verification import verify_draft
+from minions.engines.api import BatchStats, EngineRequest, EngineResult, SplitBatchEngine
+from minions.engines.packed_forward import ForwardBackend, ForwardRow, forward_backend
+from minions.engines.sequence_cache import CachedSequence, SequenceCache, common_prefix_len
+from minions.errors import InvalidRequest
+from minions.speculation.verification import verify_draft
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,8 @@ class _Job:
     result: EngineResult | None = None
 
 
-class TorchEngine(BatchEngine):
-    """Engine protocol implementation over a transformers model (see engine_api)."""
+class TorchEngine(SplitBatchEngine):
+    """A BatchEngine and MeteredEngine (engines/api.py) over a transformers model."""
 
     def __init__(
         self,
@@ -77,7 +77,7 @@ class TorchEngine(BatchEngine):
         self._lock = threading.Lock()
         self.stats = BatchStats()
 
-    # -- Engine protocol (generate, generate_batch: BatchEngine) -----------------------------------
+    # -- BatchEngine (generate, generate_batch: SplitBatchEngine) ----------------------------------
     def _generate_distinct(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
         out: list[EngineResult | Exception | None] = [None] * len(requests)
         jobs = []
@@ -118,6 +118,7 @@ class TorchEngine(BatchEngine):
         return self.stats.tokens - self.stats.pad_tokens
 
     def cached_bytes(self) -> int:
+        """Bytes the KV caches of every cached sequence hold."""
         return sum(self.backend.state_bytes(e.state) for _, e in self.cache.items())
 
     # -- internals ---------------------------------------------------------------------------------
@@ -199,9 +200,7 @@ class TorchEngine(BatchEngine):
                 raise InvalidRequest(str(exc)) from None
             self._crop(job.entry, len(request.input_ids) + verdict.num_accepted)
             job.result = EngineResult(
-                verdict.tokens,
-                verdict.num_accepted,
-                logits[: len(verdict.tokens)] if request.return_generation_logits else None,
+                verdict.tokens, logits[: len(verdict.tokens)] if request.return_generation_logits else None,
             )
             return True
         token = request.next_token(logits[0], job.sequence, job.rng)
@@ -210,7 +209,8 @@ class TorchEngine(BatchEngine):
         job.rows.append(logits[0])
         done = request.generation_done(job.tokens)
         if done:
-            job.result = EngineResult(job.tokens, 0, np.stack(job.rows) if request.return_generation_logits else None)
+            rows = np.stack(job.rows) if request.return_generation_logits else None
+            job.result = EngineResult(job.tokens, logits=rows)
         return done
 
     def _crop(self, entry: CachedSequence, length: int) -> None:

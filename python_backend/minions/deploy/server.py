@@ -19,7 +19,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .deploy import ROOT, Deployment, load_deployment, render_repository
+from minions.deploy.config import ROOT, Deployment, load_deployment
+from minions.deploy.render import render_repository
 
 log = logging.getLogger("minions.server")
 

@@ -4,13 +4,18 @@ Each round the policy picks one SSM; the reward is what that round achieved per 
 emitted tokens / (drafting + verification seconds), so a cheap SSM with middling acceptance can beat
 an accurate but slow one. UCB1 needs rewards in [0, 1]: they are divided by the best reward seen so
 far. No prior knowledge of request difficulty is used; each arm is tried once first.
+`BanditDrafter` is the drafter that asks the policy's pick each round.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import dataclass
+
+from minions.speculation.drafters import DraftRound, EngineClient, Proposal, ask_one
+from minions.speculation.health import SsmHealth
 
 
 @dataclass
@@ -61,3 +66,32 @@ class Ucb1:
     def means(self) -> dict[str, float]:
         with self._lock:
             return {n: a.mean for n, a in self.arms.items()}
+
+
+class BanditDrafter:
+    """SPIN-style selection: a bandit shared by all requests picks the SSM of each round."""
+
+    def __init__(self, ssms: tuple[str, ...], health: SsmHealth, bandit: Ucb1, sampled: bool) -> None:
+        self.ssms = ssms
+        self.health = health
+        self.bandit = bandit
+        self.sampled = sampled
+
+    async def propose(self, client: EngineClient, rnd: DraftRound) -> Proposal:
+        t0 = time.perf_counter()
+        ssm = self.bandit.choose([s for s in self.ssms if self.health.available(s)])
+        control = time.perf_counter() - t0
+        if ssm is None:
+            return Proposal(control_seconds=control)
+        proposal = await ask_one(client, self.health, ssm, rnd, self.sampled)
+        proposal.chosen = ssm  # rewarded even when it proposed nothing: that round was plain decoding
+        proposal.control_seconds = control
+        return proposal
+
+    def observe(self, proposal: Proposal, emitted: list[int], draft_seconds: float, verify_seconds: float) -> float:
+        if proposal.chosen is None:
+            return 0.0
+        t0 = time.perf_counter()
+        rate = 0.0 if proposal.failed else len(emitted) / max(draft_seconds + verify_seconds, 1e-6)
+        self.bandit.reward(proposal.chosen, rate)
+        return time.perf_counter() - t0

@@ -1,38 +1,7 @@
-"""Adaptive speculation length: choose how many tokens to draft each round from measured costs.
-
-Time per emitted token with s draft tokens, at load b (requests being decoded together):
-
-    J(s) = (s * d(b) + t(b, s)) / E(s),   E(s) = 1 + sum_{i=1..s} prod_{j<=i} a_j
-
-t(b, s) is the LLM's measured verification time when the requests verified together draft s tokens
-each, d(b) the drafting time per token that rounds waited for (apart for pipelined requests, whose
-early drafts hide most of it), and a_j the probability that draft position j is accepted once the
-ones before it were (per request, pulled towards the server-wide estimate while the request has
-little evidence of its own). E(s) is then the expected tokens per verification (accepted + the
-LLM's own). s = 0 is plain decoding: J(0) = t(b, 0). t, d and the server-wide a_j are the server's,
-learnt from every request's rounds (fixed lengths and plain decoding verify on the same LLM);
-only a_j is also kept per request.
-
-Why t is keyed on the batch's mean draft length, not the request's own: under load the LLM verifies
-many requests in one pass, whose time grows with all of their tokens. Keyed on its own s, a request
-that drafts longer than the rest sees the pass its shorter neighbours keep cheap, and every request
-reasons the same way: all drift to long drafts that make every pass slow (measured: 16 streams of
-dialogue settled at s = 16, 11% slower than all at s = 8). Keyed on the batch's length, t(b, s) is
-what a pass costs when everyone drafts s, so a request is charged for the time its tokens add to the
-others' pass too (for a pass linear in tokens, exactly its share). The decode loop reports each
-request's round before verification (`SharedLengthStats.report`).
-
-Under load t(b, s) grows faster than linearly in s (the LLM's queue), so it is trusted only where it
-was measured: a choice goes at most one candidate beyond the longest length measured at its load, and
-only while the cost falls towards that length (`DraftLengthSelector._trusted`). Requests climb
-together one step at a time and measure each.
-
-It does not oscillate: the estimates are moving averages, a change needs a `margin` gain over the
-current s by the same estimates, and after a change the choice holds for `dwell` rounds (the paper's
-"wait until requests drafted with the old s are through"). Lengths it has not measured are tried
-every `explore_every` rounds (a neighbour of the current s, alternately above and below), so that
-t(b, s) and the acceptance of further positions stay measured, and so that a request whose
-acceptance collapsed to s = 0 still notices when it recovers.
+"""What the adaptive draft-length selector learns from every request's rounds (see draft_length.py
+for the cost model): t(b, s), the LLM's verification cost per load and batch draft length
+(`VerifyCostTable`); drafting's cost per token; the acceptance a_j per draft position
+(`AcceptanceModel`). `SharedLengthStats` holds the server-wide ones; `LengthPolicy` the settings.
 """
 
 from __future__ import annotations
@@ -43,8 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-DEFAULT_CANDIDATES = (0, 1, 2, 3, 4, 6, 8)
-
+from minions.settings import DEFAULTS
 
 def load_bucket(batch: int) -> int:
     """Loads 1, 2, 3-4, 5-8, 9-16...: verification cost changes with the batch roughly by powers of two."""
@@ -196,7 +164,7 @@ class AcceptanceModel:
 class LengthPolicy:
     """The selector's settings; deploy.yaml sets `candidates` (orchestrator.draft_length_candidates)."""
 
-    candidates: tuple[int, ...] = DEFAULT_CANDIDATES
+    candidates: tuple[int, ...] = DEFAULTS.draft_length_candidates
     margin: float = 0.05
     dwell: int = 3
     explore_every: int = 12
@@ -275,123 +243,3 @@ class SharedLengthStats:
             prior = self.acceptance.rate(j, prior, 1.0)
             rates.append(prior)
         return rates
-
-
-class DraftLengthSelector:
-    """One request's selector: per-request acceptance and draft cost over the shared statistics."""
-
-    def __init__(self, shared: SharedLengthStats, max_length: int, pipelined: bool = False) -> None:
-        self.shared = shared
-        self.pipelined = pipelined
-        policy = shared.policy
-        self.policy = policy
-        self.candidates = tuple(s for s in policy.candidates if s <= max_length) or (0,)
-        self.acceptance = AcceptanceModel(policy.request_decay)
-        self.current = min(self.candidates, key=lambda s: abs(s - policy.initial))
-        self.held = 0
-        self.rounds = 0
-        self.explore_up = True
-        self.trace: list[int] = []
-
-    # -- estimates ---------------------------------------------------------------------------------
-    def rates(self, n: int) -> list[float]:
-        """a_0 .. a_{n-1} for this request: its own counts blended with the server's rates."""
-        return [self.acceptance.rate(j, g, self.policy.prior_weight) for j, g in enumerate(self.shared.global_rates(n))]
-
-    def expected_tokens(self, s: int) -> float:
-        return self._expected(s)[s]
-
-    def _expected(self, n: int) -> list[float]:
-        """E(0) .. E(n), the acceptance chain built once."""
-        totals, total, survive = [1.0], 1.0, 1.0
-        for a in self.rates(n):
-            survive *= a
-            total += survive
-            totals.append(total)
-        return totals
-
-    def survival(self, n: int) -> float:
-        """The estimated chance that the first n draft positions are all accepted."""
-        return math.prod(self.rates(n))
-
-    def draft_cost(self, batch: int) -> float:
-        """Seconds per draft token: the server's measure at this load (all requests draft with the same
-        SSMs). Not this request's own: its first draft is not representative (see `observe`), so its
-        first choices would take drafting as free and pick the longest draft; and one slow round could
-        send it to s = 0, where it drafts nothing more to correct the estimate."""
-        return self.shared.draft_estimate(batch, self.pipelined)
-
-    def time_per_token(self, s: int, batch: int) -> float | None:
-        return self._costs(batch, [s])[s]
-
-    def _costs(self, batch: int, lengths: Sequence[int]) -> dict[int, float | None]:
-        """J at each length, with the cost table's line fitted and the acceptance chain built once."""
-        verify = self.shared.verify.estimates(batch, lengths)
-        expected = self._expected(max(lengths))
-        draft = self.draft_cost(batch)
-        return {s: None if verify[s] is None else (s * draft + verify[s]) / expected[s] for s in lengths}
-
-    # -- the decision ------------------------------------------------------------------------------
-    def choose(self, batch: int) -> int:
-        """The draft length for the next round at the current load."""
-        self.rounds += 1
-        s = self._decide(batch)
-        self.trace.append(s)
-        return s
-
-    def _decide(self, batch: int) -> int:
-        if self.policy.explore_every and self.rounds % self.policy.explore_every == 0:
-            return self._neighbour()
-        if self.held > 0:
-            self.held -= 1
-            return self.current
-        costs = self._costs(batch, range(self.candidates[-1] + 1))  # every length: the edges may lie between candidates
-        trusted = self._trusted(batch, costs)
-        known = {s: costs[s] for s in self.candidates if costs[s] is not None and s in trusted}
-        if not known or self.current not in known:
-            return self.current
-        best = min(known, key=lambda s: (known[s], s))
-        if best != self.current and known[best] < (1.0 - self.policy.margin) * known[self.current]:
-            self.current = best
-            self.held = self.policy.dwell
-        return self.current
-
-    def _trusted(self, batch: int, costs: dict[int, float | None]) -> list[int]:
-        """The lengths whose estimate to act on: those up to the longest measured at this load (or up to
-        the current length, at a load not measured yet), and one candidate beyond, only while the cost
-        still falls towards that edge: the edge beats the nearest shorter length measured
-        `shrink` times or more by the margin, as a line search widens its bracket (an interpolated
-        length between them would only echo the straight line drawn through it). Further out t(b, s)
-        is an extrapolation, and under load it is most wrong there: the LLM's queue makes
-        verification grow faster than linearly (16 streams of dialogue: 0.31, 0.61 and 1.28 s per
-        round at s = 0, 8 and 16). Every request steps together, and a step's cost is seen only once
-        taken. `costs`: J at every length up to the longest candidate (`_costs`)."""
-        table = self.shared.verify
-        counts = {n: c for n, c in table.measured_lengths(batch).items() if n <= self.candidates[-1]}
-        top = max(counts, default=self.current)
-        inside = [s for s in self.candidates if s <= top]
-        beyond = [s for s in self.candidates if s > top]
-        trusted = [*inside, self.current]
-        shorter = [n for n, c in counts.items() if n < top and c >= table.shrink]
-        if beyond and not shorter:
-            trusted.append(beyond[0])
-        elif beyond:
-            edge, before = costs[top], costs[max(shorter)]
-            if edge is not None and before is not None and edge < (1.0 - self.policy.margin) * before:
-                trusted.append(beyond[0])
-        return trusted
-
-    def _neighbour(self) -> int:
-        i = self.candidates.index(self.current)
-        step = 1 if self.explore_up else -1
-        self.explore_up = not self.explore_up
-        j = i + step if 0 <= i + step < len(self.candidates) else i - step
-        return self.candidates[min(max(j, 0), len(self.candidates) - 1)]
-
-    # -- feedback ----------------------------------------------------------------------------------
-    def observe(self, batch: int, drafted: int, accepted: int, draft_seconds: float | None,
-                verify_seconds: float) -> None:
-        """One round's outcome, into this request's estimates and the server's (`SharedLengthStats.observe`)."""
-        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds)
-        if drafted > 0:
-            self.acceptance.observe(drafted, accepted)

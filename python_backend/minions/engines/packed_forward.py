@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .sequence_cache import KV_GROWTH_TOKENS, kv_bytes_per_token
+from minions.engines.sequence_cache import KV_GROWTH_TOKENS, kv_bytes_per_token
 
 
 @dataclass

@@ -1,0 +1,76 @@
+"""deploy.yaml: the one file a deployment is described by, loaded and checked."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+"""The project's root (deploy.yaml, model_repository/, build/)."""
+TEMPLATE_BY_ENGINE = {"torch": "llm", "distilled": "llm", "llamacpp": "ssm_q4", "ngram": "ssm_ngram"}
+"""Which model_repository/ template serves each engine."""
+DECOUPLED_TEMPLATES = {"ssm_q4"}
+"""Templates of decoupled engine models (in-flight batching); the orchestrator calls them accordingly."""
+
+
+@dataclass
+class Deployment:
+    raw: dict
+    path: Path
+    server: dict = field(default_factory=dict)
+
+    @property
+    def cache_dir(self) -> Path:
+        return resolve(self.raw.get("cache_dir", ".cache/minions"), self.path.parent)
+
+    @property
+    def llm(self) -> dict:
+        return self.raw["llm"]
+
+    @property
+    def ssms(self) -> list[dict]:
+        """The SSMs to serve: optional ones only when their artifacts exist (e.g. after `make distill`)."""
+        return [s for s in self.raw.get("ssms", []) if not s.get("optional") or artifacts_present(s, self)]
+
+    @property
+    def missing_ssms(self) -> list[dict]:
+        served = self.ssms
+        return [s for s in self.raw.get("ssms", []) if s not in served]
+
+    @property
+    def orchestrator(self) -> dict:
+        return self.raw["orchestrator"]
+
+
+def resolve(p: str | Path, base: Path) -> Path:
+    p = Path(os.path.expanduser(str(p)))
+    return p if p.is_absolute() else (base / p).resolve()
+
+
+def load_deployment(path: str | Path) -> Deployment:
+    path = Path(path).resolve()
+    raw = yaml.safe_load(path.read_text())
+    for key in ("llm", "orchestrator"):
+        if key not in raw:
+            raise ValueError(f"{path}: missing section {key!r}")
+    names = [raw["llm"]["name"]] + [s["name"] for s in raw.get("ssms", [])]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: model names must be unique, got {names}")
+    for m in [raw["llm"], *raw.get("ssms", [])]:
+        if m.get("engine") not in TEMPLATE_BY_ENGINE:
+            raise ValueError(f"{path}: model {m.get('name')!r} has unknown engine {m.get('engine')!r}")
+    return Deployment(raw, path, dict(raw.get("server", {})))
+
+
+def distilled_dir(model: dict, dep: Deployment) -> Path:
+    """A distilled SSM's directory: `source` relative to the cache directory (where make distill writes)."""
+    return resolve(model.get("source", model["name"]), dep.cache_dir)
+
+
+def artifacts_present(model: dict, dep: Deployment) -> bool:
+    from minions.distill.draft_model import is_distilled_dir
+
+    return model.get("engine") != "distilled" or is_distilled_dir(distilled_dir(model, dep))

@@ -1,0 +1,167 @@
+"""What an engine is: the request and result dataclasses, and the capabilities an engine may have.
+
+Every engine serves `Engine` (one call, and the release of a finished sequence's state). The others
+are capabilities the Triton adapter (triton/engine_model.py) checks for by name instead of probing
+attributes: a whole dynamic batch in one call, in-flight batching, and the state its metrics read.
+The tensors these requests travel in are engines/tensors.py's.
+
+Semantics kept from TensorRT-LLM:
+- `input_ids` is the whole sequence so far (the orchestrator resends it every round).
+- without `draft`: generate `request_output_len` tokens.
+- with `draft` (k tokens, `request_output_len` = k + 1): verify the draft and return the accepted
+  draft tokens plus one token of the engine's own (draft-tokens-external mode); with `draft_logits`
+  too, the draft counts as sampled from them (see speculation/verification.py).
+- `stop` = true ends the sequence `request_id` names and frees its cached state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from minions.engines.sequence_cache import SequenceCache
+from minions.speculation.sampling import SamplingParams, pick_token
+from minions.text.bad_words import BadWords
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    input_ids: list[int]
+    request_output_len: int
+    draft: list[int] = field(default_factory=list)
+    draft_logits: np.ndarray | None = None
+    """[len(draft), vocab]: the SSM's logits when it sampled the draft."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None
+    end_id: int | None = None
+    pad_id: int = 0
+    bad_words: BadWords = field(default_factory=lambda: BadWords([]))
+    return_generation_logits: bool = False
+    exclude_input_in_output: bool = False
+    stop: bool = False
+
+    @classmethod
+    def release(cls, request_id: str) -> EngineRequest:
+        """The call that ends sequence `request_id` and frees its state (tensorrt_llm's `stop`). It
+        computes nothing; its answer is empty (no tokens, and the input excluded from the output)."""
+        return cls(request_id, [0], 1, stop=True, exclude_input_in_output=True)
+
+    def next_token(self, logits: np.ndarray, sequence: list[int], rng: np.random.Generator) -> int:
+        """The next generated token after `sequence`: drawn with the request's sampling, bad words banned."""
+        banned = self.bad_words.banned_next(sequence) if self.bad_words else None
+        return pick_token(logits, self.sampling, rng, banned)
+
+    def generation_done(self, tokens: list[int]) -> bool:
+        """Whether a generation that has produced `tokens` is over: request_output_len reached, or end_id."""
+        return len(tokens) >= self.request_output_len or (
+            self.end_id is not None and bool(tokens) and tokens[-1] == self.end_id)
+
+
+@dataclass
+class EngineResult:
+    tokens: list[int]
+    """New tokens only (accepted draft tokens + the engine's own, or the generated ones)."""
+    logits: np.ndarray | None = None
+    """[len(tokens), vocab] generation logits when asked for."""
+
+
+@dataclass
+class BatchStats:
+    """What batching achieved, for the engine's metrics: mean batch = sequences / passes, padding share =
+    pad_tokens / tokens."""
+
+    passes: int = 0
+    sequences: int = 0
+    tokens: int = 0
+    pad_tokens: int = 0
+
+
+Answer = Callable[[EngineResult | Exception], None]
+"""Receives one call's result, or the exception it failed with."""
+
+
+def result_or_raise(value: EngineResult | Exception) -> EngineResult:
+    """One call's answer as a result, its failure as a raised exception."""
+    if isinstance(value, Exception):
+        raise value
+    return value
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What every engine serves: one call, and the release of a finished sequence's state."""
+
+    def generate(self, request: EngineRequest) -> EngineResult: ...
+
+    def release(self, request_id: str) -> None: ...
+
+
+@runtime_checkable
+class BatchEngine(Engine, Protocol):
+    """An engine that serves Triton's whole dynamic batch in one call (one forward or decode step for
+    all); a failing request gets its exception in its place, the others their results."""
+
+    def generate_batch(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]: ...
+
+
+@runtime_checkable
+class InflightEngine(BatchEngine, Protocol):
+    """An engine that batches in flight, for a decoupled model: `submit` returns at once and each call's
+    answer comes from the engine's thread when done; `close` stops that thread."""
+
+    def submit(self, calls: list[tuple[EngineRequest, Answer]]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class MeteredEngine(Protocol):
+    """An engine that keeps per-sequence state and counts its passes: what the engine model's metrics
+    read (cached sequences, BatchStats, and the bytes its KV caches hold, None where it cannot tell)."""
+
+    cache: SequenceCache[Any]
+    stats: BatchStats
+
+    def cached_bytes(self) -> int | None: ...
+
+
+class SplitBatchEngine:
+    """Base of the engines that compute a batch in passes over distinct request ids (TorchEngine): it
+    serves `BatchEngine` over the subclass's `_generate_distinct` and `release`."""
+
+    def generate(self, request: EngineRequest) -> EngineResult:
+        return result_or_raise(self.generate_batch([request])[0])
+
+    def generate_batch(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
+        """Two calls for one sequence (a pipelined early draft and the regular draft that replaced it)
+        can land in one batch: the later call runs in a second pass, after the first, so each sees its
+        own prefix. Releases (`stop`) are applied after the batch's work: a release is always a
+        request's last call."""
+        out: list[EngineResult | Exception | None] = [None] * len(requests)
+        seen: set[str] = set()
+        first, later, stops = [], [], []
+        for i, r in enumerate(requests):
+            if r.stop:
+                stops.append(i)
+            else:
+                (later if r.request_id in seen else first).append(i)
+                seen.add(r.request_id)
+        for part in (first, later):
+            if part:
+                for i, result in zip(part, self._generate_distinct([requests[i] for i in part])):
+                    out[i] = result
+        for i in stops:
+            self.release(requests[i].request_id)
+            out[i] = EngineResult([])
+        return out  # type: ignore[return-value]
+
+    def release(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    def _generate_distinct(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
+        """Serve requests with distinct ids, none of them a release."""
+        raise NotImplementedError

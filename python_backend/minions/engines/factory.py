@@ -1,0 +1,42 @@
+"""Building an engine from its model's settings (pure: no Triton).
+
+The defaults are EngineSettings' (minions/settings.py); the engine model reads them from its
+config.pbtxt with `EngineSettings.from_params`. Each engine's module is imported only when used, so
+a model never loads torch or llama.cpp that it does not run.
+"""
+
+from __future__ import annotations
+
+from minions.engines.api import Engine
+from minions.settings import EngineSettings
+
+
+def build_engine(settings: EngineSettings) -> Engine:
+    """The engine `settings.engine` names (torch, distilled, llamacpp or ngram), built from `settings`."""
+    kind = settings.engine
+    if kind in ("torch", "distilled"):
+        import torch
+
+        from minions.engines.torch_engine import TorchEngine
+
+        torch.set_num_threads(settings.num_threads)
+        if kind == "torch":
+            from minions.engines.torch_engine import load_causal_lm
+
+            return TorchEngine(load_causal_lm(settings.model_path, settings.dtype), settings.max_sequences,
+                               settings.max_context, settings.min_forward_tokens, settings.kv_budget_bytes())
+        from minions.distill.draft_model import load_draft_model
+
+        # min_forward_tokens (padding small passes) is the `torch` engine's setting only.
+        return TorchEngine(load_draft_model(settings.model_path), settings.max_sequences, settings.max_context,
+                           kv_budget_bytes=settings.kv_budget_bytes())
+    if kind == "llamacpp":
+        from minions.engines.llamacpp_engine import LlamaCppEngine
+
+        return LlamaCppEngine(settings.model_path, settings.num_threads, settings.max_sequences,
+                              settings.max_context, settings.draft_min_prob)
+    if kind == "ngram":
+        from minions.engines.ngram_engine import NgramEngine
+
+        return NgramEngine(settings.max_ngram, settings.min_ngram)
+    raise ValueError(f"unknown engine {kind!r}: use torch, distilled, llamacpp or ngram")

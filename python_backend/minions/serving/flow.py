@@ -1,0 +1,136 @@
+"""One request's flow around the decode loop, free of Triton: from the parsed request to a
+DecodeRequest (prompt, limits, end_id, bad words), KV admission, and from rounds of tokens to the
+text the client receives (end_id trimmed, detokenised, stop strings, finish_reason, stream chunks)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from minions.errors import InvalidRequest
+from minions.serving.admission import KvAdmission, Reservation
+from minions.serving.request import GenerationRequest
+from minions.settings import OrchestratorSettings
+from minions.speculation.plan import DecodeRequest
+from minions.speculation.rounds import DecodeStats, Round
+from minions.text.bad_words import BadWords
+from minions.text.detokenizer import IncrementalDetokenizer
+from minions.text.prompt import encode_prompt
+from minions.text.stop_strings import StopStringMatcher
+
+log = logging.getLogger("minions.bls")
+
+
+class Tokenizer(Protocol):
+    """What the flow needs of a transformers tokenizer."""
+
+    eos_token_id: int | None
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+    def apply_chat_template(self, messages: list[dict], **kwargs) -> str: ...
+
+
+def decode_request(greq: GenerationRequest, tokenizer: Tokenizer, settings: OrchestratorSettings) -> DecodeRequest:
+    """The decode loop's request: the prompt tokenised (InvalidRequest if it leaves no room to
+    generate), max_tokens bounded by the context, end_id defaulting to the tokenizer's EOS."""
+    prompt_ids = encode_prompt(tokenizer, greq.text, greq.chat)
+    if len(prompt_ids) >= settings.max_context:
+        raise InvalidRequest(
+            f"prompt is {len(prompt_ids)} tokens; the context holds {settings.max_context} "
+            "including at least one generated token"
+        )
+    return DecodeRequest(
+        prompt_ids=prompt_ids,
+        max_new_tokens=min(greq.max_tokens, settings.max_context - len(prompt_ids)),
+        sampling=greq.sampling,
+        seed=greq.seed,
+        end_id=greq.end_id if greq.end_id is not None else tokenizer.eos_token_id,
+        bad_words=BadWords([tokenizer.encode(w, add_special_tokens=False) for w in greq.bad_words]),
+        speculation=greq.speculation,
+        num_draft_tokens=greq.num_draft_tokens,
+        max_draft_tokens=settings.max_num_draft_tokens,
+        use_draft_logits=greq.use_draft_logits,
+        pipeline=greq.pipeline,
+    )
+
+
+async def admit(admission: KvAdmission | None, request: DecodeRequest, request_id: str) -> Reservation | None:
+    """Wait (in order) until the request's worst case fits the KV budget: prompt, every new token,
+    and one round's longest draft."""
+    if admission is None:
+        return None
+    worst = len(request.prompt_ids) + request.max_new_tokens + request.max_draft_tokens + 1
+    if not admission.fits_now(worst):
+        log.info("%s: waiting for KV budget (%d tokens in use of %d, %d waiting)", request_id,
+                 admission.in_use, admission.capacity, admission.waiting)
+    return await admission.reserve(worst)
+
+
+class TextStream:
+    """Rounds of tokens in, the client's text out: end_id ends the text, stop strings end it (and are
+    not sent), streamed requests get each round's new text as a chunk, others all of it at the end."""
+
+    def __init__(self, greq: GenerationRequest, tokenizer: Tokenizer, end_id: int | None) -> None:
+        self.greq = greq
+        self.end_id = end_id
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.stops = StopStringMatcher(greq.stop_words)
+        self.stats = DecodeStats()
+        self.finish_reason = "length"
+        self.pending = ""  # text not yet sent (all of it when not streaming)
+
+    def add(self, r: Round) -> bool:
+        """Take a round's tokens; True when the request is done (last round, end_id or a stop string)."""
+        self.stats.add(r)
+        tokens = r.tokens
+        if self.end_id in tokens:
+            tokens = tokens[: tokens.index(self.end_id)]
+            self.finish_reason = "stop"
+        self.pending += self.stops.feed(self.detok.push(tokens))
+        if self.stops.stopped:
+            self.finish_reason = "stop"
+        return r.last or self.stops.stopped
+
+    def chunk(self) -> str:
+        """For a streamed request: the text to send now ('' if none, or not streaming)."""
+        if not self.greq.stream:
+            return ""
+        text, self.pending = self.pending, ""
+        return text
+
+    def final(self) -> str:
+        """The last response's text: what is left, with the prompt in front for a non-streamed
+        request that did not ask to exclude it."""
+        if not self.stops.stopped:
+            self.pending += self.stops.feed(self.detok.flush()) + self.stops.flush()
+        text, self.pending = self.pending, ""
+        if not self.greq.stream and not self.greq.exclude_input_in_output:
+            text = self.greq.text + text
+        return text
+
+
+def response_arrays(greq: GenerationRequest, text: str, stats: DecodeStats,
+                    finish_reason: str | None) -> dict[str, np.ndarray]:
+    """A response's output tensors (tensorrt_llm_bls names, plus finish_reason and speculation metrics)."""
+    out = {
+        "text_output": np.array([text.encode("utf-8")], dtype=np.object_),
+        "num_output_tokens": np.array([stats.emitted_tokens], dtype=np.int32),
+    }
+    if finish_reason is not None:
+        out["finish_reason"] = np.array([finish_reason.encode()], dtype=np.object_)
+    if greq.return_perf_metrics:
+        out |= {
+            "acceptance_rate": np.array([stats.acceptance_rate], dtype=np.float32),
+            "total_accepted_draft_tokens": np.array([stats.accepted_tokens], dtype=np.int32),
+            "total_draft_tokens": np.array([stats.draft_tokens], dtype=np.int32),
+            "num_verifications": np.array([stats.verifications], dtype=np.int32),
+            "draft_lengths": np.array(stats.planned_lengths, dtype=np.int32),
+            "num_pipelined_drafts": np.array([stats.pipelined_drafts], dtype=np.int32),
+        }
+    return out

@@ -1,0 +1,152 @@
+"""Every deployment setting and its default, defined once.
+
+deploy.yaml's entries become these dataclasses (`from_yaml`), are rendered into the string parameters
+of each model's config.pbtxt (`params`), and are read back by the Triton adapters (`from_params`).
+So a default lives in one place: a field here. deploy.yaml documents the values a deployment uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+S = TypeVar("S", bound="_Settings")
+
+
+class _Settings:
+    """Conversion between a settings dataclass and mappings of YAML values or config.pbtxt strings."""
+
+    @classmethod
+    def from_yaml(cls: type[S], entry: Mapping[str, Any], **derived: Any) -> S:
+        """From a deploy.yaml section; keys that are not settings (name, source, ...) are ignored.
+        `derived`: values the renderer computes (model names, paths, budgets)."""
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        values = {k: _convert(cls, k, v) for k, v in entry.items() if k in names and v is not None}
+        return cls(**{**values, **derived})
+
+    @classmethod
+    def from_params(cls: type[S], params: Mapping[str, str]) -> S:
+        """From config.pbtxt string parameters (as rendered by `params`); absent or empty ones keep their default."""
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: _convert(cls, k, v) for k, v in params.items() if k in names and v != ""})
+
+    def params(self) -> dict[str, str]:
+        """Every setting as a config.pbtxt string parameter."""
+        return {f.name: _render(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+
+def _convert(cls: type, name: str, value: Any) -> Any:
+    kind = typing.get_type_hints(cls)[name]
+    if kind is bool:
+        return value if isinstance(value, bool) else str(value).strip().lower() == "true"
+    if kind in (int, float, str):
+        return kind(value)
+    if kind == tuple[int, ...]:
+        items = value.split(",") if isinstance(value, str) else value
+        return tuple(int(x) for x in items if str(x).strip())
+    if kind == tuple[str, ...]:
+        items = value.split(",") if isinstance(value, str) else value
+        return tuple(str(x).strip() for x in items if str(x).strip())
+    raise TypeError(f"setting {name!r} has an unsupported type {kind}")
+
+
+def _render(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class EngineSettings(_Settings):
+    """One engine model (the llm or an ssm_* entry of deploy.yaml)."""
+
+    model_name: str = ""
+    engine: str = ""
+    """torch | distilled | llamacpp | ngram"""
+    model_path: str = ""
+    """Resolved by the renderer from the entry's `source`."""
+    num_threads: int = 2
+    max_batch_size: int = 8
+    """Triton's dynamic batcher (or the in-flight batch) hands up to this many requests to one pass."""
+    max_queue_delay_us: int = 0
+    instance_count: int = 1
+    max_sequences: int = 8
+    """Sequences whose state (KV cache, llama.cpp sequence) the engine keeps, LRU beyond."""
+    max_context: int = 2048
+    """Set from orchestrator.max_context by the renderer."""
+    dtype: str = "float32"
+    min_forward_tokens: int = 1
+    kv_budget_mb: float = 0.0
+    """0: unbounded."""
+    draft_min_prob: float = 0.0
+    """llama.cpp: stop a greedy draft early below this top-1 probability (0 = never)."""
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def kv_budget_bytes(self) -> int | None:
+        return int(self.kv_budget_mb * 2**20) if self.kv_budget_mb > 0 else None
+
+
+ADAPTIVE = "adaptive"
+
+
+@dataclass(frozen=True)
+class OrchestratorSettings(_Settings):
+    """The `minions` BLS model: request defaults and limits, and the speculation machinery's knobs."""
+
+    model_name: str = "minions"
+    instance_count: int = 1
+    default_speculation: str = "off"
+    """off | vote | bandit | single:<ssm> (vote:<ssm>,<ssm> for a subset)."""
+    default_num_draft_tokens: str = ADAPTIVE
+    """`adaptive` or a fixed number of draft tokens per round."""
+    draft_length_candidates: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
+    """What the adaptive selector chooses from (0 = plain decoding)."""
+    max_num_draft_tokens: int = 16
+    default_max_tokens: int = 128
+    max_tokens_limit: int = 1024
+    max_context: int = 2048
+    default_chat: bool = False
+    default_use_draft_logits: bool = False
+    pipeline: bool = False
+    """Draft round r+1 while the LLM verifies round r (a request's `pipeline` overrides)."""
+    pipeline_max_load: int = 0
+    """Early drafts only while at most this many requests decode (0: always)."""
+    pipeline_min_hit: float = 0.0
+    """...or while the selector expects an early draft to be used at least this often (0: never)."""
+    vote_deadline_ms: float = 500.0
+    vote_explore_every: int = 8
+    draft_pool_size: int = 0
+    """Drafts waiting for the LLM at most (0: the LLM's max_batch_size)."""
+    # Derived by the renderer from the rest of the deployment:
+    llm_model_name: str = "llm"
+    ssm_model_names: tuple[str, ...] = ()
+    decoupled_model_names: tuple[str, ...] = ()
+    tokenizer_path: str = ""
+    kv_budget_tokens: int = 0
+    """The LLM's KV budget in tokens (0: no admission control)."""
+    kv_chunk_tokens: int = 1
+
+    @property
+    def num_draft_tokens(self) -> int | None:
+        """The default draft length; None: adaptive."""
+        return None if self.default_num_draft_tokens == ADAPTIVE else int(self.default_num_draft_tokens)
+
+    @property
+    def vote_deadline_s(self) -> float:
+        return self.vote_deadline_ms / 1000.0
+
+    def check(self) -> None:
+        """Raise ValueError for values no request could be served with."""
+        text = self.default_num_draft_tokens.strip()
+        if text != ADAPTIVE and not text.isdigit():
+            raise ValueError(f"default_num_draft_tokens must be `{ADAPTIVE}` or a number, got {text!r}")
+
+
+DEFAULTS = OrchestratorSettings()
+"""The defaults, for code that runs without a deployment (tests, benchmarks' in-process loops)."""

@@ -1,0 +1,112 @@
+"""Drafters: how one round's draft is obtained from the SSMs. This module holds what every drafter
+shares (the round, the proposal, the protocols) and the single-SSM drafter; the vote and the bandit
+live in vote.py and bandit.py.
+
+A drafter never raises because of an SSM: a failed or late SSM is reported in the proposal and the
+round goes on with what arrived (possibly no draft at all, i.e. plain decoding). Drafters also learn
+from each verification (`observe`): the vote's weights, the bandit's rewards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from minions.engines.api import EngineRequest, EngineResult
+from minions.speculation.sampling import GREEDY, SamplingParams
+from minions.speculation.health import SsmHealth
+
+log = logging.getLogger("minions.draft")
+
+
+class EngineClient(Protocol):
+    """How the loop reaches engine models (Triton BLS calls in production, objects in tests)."""
+
+    async def generate(self, model: str, request: EngineRequest) -> EngineResult: ...
+
+    async def release(self, model: str, request_id: str) -> None: ...
+
+
+@dataclass
+class DraftRound:
+    """What every SSM asked in a round gets: the sequence so far and how to draft."""
+
+    request_id: str
+    sequence: list[int]
+    k: int
+    sampling: SamplingParams = GREEDY
+    """The request's sampling when the SSM should sample its draft (and send logits); GREEDY otherwise."""
+    seed: int | None = None
+    index: int = 0
+    """Round number within the request (for exploration schedules)."""
+
+    def engine_request(self, sampled: bool) -> EngineRequest:
+        return EngineRequest(
+            self.request_id, list(self.sequence), self.k,
+            sampling=self.sampling if sampled else GREEDY, seed=self.seed if sampled else None,
+            return_generation_logits=sampled, exclude_input_in_output=True,
+        )
+
+
+@dataclass
+class Proposal:
+    draft: list[int] = field(default_factory=list)
+    logits: np.ndarray | None = None
+    """[len(draft), vocab] when the draft was sampled from these logits (min(1, p/q) rule)."""
+    chosen: str | None = None
+    drafts: dict[str, list[int]] = field(default_factory=dict)
+    """Every SSM's draft that arrived in time (the vote's ballots; one entry for a single SSM)."""
+    failed: tuple[str, ...] = ()
+    """SSMs that failed or missed the deadline this round (a late one is slow, not broken: no breaker, no score)."""
+    control_seconds: float = 0.0
+    """Time spent choosing (vote, bandit), not waiting for engines."""
+    exploring: dict[str, asyncio.Future] = field(default_factory=dict)
+    """Drafts still being made by SSMs the round did not wait for (scored if done by verification's end)."""
+
+
+class Drafter(Protocol):
+    ssms: tuple[str, ...]
+
+    async def propose(self, client: EngineClient, rnd: DraftRound) -> Proposal: ...
+
+    def observe(self, proposal: Proposal, emitted: list[int], draft_seconds: float, verify_seconds: float) -> float:
+        """Learn from a verification; returns the control time it took."""
+        ...
+
+
+async def ask_one(client: EngineClient, health: SsmHealth, ssm: str, rnd: DraftRound, sampled: bool) -> Proposal:
+    """One SSM's draft, or an empty proposal naming it as failed."""
+    try:
+        result = await client.generate(ssm, rnd.engine_request(sampled))
+    except Exception as exc:  # a request never fails because of an SSM
+        _record_failure(health, ssm, rnd.request_id, exc)
+        return Proposal(failed=(ssm,))
+    health.succeeded(ssm)
+    draft = result.tokens[: rnd.k]
+    logits = result.logits[: len(draft)] if draft and sampled and result.logits is not None else None
+    return Proposal(draft, logits, ssm if draft else None, {ssm: draft})
+
+
+def _record_failure(health: SsmHealth, ssm: str, request_id: str, exc: BaseException | str) -> None:
+    log.warning("%s: SSM %s failed: %s", request_id, ssm, exc)
+    if health.failed(ssm):
+        log.warning("SSM %s skipped by all requests for %.0f s", ssm, health.cooldown_s)
+
+
+class SingleDrafter:
+    def __init__(self, ssm: str, health: SsmHealth, sampled: bool) -> None:
+        self.ssms = (ssm,)
+        self.health = health
+        self.sampled = sampled
+
+    async def propose(self, client: EngineClient, rnd: DraftRound) -> Proposal:
+        if not self.health.available(self.ssms[0]):
+            return Proposal()
+        return await ask_one(client, self.health, self.ssms[0], rnd, self.sampled)
+
+    def observe(self, proposal: Proposal, emitted: list[int], draft_seconds: float, verify_seconds: float) -> float:
+        return 0.0

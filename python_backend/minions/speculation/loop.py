@@ -1,0 +1,134 @@
+"""The orchestrator's decode loop, free of Triton so it is tested against in-process engines.
+
+Each round: draft → verify → accept → observe → emit. A drafter (one SSM, a weighted vote of several,
+or a bandit's pick) proposes k tokens from the whole sequence; the LLM verifies them and returns the
+accepted prefix plus one token of its own (TensorRT-LLM's draft-tokens-external mode); the drafter
+and the draft-length policy learn from the outcome; the round is yielded. With speculation `off`
+the LLM is called with no draft and returns one token: plain decoding through the same engine and
+path. The whole sequence is resent every round (engines keep their own prefix KV caches), and every
+engine's state for the request is released when it ends, however it ends.
+
+The draft length is fixed, or chosen each round by the adaptive selector (draft_length.py), which
+may choose 0 (plain decoding) when speculation does not pay. Drafting ahead during verification and
+the draft pool are pipelining.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from minions.engines.api import EngineRequest
+from minions.engines.sequence_cache import common_prefix_len
+from minions.speculation.drafters import DraftRound, EngineClient, Proposal
+from minions.speculation.pipelining import DraftSource
+from minions.speculation.plan import DecodeRequest, Services
+from minions.speculation.rounds import Round
+
+
+async def speculative_decode(client: EngineClient, request: DecodeRequest, services: Services,
+                             request_id: str) -> AsyncIterator[Round]:
+    """Yield one Round per LLM verification until max_new_tokens or end_id; release caches at the end.
+
+    Close the generator (e.g. with contextlib.aclosing) to stop early: the finally clause frees the
+    engines' state for this request (after any early draft still running has finished).
+    """
+    sequence = list(request.prompt_ids)
+    seed = request.seed if request.seed is not None else int(np.random.default_rng().integers(2**62))
+    drafter = services.drafter(request)
+    length = services.draft_length(request, drafting=drafter is not None)
+    source = DraftSource(client, drafter, services.pool, request_id) if drafter else None
+    produced, index, emitted = 0, 0, []
+    drafted_before = False  # the first draft also pays the SSMs' prefill of the prompt
+    try:
+        while produced < request.max_new_tokens:
+            remaining, batch = request.max_new_tokens - produced, services.load()
+            # Round 1 is plain decoding: the first token costs one LLM prefill, as in `off` (TTFT).
+            planned = length.choose(batch) if drafter and produced > 0 else 0
+            k = min(planned, remaining - 1)
+            t0 = time.perf_counter()
+            # Draft.
+            proposal, pipelined = Proposal(), False
+            if source is not None:
+                rnd = DraftRound(request_id, list(sequence), k, request.sampling, round_seed(seed, len(sequence), 1), index)
+                proposal, pipelined = await source.draft(rnd, emitted)
+            draft = proposal.draft = proposal.draft[:k]
+            if proposal.logits is not None:
+                proposal.logits = proposal.logits[: len(draft)]
+            t1 = time.perf_counter()
+            # Verify; meanwhile draft the next round early. Round 1's LLM work is the prompt's prefill.
+            services.length_stats.report(request_id, len(draft) if produced else len(sequence) - 1)
+            verification = asyncio.ensure_future(
+                client.generate(services.llm, _verify_call(request, request_id, sequence, proposal, seed)))
+            if source is not None:
+                source.sent()
+                if request.pipeline and (produced == 0 or services.early_draft_pays(length, batch, len(draft))):
+                    _draft_ahead(source, request, sequence, draft, remaining, produced, length.current, seed, index)
+            # Accept.
+            emitted = (await verification).tokens[:remaining]
+            t2 = time.perf_counter()
+            if not emitted:
+                raise RuntimeError(f"engine {services.llm!r} returned no token")
+            sequence += emitted
+            produced += len(emitted)
+            index += 1
+            # Observe. TensorRT-LLM returns tokens only: the accepted count is the prefix shared with the draft.
+            accepted = common_prefix_len(emitted, draft)
+            draft_seconds = t1 - t0 - proposal.control_seconds
+            control = proposal.control_seconds + (drafter.observe(proposal, emitted, draft_seconds, t2 - t1) if k > 0 else 0.0)
+            if index > 1:  # round 1 is the prompt's prefill, not a verification
+                length.observe(batch, len(draft), accepted, draft_seconds if drafted_before else None, t2 - t1)
+            drafted_before = drafted_before or bool(draft)
+            # Emit.
+            last = produced >= request.max_new_tokens or (request.end_id is not None and request.end_id in emitted)
+            yield Round(tokens=emitted, ssm=proposal.chosen if draft else None, drafted=len(draft), accepted=accepted,
+                        draft_seconds=draft_seconds, verify_seconds=t2 - t1, failed=proposal.failed, last=last,
+                        drafts=proposal.drafts, control_seconds=control, planned=planned, pipelined=pipelined,
+                        early_discarded=source is not None and source.wasted(emitted))
+            if last:
+                return
+    finally:
+        services.length_stats.forget(request_id)
+        if source is not None:
+            await source.close()
+        # Every engine, even an SSM whose breaker is open: one that was only slow still holds state.
+        # Concurrently, so a dead stub's failing call (about 1 s) costs that once; this runs after
+        # the request's final response has gone out.
+        await asyncio.gather(*(client.release(m, request_id) for m in [services.llm, *(drafter.ssms if drafter else ())]))
+
+
+def _verify_call(request: DecodeRequest, request_id: str, sequence: list[int], proposal: Proposal,
+                 seed: int) -> EngineRequest:
+    """The LLM call that verifies the proposal's draft (none: one plain token)."""
+    return EngineRequest(
+        request_id, list(sequence), len(proposal.draft) + 1, draft=proposal.draft,
+        draft_logits=proposal.logits if proposal.draft else None, sampling=request.sampling,
+        seed=round_seed(seed, len(sequence)), end_id=request.end_id, bad_words=request.bad_words,
+        exclude_input_in_output=True,
+    )
+
+
+def _draft_ahead(source: DraftSource, request: DecodeRequest, sequence: list[int], draft: list[int], remaining: int,
+                 produced: int, next_length: int, seed: int, index: int) -> None:
+    """Draft round r+1 during round r's verification, one token longer than it will ask for (its first
+    token guesses the LLM's own). Round 1 (plain decoding) drafts round 2 from the prompt at any load:
+    that moves the SSMs' prompt prefill, which every request pays, off the critical path. The length
+    is the policy's held choice, not this round's, or a pipeline whose early drafts keep passing
+    would never take up a new choice."""
+    if not draft and produced > 0:
+        return
+    left_after = remaining - len(draft) - 1  # if this round accepts everything
+    early_len = min(next_length, left_after - 1) + 1
+    if early_len > 1:
+        assumed = sequence + draft
+        source.draft_ahead(DraftRound(source.request_id, assumed, early_len,
+                                      request.sampling, round_seed(seed, len(assumed), 1), index + 1), draft)
+
+
+def round_seed(seed: int, position: int, stream: int = 0) -> int:
+    """A per-round seed from the request's seed and the sequence length (reproducible); `stream`
+    keeps the SSM's draws independent of the LLM's."""
+    return int(np.random.SeedSequence([seed, position, stream]).generate_state(1, np.uint64)[0])

@@ -1,0 +1,108 @@
+"""Where each round's draft comes from, and drafting ahead while the LLM verifies.
+
+Pipelining: while the LLM verifies round r, the drafter already drafts round r+1 on the assumption
+that the whole draft is accepted, from the sequence plus the draft, one token longer: its first
+token guesses the LLM's own token. If verification accepts everything and the guess is right, the
+rest is round r+1's draft, ready (or nearly) when verification ends; otherwise it is discarded.
+
+Both the regular and the early draft hold a DraftPool slot until they reach the LLM, so drafting
+pauses while a full LLM batch of drafts is waiting. Round 1 is plain decoding (the LLM's prefill);
+its early draft, from the prompt alone, overlaps the SSMs' prompt prefill with the LLM's. Later early
+drafts are made up to `pipeline_max_load` concurrent requests, and beyond that only while the
+selector expects them to be used (`pipeline_min_hit`): a likely-wasted early draft takes SSM time
+that the other requests' drafts wait for, a likely-used one only moves work the SSMs would do anyway
+off the critical path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from minions.speculation.drafters import Drafter, DraftRound, EngineClient, Proposal
+from minions.speculation.pool import DraftPool, Slot
+
+
+@dataclass
+class EarlyDraft:
+    """A draft of round r+1 made during round r's verification, on the assumption that all of `assumed` passes."""
+
+    task: asyncio.Task
+    assumed: list[int]
+    slot: Slot | None
+
+    def discard(self) -> None:
+        if self.slot is not None:
+            self.slot.release()
+
+    def holds(self, emitted: list[int]) -> bool:
+        """Whether round r accepted all of the assumed draft (emitted = draft + the LLM's own token)."""
+        return len(emitted) == len(self.assumed) + 1 and emitted[:-1] == self.assumed
+
+    async def take(self, emitted: list[int]) -> Proposal | None:
+        """Round r+1's proposal if the assumption held and the guess of the LLM's own token was right
+        (the caller discards the early draft either way)."""
+        if not self.holds(emitted):
+            return None
+        proposal = await self.task
+        if not proposal.draft or proposal.draft[0] != emitted[-1]:
+            return None
+        proposal.draft = proposal.draft[1:]
+        if proposal.logits is not None:
+            proposal.logits = proposal.logits[1:]
+        proposal.drafts = {ssm: d[1:] for ssm, d in proposal.drafts.items() if d[:1] == emitted[-1:]}
+        return proposal
+
+
+class DraftSource:
+    """One request's drafts: the early draft when it holds, else a fresh one, each holding a pool
+    slot until it reaches the LLM; early drafts for the next round while this one verifies."""
+
+    def __init__(self, client: EngineClient, drafter: Drafter, pool: DraftPool | None, request_id: str) -> None:
+        self.client, self.drafter, self.pool, self.request_id = client, drafter, pool, request_id
+        self.early: EarlyDraft | None = None
+        self.slot: Slot | None = None
+        self._started: list[asyncio.Task] = []  # every early draft, awaited before the engines' release
+
+    async def draft(self, rnd: DraftRound, last_emitted: list[int]) -> tuple[Proposal, bool]:
+        """Round `rnd`'s proposal (rnd.k > 0, or none is wanted) and whether it was drafted early."""
+        if self.early is not None:
+            taken = await self.early.take(last_emitted) if rnd.k > 0 else None
+            self.early.discard()  # its pool slot: a taken draft reaches the LLM now, any other is dropped
+            self.early = None
+            if taken is not None:
+                return taken, True
+        if rnd.k <= 0:
+            return Proposal(), False
+        self.slot = await self.pool.acquire() if self.pool is not None else None
+        try:
+            return await self.drafter.propose(self.client, rnd), False
+        except BaseException:
+            self.sent()
+            raise
+
+    def sent(self) -> None:
+        """The round's draft has reached the LLM: it no longer waits in the pool."""
+        if self.slot is not None:
+            self.slot.release()
+            self.slot = None
+
+    def draft_ahead(self, rnd: DraftRound, assumed: list[int]) -> None:
+        """Start drafting `rnd` (the next round, one token longer) on the assumption that all of
+        `assumed` is accepted, if the pool has a free slot now."""
+        slot = self.pool.try_acquire() if self.pool is not None else None
+        if self.pool is not None and slot is None:
+            return
+        self.early = EarlyDraft(asyncio.ensure_future(self.drafter.propose(self.client, rnd)), list(assumed), slot)
+        self._started = [t for t in self._started if not t.done()] + [self.early.task]
+
+    def wasted(self, emitted: list[int]) -> bool:
+        """Whether this round made an early draft that its outcome throws away."""
+        return self.early is not None and not self.early.holds(emitted)
+
+    async def close(self) -> None:
+        """Give back every slot and let the SSMs finish early calls, so nothing is left behind."""
+        self.sent()
+        if self.early is not None:
+            self.early.discard()
+        await asyncio.gather(*self._started, return_exceptions=True)

@@ -1,0 +1,123 @@
+"""What the decode loop is given: one request's settings (`DecodeRequest`) and the server-wide
+services every request shares (`Services`, built once by the orchestrator)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from minions.settings import DEFAULTS, EngineSettings, OrchestratorSettings
+from minions.speculation.bandit import BanditDrafter, Ucb1
+from minions.speculation.draft_length import DraftLengthSelector, FixedLength
+from minions.speculation.drafters import Drafter, SingleDrafter
+from minions.speculation.health import SsmHealth
+from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
+from minions.speculation.mode import OFF, Speculation, SpeculationMode
+from minions.speculation.pool import DraftPool
+from minions.speculation.sampling import GREEDY, SamplingParams
+from minions.speculation.vote import VoteDrafter
+from minions.speculation.weights import SsmWeights
+from minions.text.bad_words import BadWords
+
+
+@dataclass
+class DecodeRequest:
+    """One request: what to decode and how."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = GREEDY
+    seed: int | None = None
+    end_id: int | None = None
+    bad_words: BadWords = field(default_factory=lambda: BadWords([]))
+    speculation: Speculation = OFF
+    num_draft_tokens: int | None = 4
+    """Draft length per round; None: the adaptive selector chooses it (up to max_draft_tokens)."""
+    max_draft_tokens: int = DEFAULTS.max_num_draft_tokens
+    use_draft_logits: bool = False
+    """When sampling: the SSM samples its draft with the request's parameters and sends its logits,
+    and the LLM verifies with the min(1, p/q) rule (ignored for greedy decoding and for SSMs that
+    have no logits, whose drafts are then judged as deterministic)."""
+    pipeline: bool = False
+    """Draft round r+1 while the LLM verifies round r (pipelining.py)."""
+
+    @property
+    def sampled_drafts(self) -> bool:
+        return self.use_draft_logits and not self.sampling.greedy
+
+
+@dataclass
+class Services:
+    """What every request shares, learnt or throttled server-wide: a dead SSM is skipped by everyone,
+    the vote's weights and the bandit learn from every request, the length statistics price every
+    request's choice, the pool throttles everyone's drafting."""
+
+    ssms: tuple[str, ...]
+    llm: str = DEFAULTS.llm_model_name
+    health: SsmHealth = field(default_factory=SsmHealth)
+    weights: SsmWeights | None = None
+    """The vote's global SSM weights (None: fresh ones over `ssms`)."""
+    bandit: Ucb1 | None = None
+    """The bandit's arm statistics (None: fresh ones over `ssms`)."""
+    length_stats: SharedLengthStats = field(default_factory=SharedLengthStats)
+    pool: DraftPool | None = None
+    """The intermediate draft pool (None: no throttle)."""
+    load: Callable[[], int] = lambda: 1
+    """How many requests are being decoded now (the batch size the LLM sees)."""
+    vote_deadline_s: float = DEFAULTS.vote_deadline_s
+    vote_explore_every: int = DEFAULTS.vote_explore_every
+    pipeline_max_load: int = DEFAULTS.pipeline_max_load
+    """Early drafts only while at most this many requests are being decoded (0: always), unless
+    they will likely be used (pipeline_min_hit). Under load the other requests' drafts keep the SSMs
+    busy while this one verifies, and an early draft, thrown away whenever the LLM rejects part of
+    round r, takes SSM time they wait for."""
+    pipeline_min_hit: float = DEFAULTS.pipeline_min_hit
+    """Above pipeline_max_load, early drafts are still made while the adaptive selector estimates at
+    least this chance that one will be used (the whole draft accepted and the LLM's own token
+    guessed): then the SSMs would draft the same tokens after verification anyway, only later.
+    0: never above the load limit (nor for a fixed draft length, which has no estimate)."""
+
+    def __post_init__(self) -> None:
+        self.weights = self.weights or SsmWeights(self.ssms)
+        self.bandit = self.bandit or Ucb1(self.ssms)
+
+    @classmethod
+    def from_settings(cls, settings: OrchestratorSettings, load: Callable[[], int]) -> Services:
+        """The orchestrator's services, built once from its deployment settings."""
+        return cls(
+            ssms=settings.ssm_model_names,
+            llm=settings.llm_model_name,
+            length_stats=SharedLengthStats(LengthPolicy(candidates=settings.draft_length_candidates)),
+            pool=DraftPool(settings.draft_pool_size or EngineSettings().max_batch_size),
+            load=load,
+            vote_deadline_s=settings.vote_deadline_s,
+            vote_explore_every=settings.vote_explore_every,
+            pipeline_max_load=settings.pipeline_max_load,
+            pipeline_min_hit=settings.pipeline_min_hit,
+        )
+
+    def drafter(self, request: DecodeRequest) -> Drafter | None:
+        """The request's drafter (None: plain decoding)."""
+        spec, sampled = request.speculation, request.sampled_drafts
+        if not spec.drafts:
+            return None
+        if spec.mode == SpeculationMode.VOTE:
+            return VoteDrafter(spec.ssms, self.health, self.weights, self.vote_deadline_s, self.vote_explore_every,
+                               sampled)
+        if spec.mode == SpeculationMode.BANDIT:
+            return BanditDrafter(spec.ssms, self.health, self.bandit, sampled)
+        return SingleDrafter(spec.ssms[0], self.health, sampled)
+
+    def draft_length(self, request: DecodeRequest, drafting: bool) -> DraftLengthSelector | FixedLength:
+        """The adaptive selector when the request drafts with no fixed length, else its fixed length
+        (0 for plain decoding); both feed the server's length statistics."""
+        if drafting and request.num_draft_tokens is None:
+            return DraftLengthSelector(self.length_stats, request.max_draft_tokens, request.pipeline)
+        return FixedLength(request.num_draft_tokens or 0, self.length_stats, request.pipeline)
+
+    def early_draft_pays(self, length: DraftLengthSelector | FixedLength, batch: int, drafted: int) -> bool:
+        """Whether to draft round r+1 during round r's verification of `drafted` tokens, at load `batch`."""
+        if not self.pipeline_max_load or batch <= self.pipeline_max_load:
+            return True
+        hit = length.survival(drafted + 1)
+        return hit is not None and self.pipeline_min_hit > 0 and hit >= self.pipeline_min_hit
