@@ -43,7 +43,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.bench_load
 	$(PY) -m benchmarks.trace_draft_length
 
-# Train the distilled SSMs (about 40 minutes on 2 cores); `make serve` picks them up when present.
+# Train the distilled SSMs (about 50 minutes on 2 cores); `make serve` picks them up when present.
 distill: $(STAMP)
 	$(PY) -m minions.distill --deploy $(DEPLOY)
 

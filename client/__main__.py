@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
-    p.add_argument("--speculation", help="off | single:<ssm> (default: the deployment's)")
+    p.add_argument("--speculation", help="off | vote[:<ssm>,...] | bandit[:<ssm>,...] | single:<ssm> (default: the deployment's)")
     p.add_argument("--num-draft-tokens", type=int, help="fix the draft length (default: adaptive)")
     p.add_argument("--pipeline", choices=["on", "off"], help="draft the next round during verification "
                    "(default: the deployment's)")

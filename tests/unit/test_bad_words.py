@@ -1,4 +1,4 @@
-"""minions.bad_words: TensorRT-LLM bad-word semantics and its [2, N] tensor layout."""
+"""minions.text.bad_words: TensorRT-LLM bad-word semantics and its [2, N] tensor layout."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""minions.bandit: UCB1 SSM selection rewarded by tokens per second."""
+"""minions.speculation.bandit: UCB1 SSM selection rewarded by tokens per second."""
 
 from __future__ import annotations
 

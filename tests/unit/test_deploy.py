@@ -10,6 +10,7 @@ from minions.deploy.artifacts import repacked_gguf, smollm2_gguf
 from minions.deploy.config import load_deployment
 from minions.deploy.render import render_repository
 from minions.distill.draft_model import DistilledDraftModel
+from minions.settings import EngineSettings, OrchestratorSettings
 from tiny_models import VOCAB
 
 
@@ -31,8 +32,7 @@ def write_deploy(tmp_path, tiny_llm, default_speculation="vote"):
 
 
 def ssm_names(repo) -> str:
-    text = (repo / "minions" / "config.pbtxt").read_text()
-    return text.split('key: "ssm_model_names"')[1].split('string_value: "')[1].split('"')[0]
+    return param(repo, "minions", "ssm_model_names")
 
 
 def test_missing_distilled_ssm_is_skipped_then_served_once_built(tmp_path, tiny_llm):
@@ -60,3 +60,18 @@ def test_a_gguf_is_repacked_once_and_an_unknown_file_type_is_refused(tmp_path):
     assert repacked_gguf(smollm2_gguf(), "Q8_0", tmp_path).stat().st_mtime_ns == stamp
     with pytest.raises(ValueError, match="unknown llama.cpp file type 'Q9_9'"):
         repacked_gguf(smollm2_gguf(), "Q9_9", tmp_path)
+
+
+def param(repo, model: str, key: str) -> str:
+    text = (repo / model / "config.pbtxt").read_text()
+    return text.split(f'key: "{key}"')[1].split('string_value: "')[1].split('"')[0]
+
+
+def test_unset_orchestrator_keys_render_their_one_default(tmp_path, tiny_llm):
+    """deploy.yaml leaves them out: the rendered BLS config carries settings.py's defaults, and the
+    draft pool holds one LLM batch."""
+    repo = render_repository(load_deployment(write_deploy(tmp_path, tiny_llm)), tmp_path / "repo")
+    assert param(repo, "minions", "vote_deadline_ms") == str(OrchestratorSettings.vote_deadline_ms)
+    assert param(repo, "minions", "draft_length_candidates") == "0,1,2,3,4,6,8"
+    assert param(repo, "minions", "draft_pool_size") == str(EngineSettings.max_batch_size)
+    assert param(repo, "llm", "max_sequences") == str(EngineSettings.max_sequences)

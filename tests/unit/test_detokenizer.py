@@ -1,4 +1,4 @@
-"""minions.detokenizer: incremental detokenisation with a real byte-level BPE tokenizer (SmolLM2)."""
+"""minions.text.detokenizer: incremental detokenisation with a real byte-level BPE tokenizer (SmolLM2)."""
 
 from __future__ import annotations
 

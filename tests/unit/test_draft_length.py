@@ -1,4 +1,4 @@
-"""minions.draft_length: the adaptive speculation length, driven by a synthetic cost model.
+"""minions.speculation.draft_length: the adaptive speculation length, driven by a synthetic cost model.
 
 The synthetic world: verification costs t(b, s) = base(b) + slope * s, drafting costs d per token, and
 each draft position is accepted with probability a (so E(s) is known in closed form). The best s is

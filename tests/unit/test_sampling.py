@@ -1,4 +1,4 @@
-"""minions.sampling: the distribution p that plain decoding and verification both draw from."""
+"""minions.speculation.sampling: the distribution p that plain decoding and verification both draw from."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""minions.sequence_cache: prefix matching and the LRU table engines keep per request."""
+"""minions.engines.sequence_cache: prefix matching and the LRU table engines keep per request."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""minions.ssm_health: the breaker that keeps a failing SSM from costing every round a failed call."""
+"""minions.speculation.health: the breaker that keeps a failing SSM from costing every round a failed call."""
 
 from minions.speculation.health import SsmHealth
 

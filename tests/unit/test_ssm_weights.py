@@ -1,4 +1,4 @@
-"""minions.ssm_weights: the vote's online weights."""
+"""minions.speculation.weights: the vote's online weights."""
 
 from __future__ import annotations
 

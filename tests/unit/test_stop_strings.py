@@ -1,4 +1,4 @@
-"""minions.stop_strings: stop strings in streamed text are never emitted, even split across chunks."""
+"""minions.text.stop_strings: stop strings in streamed text are never emitted, even split across chunks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""minions.torch_engine: a transformers model as an engine, with a per-request prefix KV cache.
+"""minions.engines.torch_engine: a transformers model as an engine, with a per-request prefix KV cache.
 
 Every expectation is computed from the same tiny random model without the engine (HF generate, or a
 from-scratch forward pass), never hard-coded.

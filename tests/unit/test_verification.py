@@ -1,4 +1,4 @@
-"""minions.verification: the accept/resample rule that makes speculative decoding lossless.
+"""minions.speculation.verification: the accept/resample rule that makes speculative decoding lossless.
 
 The first half checks hand-built logits with exact expected outcomes. The second half checks the claim
 that matters: with sampling, text decoded through draft verification has exactly the distribution of

@@ -1,4 +1,4 @@
-"""minions.voting: prefix-tree merge of drafts and the heaviest-path vote."""
+"""minions.speculation.voting: prefix-tree merge of drafts and the heaviest-path vote."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Start the real tritonserver (from the nvidia-pytriton wheel) on a rendered model repository.
 
-`python -m minions.server` renders build/model_repository from deploy.yaml and runs tritonserver in
+`python -m minions.deploy.server` renders build/model_repository from deploy.yaml and runs tritonserver in
 the foreground. The Python-backend stub imports from the Python whose bin/ is first on PATH and links
 Debian's libpython3.11, so this must run from the project's venv made with /usr/bin/python3.11.
 """

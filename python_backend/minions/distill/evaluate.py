@@ -2,7 +2,7 @@
 
 It replays speculative rounds against the LLM's known greedy continuation: draft k tokens from the
 true prefix, accept the longest matching prefix, move on by accepted + 1 (the LLM's own token), as
-the orchestrator does. Any engine speaking engine_api works (distilled, llama.cpp, n-gram).
+the orchestrator does. Any engine of minions.engines works (distilled, llama.cpp, n-gram).
 """
 
 from __future__ import annotations

@@ -1,0 +1,150 @@
+"""minions.serving.flow: a request's way from parsed inputs to the decode loop's request, KV
+admission, and from rounds of tokens to the client's text (end_id, stop strings, finish_reason, chunks).
+
+The tokenizer here maps one token to one character (ids are indices into ALPHABET), so every
+expected text is written out by hand; the real SmolLM2 tokenizer is exercised by
+test_detokenizer.py and the integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from minions.errors import InvalidRequest
+from minions.serving.admission import KvAdmission
+from minions.serving.flow import TextStream, admit, decode_request, response_arrays
+from minions.serving.request import GenerationRequest
+from minions.settings import OrchestratorSettings
+from minions.speculation.mode import Speculation, SpeculationMode
+from minions.speculation.rounds import Round
+from minions.speculation.sampling import GREEDY
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyz .!$"
+EOS = ALPHABET.index("$")
+
+
+class CharTokenizer:
+    eos_token_id = EOS
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ALPHABET.index(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(ALPHABET[i] for i in ids if not (skip_special_tokens and i == EOS))
+
+    def apply_chat_template(self, messages: list[dict], **kwargs) -> str:
+        return "".join(m["content"] for m in messages) + "!"
+
+
+def ids(text: str) -> list[int]:
+    return CharTokenizer().encode(text)
+
+
+def greq(**kwargs) -> GenerationRequest:
+    kwargs.setdefault("text", "say hi")
+    kwargs.setdefault("max_tokens", 32)
+    kwargs.setdefault("stream", False)
+    return GenerationRequest(sampling=GREEDY, seed=None, **kwargs)
+
+
+def rnd(text: str, last: bool = False, tokens: list[int] | None = None) -> Round:
+    tokens = ids(text) if tokens is None else tokens
+    return Round(tokens=tokens, ssm=None, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.0, last=last)
+
+
+def run(stream: TextStream, rounds: list[Round]) -> tuple[list[str], str]:
+    """What the adapter does: add rounds until done, sending a chunk after each one that is not the end."""
+    chunks = []
+    for r in rounds:
+        if stream.add(r):
+            break
+        if chunk := stream.chunk():
+            chunks.append(chunk)
+    return chunks, stream.final()
+
+
+def test_a_non_streamed_request_gets_the_prompt_and_all_the_text_at_the_end():
+    stream = TextStream(greq(), CharTokenizer(), EOS)
+    chunks, final = run(stream, [rnd("hel"), rnd("lo"), rnd(" you", last=True)])
+    assert chunks == [] and final == "say hihello you"
+    assert stream.finish_reason == "length" and stream.stats.emitted_tokens == 9
+
+
+def test_exclude_input_in_output_leaves_the_prompt_out():
+    stream = TextStream(greq(exclude_input_in_output=True), CharTokenizer(), EOS)
+    assert run(stream, [rnd("ok", last=True)])[1] == "ok"
+
+
+def test_a_streamed_request_gets_each_round_as_a_chunk_and_no_prompt():
+    stream = TextStream(greq(stream=True), CharTokenizer(), EOS)
+    chunks, final = run(stream, [rnd("hel"), rnd("lo"), rnd(" you", last=True)])
+    assert chunks == ["hel", "lo"] and final == " you"
+
+
+def test_end_id_ends_the_text_within_its_round():
+    stream = TextStream(greq(stream=True), CharTokenizer(), EOS)
+    chunks, final = run(stream, [rnd("ab"), rnd("", tokens=ids("cd") + [EOS] + ids("zz"), last=True)])
+    assert "".join(chunks) + final == "abcd" and stream.finish_reason == "stop"
+
+
+def test_a_stop_string_split_across_rounds_is_never_sent_and_ends_the_request():
+    stream = TextStream(greq(stream=True, stop_words=("end.",)), CharTokenizer(), EOS)
+    rounds = [rnd("the e"), rnd("nd. more"), rnd("never reached", last=True)]
+    chunks, final = run(stream, rounds)
+    assert "".join(chunks) + final == "the " and stream.finish_reason == "stop"
+    assert stream.stats.verifications == 2, "the round after the stop string is not consumed"
+
+
+def test_a_partial_stop_string_at_the_end_is_sent_after_all():
+    stream = TextStream(greq(stop_words=("end.",)), CharTokenizer(), EOS)
+    assert run(stream, [rnd("the en", last=True)])[1] == "say hithe en"
+    assert stream.finish_reason == "length"
+
+
+def test_decode_request_bounds_max_tokens_by_the_context_and_defaults_end_id_to_eos():
+    settings = OrchestratorSettings(max_context=10, max_num_draft_tokens=6)
+    request = decode_request(greq(text="abcd", bad_words=("xy",), speculation=Speculation(SpeculationMode.OFF)),
+                             CharTokenizer(), settings)
+    assert request.prompt_ids == ids("abcd") and request.max_new_tokens == 6
+    assert request.end_id == EOS and request.max_draft_tokens == 6
+    assert request.bad_words.words == [ids("xy")]
+    assert decode_request(greq(text="ab", end_id=3), CharTokenizer(), settings).end_id == 3
+    assert decode_request(greq(text="ab", chat=True), CharTokenizer(), settings).prompt_ids == ids("ab!")
+
+
+def test_decode_request_refuses_a_prompt_that_leaves_no_room():
+    with pytest.raises(InvalidRequest, match="prompt is 10 tokens; the context holds 10"):
+        decode_request(greq(text="abcdefghij"), CharTokenizer(), OrchestratorSettings(max_context=10))
+
+
+def test_admission_reserves_the_worst_case_and_waits_in_order():
+    async def scenario():
+        admission = KvAdmission(40)
+        settings = OrchestratorSettings(max_num_draft_tokens=4)
+        first = decode_request(greq(text="abcde", max_tokens=20), CharTokenizer(), settings)
+        held = await admit(admission, first, "a")
+        assert held.tokens == 5 + 20 + 4 + 1 == admission.in_use
+        waiting = asyncio.ensure_future(admit(admission, first, "b"))
+        await asyncio.sleep(0)
+        assert not waiting.done() and admission.waiting == 1
+        held.release()
+        second = await waiting
+        assert second.tokens == 30 and admission.in_use == 30
+        assert await admit(None, first, "c") is None
+
+    asyncio.run(scenario())
+
+
+def test_response_arrays_carry_perf_metrics_only_when_asked():
+    stream = TextStream(greq(), CharTokenizer(), EOS)
+    stream.add(Round(tokens=ids("ab"), ssm="s", drafted=3, accepted=1, draft_seconds=0.0, verify_seconds=0.0,
+                     planned=3))
+    plain = response_arrays(greq(), "ab", stream.stats, None)
+    assert set(plain) == {"text_output", "num_output_tokens"} and plain["text_output"][0] == b"ab"
+    full = response_arrays(greq(return_perf_metrics=True), "ab", stream.stats, "stop")
+    assert full["finish_reason"][0] == b"stop"
+    assert full["total_draft_tokens"][0] == 3 and full["total_accepted_draft_tokens"][0] == 1
+    np.testing.assert_allclose(full["acceptance_rate"], [1 / 3], rtol=1e-6)
+    assert list(full["draft_lengths"]) == [3]
