@@ -1,8 +1,10 @@
 """Minions: speculative decoding served as a Triton model repository.
 
-Everything in this package except `minions.triton` is plain Python (numpy, optionally torch /
-llama.cpp) so the algorithms can be unit-tested without a server. `minions.triton` holds the thin
-adapters that the model.py files in `model_repository/` import.
+Subpackages by role: `engines` (what the llm and ssm_* models run), `speculation` (the decode loop
+and everything it decides), `text` (prompt, detokenizer, stop strings, bad words), `serving` (a
+request's way into and out of the loop), `deploy` (deploy.yaml to a running tritonserver), `distill`
+(training the distilled SSMs), and `triton`, the only code that touches Triton's pb_utils: the
+adapters the model.py files in `model_repository/` import. `settings.py` holds every default.
 """
 
 __all__ = ["__version__"]
