@@ -13,7 +13,7 @@ from tiny_models import hf_greedy
 
 from minions.engines.torch_engine import TorchEngine
 from minions.errors import InvalidRequest
-from minions.speculation.loop import round_seed
+from minions.speculation.sampling import round_seed
 from minions.speculation.mode import OFF, Speculation, SpeculationMode
 from minions.speculation.rounds import DecodeStats
 from minions.speculation.sampling import SamplingParams

@@ -23,10 +23,11 @@ import numpy as np
 
 from minions.engines.api import EngineRequest
 from minions.engines.sequence_cache import common_prefix_len
-from minions.speculation.drafters import DraftRound, EngineClient, Proposal
+from minions.speculation.drafters import EngineClient, Proposal
 from minions.speculation.pipelining import DraftSource
 from minions.speculation.plan import DecodeRequest, Services
 from minions.speculation.rounds import Round
+from minions.speculation.sampling import round_seed
 
 
 async def speculative_decode(client: EngineClient, request: DecodeRequest, services: Services,
@@ -40,7 +41,7 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
     seed = request.seed if request.seed is not None else int(np.random.default_rng().integers(2**62))
     drafter = services.drafter(request)
     length = services.draft_length(request, drafting=drafter is not None)
-    source = DraftSource(client, drafter, services.pool, request_id) if drafter else None
+    source = DraftSource(client, drafter, services.pool, request_id, request.sampling, seed) if drafter else None
     produced, index, emitted = 0, 0, []
     drafted_before = False  # the first draft also pays the SSMs' prefill of the prompt
     try:
@@ -51,10 +52,7 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
             k = min(planned, remaining - 1)
             t0 = time.perf_counter()
             # Draft.
-            proposal, pipelined = Proposal(), False
-            if source is not None:
-                rnd = DraftRound(request_id, list(sequence), k, request.sampling, round_seed(seed, len(sequence), 1), index)
-                proposal, pipelined = await source.draft(rnd, emitted)
+            proposal, pipelined = await source.draft(sequence, k, index, emitted) if source else (Proposal(), False)
             draft = proposal.draft = proposal.draft[:k]
             if proposal.logits is not None:
                 proposal.logits = proposal.logits[: len(draft)]
@@ -65,8 +63,10 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
                 client.generate(services.llm, _verify_call(request, request_id, sequence, proposal, seed)))
             if source is not None:
                 source.sent()
-                if request.pipeline and (produced == 0 or services.early_draft_pays(length, batch, len(draft))):
-                    _draft_ahead(source, request, sequence, draft, remaining, produced, length.current, seed, index)
+                # Round 1 (plain decoding) drafts round 2 from the prompt at any load: that moves the
+                # SSMs' prompt prefill, which every request pays, off the critical path.
+                if request.pipeline and (produced == 0 or draft and services.early_draft_pays(length, batch, len(draft))):
+                    source.draft_ahead(sequence, draft, remaining, length.current, index)
             # Accept.
             emitted = (await verification).tokens[:remaining]
             t2 = time.perf_counter()
@@ -109,26 +109,3 @@ def _verify_call(request: DecodeRequest, request_id: str, sequence: list[int], p
         seed=round_seed(seed, len(sequence)), end_id=request.end_id, bad_words=request.bad_words,
         exclude_input_in_output=True,
     )
-
-
-def _draft_ahead(source: DraftSource, request: DecodeRequest, sequence: list[int], draft: list[int], remaining: int,
-                 produced: int, next_length: int, seed: int, index: int) -> None:
-    """Draft round r+1 during round r's verification, one token longer than it will ask for (its first
-    token guesses the LLM's own). Round 1 (plain decoding) drafts round 2 from the prompt at any load:
-    that moves the SSMs' prompt prefill, which every request pays, off the critical path. The length
-    is the policy's held choice, not this round's, or a pipeline whose early drafts keep passing
-    would never take up a new choice."""
-    if not draft and produced > 0:
-        return
-    left_after = remaining - len(draft) - 1  # if this round accepts everything
-    early_len = min(next_length, left_after - 1) + 1
-    if early_len > 1:
-        assumed = sequence + draft
-        source.draft_ahead(DraftRound(source.request_id, assumed, early_len,
-                                      request.sampling, round_seed(seed, len(assumed), 1), index + 1), draft)
-
-
-def round_seed(seed: int, position: int, stream: int = 0) -> int:
-    """A per-round seed from the request's seed and the sequence length (reproducible); `stream`
-    keeps the SSM's draws independent of the LLM's."""
-    return int(np.random.SeedSequence([seed, position, stream]).generate_state(1, np.uint64)[0])

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from minions.speculation.drafters import Drafter, DraftRound, EngineClient, Proposal
 from minions.speculation.pool import DraftPool, Slot
+from minions.speculation.sampling import SamplingParams, round_seed
 
 
 @dataclass
@@ -58,25 +59,31 @@ class DraftSource:
     """One request's drafts: the early draft when it holds, else a fresh one, each holding a pool
     slot until it reaches the LLM; early drafts for the next round while this one verifies."""
 
-    def __init__(self, client: EngineClient, drafter: Drafter, pool: DraftPool | None, request_id: str) -> None:
-        self.client, self.drafter, self.pool, self.request_id = client, drafter, pool, request_id
+    def __init__(self, client: EngineClient, drafter: Drafter, pool: DraftPool | None, request_id: str,
+                 sampling: SamplingParams, seed: int) -> None:
+        self.client, self.drafter, self.pool = client, drafter, pool
+        self.request_id, self.sampling, self.seed = request_id, sampling, seed
         self.early: EarlyDraft | None = None
         self.slot: Slot | None = None
         self._started: list[asyncio.Task] = []  # every early draft, awaited before the engines' release
 
-    async def draft(self, rnd: DraftRound, last_emitted: list[int]) -> tuple[Proposal, bool]:
-        """Round `rnd`'s proposal (rnd.k > 0, or none is wanted) and whether it was drafted early."""
+    def _round(self, sequence: list[int], k: int, index: int) -> DraftRound:
+        return DraftRound(self.request_id, list(sequence), k, self.sampling,
+                          round_seed(self.seed, len(sequence), stream=1), index)
+
+    async def draft(self, sequence: list[int], k: int, index: int, last_emitted: list[int]) -> tuple[Proposal, bool]:
+        """Round `index`'s proposal of up to k tokens (none for k = 0), and whether it was drafted early."""
         if self.early is not None:
-            taken = await self.early.take(last_emitted) if rnd.k > 0 else None
+            taken = await self.early.take(last_emitted) if k > 0 else None
             self.early.discard()  # its pool slot: a taken draft reaches the LLM now, any other is dropped
             self.early = None
             if taken is not None:
                 return taken, True
-        if rnd.k <= 0:
+        if k <= 0:
             return Proposal(), False
         self.slot = await self.pool.acquire() if self.pool is not None else None
         try:
-            return await self.drafter.propose(self.client, rnd), False
+            return await self.drafter.propose(self.client, self._round(sequence, k, index)), False
         except BaseException:
             self.sent()
             raise
@@ -87,14 +94,21 @@ class DraftSource:
             self.slot.release()
             self.slot = None
 
-    def draft_ahead(self, rnd: DraftRound, assumed: list[int]) -> None:
-        """Start drafting `rnd` (the next round, one token longer) on the assumption that all of
-        `assumed` is accepted, if the pool has a free slot now."""
+    def draft_ahead(self, sequence: list[int], draft: list[int], remaining: int, next_length: int, index: int) -> None:
+        """Start drafting round index + 1 on the assumption that all of `draft` is accepted, if the
+        pool has a free slot now. The early draft is one token longer than the next round will ask
+        for (its first token guesses the LLM's own); `next_length` is the length policy's held
+        choice, not this round's, or a pipeline whose early drafts keep passing would never take up
+        a new choice. `remaining`: the tokens this round may still emit."""
+        length = min(next_length, remaining - len(draft) - 2) + 1
+        if length <= 1:
+            return
         slot = self.pool.try_acquire() if self.pool is not None else None
         if self.pool is not None and slot is None:
             return
-        self.early = EarlyDraft(asyncio.ensure_future(self.drafter.propose(self.client, rnd)), list(assumed), slot)
-        self._started = [t for t in self._started if not t.done()] + [self.early.task]
+        task = asyncio.ensure_future(self.drafter.propose(self.client, self._round(sequence + draft, length, index + 1)))
+        self.early = EarlyDraft(task, list(draft), slot)
+        self._started = [t for t in self._started if not t.done()] + [task]
 
     def wasted(self, emitted: list[int]) -> bool:
         """Whether this round made an early draft that its outcome throws away."""

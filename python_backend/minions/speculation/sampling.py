@@ -3,6 +3,8 @@
 The same function serves plain decoding and draft verification, which is what makes speculative
 sampling lossless: a draft token is judged against exactly the distribution that plain decoding
 would have drawn from (temperature, then top-k, then top-p, after banned tokens are masked).
+Each round's draws are seeded from the request's seed and the sequence length (`round_seed`), so
+a seeded request is reproducible whatever its rounds look like.
 """
 
 from __future__ import annotations
@@ -86,3 +88,9 @@ def pick_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Genera
     if params.greedy:
         return greedy_token(logits, banned)
     return draw(target_probs(logits, params, banned), rng)
+
+
+def round_seed(seed: int, position: int, stream: int = 0) -> int:
+    """A per-round seed from the request's seed and the sequence length (reproducible); `stream`
+    keeps the SSM's draws independent of the LLM's."""
+    return int(np.random.SeedSequence([seed, position, stream]).generate_state(1, np.uint64)[0])
