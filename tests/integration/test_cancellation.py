@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 

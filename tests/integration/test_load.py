@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks.datasets import load_prompts
 from client.api import GenerationParams, generate_grpc
-
 from tests.integration.helpers import metric_value
 
 PROMPTS = load_prompts("finance", 3, offset=5) + load_prompts("dialogue", 3, offset=5) + load_prompts("alpaca", 2, offset=5)

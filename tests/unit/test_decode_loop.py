@@ -8,15 +8,14 @@ from contextlib import aclosing
 
 import numpy as np
 import pytest
-from decoding import PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_released, decode, make_plan, rounds_of
-from tiny_models import hf_greedy
 
+from decoding import PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_released, decode, make_plan, rounds_of
 from minions.engines.torch_engine import TorchEngine
 from minions.errors import InvalidRequest
-from minions.speculation.sampling import round_seed
 from minions.speculation.mode import OFF, Speculation, SpeculationMode
 from minions.speculation.rounds import DecodeStats
-from minions.speculation.sampling import SamplingParams
+from minions.speculation.sampling import SamplingParams, round_seed
+from tiny_models import hf_greedy
 
 SSMS = ("self", "other", "ngram")
 

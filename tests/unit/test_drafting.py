@@ -9,14 +9,13 @@ import pytest
 
 from decoding import PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_released, decode, make_plan
 from laws import goodness_of_fit
-from tiny_models import VOCAB, hf_greedy, next_logits
-
 from minions.engines.api import EngineRequest, EngineResult
 from minions.speculation.bandit import Ucb1
 from minions.speculation.health import SsmHealth
 from minions.speculation.mode import Speculation, SpeculationMode
 from minions.speculation.sampling import SamplingParams, target_probs
 from minions.speculation.weights import SsmWeights
+from tiny_models import VOCAB, hf_greedy, next_logits
 
 ALL = ("self", "other", "ngram")
 

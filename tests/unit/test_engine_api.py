@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from minions.text.bad_words import BadWords
 from minions.engines.api import EngineRequest, EngineResult
 from minions.engines.tensors import ENGINE_INPUTS, build_engine_inputs, encode_engine_outputs, parse_engine_inputs
 from minions.errors import InvalidRequest
 from minions.speculation.sampling import SamplingParams
+from minions.text.bad_words import BadWords
 
 
 def ids(values) -> np.ndarray:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from minions.engines.api import EngineRequest, EngineResult
-from minions.errors import InvalidRequest
 from minions.engines.inflight_batching import InflightBatcher
+from minions.errors import InvalidRequest
 
 
 @dataclass

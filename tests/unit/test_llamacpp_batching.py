@@ -14,8 +14,8 @@ import pytest
 
 from minions.deploy.artifacts import repacked_gguf, smollm2_gguf
 from minions.engines.api import EngineRequest, EngineResult
-from minions.errors import InvalidRequest
 from minions.engines.llamacpp_engine import LlamaCppEngine
+from minions.errors import InvalidRequest
 from minions.speculation.sampling import SamplingParams
 
 SLOTS = 4

@@ -14,8 +14,6 @@ import pytest
 
 from decoding import PROMPTS, Plan, assert_all_released, collect, decode, make_plan, rounds_of
 from laws import goodness_of_fit
-from tiny_models import VOCAB, hf_greedy, next_logits
-
 from minions.errors import InvalidRequest
 from minions.serving.admission import KvAdmission
 from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
@@ -23,6 +21,7 @@ from minions.speculation.mode import OFF, Speculation, SpeculationMode
 from minions.speculation.pool import DraftPool
 from minions.speculation.rounds import DecodeStats
 from minions.speculation.sampling import SamplingParams, target_probs
+from tiny_models import VOCAB, hf_greedy, next_logits
 
 SPECULATIONS = [Speculation(SpeculationMode.SINGLE, ("self",)), Speculation(SpeculationMode.SINGLE, ("other",)), Speculation(SpeculationMode.SINGLE, ("ngram",)),
                 Speculation(SpeculationMode.VOTE, ("self", "other", "ngram"))]

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from minions.text.bad_words import BadWords
 from minions.engines.api import EngineRequest
-from minions.errors import InvalidRequest
-from minions.speculation.sampling import SamplingParams
 from minions.engines.sequence_cache import common_prefix_len
 from minions.engines.torch_engine import TorchEngine
+from minions.errors import InvalidRequest
+from minions.speculation.sampling import SamplingParams
+from minions.text.bad_words import BadWords
 from tiny_models import VOCAB, full_logits, hf_greedy
 
 PROMPTS = [[3, 7, 1, 9, 4], [0, 0, 5], [12, 2, 8, 8, 1, 6, 15]]

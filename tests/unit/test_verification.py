@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from minions.text.bad_words import BadWords
+from laws import goodness_of_fit
 from minions.engines.api import EngineRequest
 from minions.engines.sequence_cache import common_prefix_len
-from minions.speculation.sampling import GREEDY, SamplingParams, draw, target_probs
 from minions.engines.torch_engine import TorchEngine
+from minions.speculation.sampling import GREEDY, SamplingParams, draw, target_probs
 from minions.speculation.verification import Verdict, verify_draft
-from laws import goodness_of_fit
+from minions.text.bad_words import BadWords
 from tiny_models import VOCAB, full_logits
 
 

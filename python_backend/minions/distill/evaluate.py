@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from minions.engines.api import Engine, EngineRequest
 from minions.engines.sequence_cache import common_prefix_len
+
 from .teacher_data import Example
 
 

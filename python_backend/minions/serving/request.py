@@ -17,6 +17,7 @@ from minions.settings import OrchestratorSettings
 from minions.speculation.mode import OFF, Speculation
 from minions.speculation.sampling import SamplingParams
 
+
 @dataclass(frozen=True)
 class GenerationRequest:
     text: str

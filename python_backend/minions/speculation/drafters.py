@@ -17,8 +17,8 @@ from typing import Protocol
 import numpy as np
 
 from minions.engines.api import EngineRequest, EngineResult
-from minions.speculation.sampling import GREEDY, SamplingParams
 from minions.speculation.health import SsmHealth
+from minions.speculation.sampling import GREEDY, SamplingParams
 
 log = logging.getLogger("minions.draft")
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from minions.settings import DEFAULTS
 
+
 def load_bucket(batch: int) -> int:
     """Loads 1, 2, 3-4, 5-8, 9-16...: verification cost changes with the batch roughly by powers of two."""
     return 1 << max(0, math.ceil(math.log2(max(batch, 1))))

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minions.text.bad_words import BadWords
 from minions.speculation.sampling import SamplingParams, draw, greedy_token, target_probs
+from minions.text.bad_words import BadWords
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from minions.engines.factory import build_engine
 from minions.engines.tensors import encode_engine_outputs, parse_engine_inputs
 from minions.errors import InvalidRequest
 from minions.settings import EngineSettings
+
 from .common import error, input_arrays, model_config, setup_logging, string_parameters
 
 log = logging.getLogger("minions.engine")

@@ -25,6 +25,7 @@ from minions.serving.request import GenerationRequest, parse_generation_request
 from minions.settings import OrchestratorSettings
 from minions.speculation.loop import speculative_decode
 from minions.speculation.plan import DecodeRequest, Services
+
 from .common import error, input_arrays, model_config, setup_logging, string_parameters
 from .engine_client import TritonEngineClient
 from .metrics import SpeculationMetrics
