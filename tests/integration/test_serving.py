@@ -140,7 +140,7 @@ def test_sampled_drafts_with_draft_logits_work_and_reproduce(server, ssm):
     """use_draft_logits: ssm_q4 samples its draft and sends logits (min(1, p/q) rule); ssm_ngram has none
     and is judged as deterministic. Neither may count as an SSM failure."""
     # A seed reproduces the output for a fixed draft length without the pipeline: the adaptive length
-    # and the early drafts depend on measured timings (README, `seed`).
+    # and the early drafts depend on measured timings (docs/api.md, `seed`).
     params = GenerationParams(max_tokens=32, chat=True, temperature=0.8, top_p=0.95, seed=7,
                               speculation=f"single:{ssm}", use_draft_logits=True, num_draft_tokens=4, pipeline=False)
     # counted around these requests only: earlier `vote` requests may have seen an SSM miss its deadline

@@ -41,7 +41,7 @@ def test_vote_exports_per_ssm_metrics(server):
 def test_sampled_vote_and_bandit_work(server, mode):
     """Sampled requests succeed. Their outputs follow the LLM's distribution (the chi-square tests in
     tests/unit), but are not reproducible by seed alone: which SSM drafts depends on what the shared
-    policy has learnt by then, and the accept/resample draws depend on the draft (README, `seed`)."""
+    policy has learnt by then, and the accept/resample draws depend on the draft (docs/api.md, `seed`)."""
     params = GenerationParams(max_tokens=24, chat=True, temperature=0.8, top_p=0.95, seed=77, speculation=mode,
                               return_perf_metrics=True)
     out = generate_grpc(server.grpc_url, "minions", "Write a line of poetry.", params)

@@ -102,7 +102,7 @@ class LlamaCppStepper:
         # One KV buffer shared by every sequence. With a stream per sequence (kv_unified = False)
         # llama.cpp splits a step into one ubatch per run of consecutive sequence ids, so the drafts
         # of a batch ran one after another: 12.6 ms/token at 8 sequences against 7.5 when their ids
-        # happened to be consecutive (README, ssm_q4 batching). Unified, any sequences share a ubatch;
+        # happened to be consecutive (docs/engines.md). Unified, any sequences share a ubatch;
         # flash attention (llama.cpp's default here) skips the cells of the other sequences.
         params.kv_unified = True
         params.n_ctx = n_ctx * max_sequences  # each sequence is held to n_ctx by the check in start()
