@@ -121,6 +121,9 @@ class OrchestratorSettings(_Settings):
     """...or while the selector expects an early draft to be used at least this often (0: never)."""
     vote_deadline_ms: float = 500.0
     vote_explore_every: int = 8
+    plain_stretch_tokens: int = 16
+    """When the LLM streams (a decoupled in-flight engine), plain decoding chosen by the adaptive
+    selector (s = 0) streams this many tokens from one engine call before the selector chooses again."""
     draft_pool_size: int = 0
     """Drafts waiting for the LLM at most (0: the LLM's max_batch_size)."""
     # Derived by the renderer from the rest of the deployment:

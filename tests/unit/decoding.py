@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -48,6 +49,27 @@ class InProcessClient:
         outputs = encode_engine_outputs(requests, results)
         await asyncio.sleep(0)  # a real transport yields to the event loop
         return decode_engine_outputs(request, outputs)
+
+    async def stream(self, model: str, request: EngineRequest) -> AsyncIterator[EngineResult]:
+        """An in-flight engine's streaming generation, answered from its thread into a queue."""
+        self.calls.append((model, dataclasses.replace(request, input_ids=list(request.input_ids))))
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        self.engines[model].submit([(request, lambda value: loop.call_soon_threadsafe(queue.put_nowait, value))])
+        made: list[int] = []
+        try:
+            while True:
+                value = await queue.get()
+                if isinstance(value, Exception):
+                    raise value
+                if value.tokens:
+                    made += value.tokens
+                    yield value
+                if value.final:
+                    return
+        finally:
+            if not request.generation_done(made):  # left early: end the generation
+                await self.release(model, request.request_id)
 
     async def release(self, model: str, request_id: str) -> None:
         self.released.append((model, request_id))

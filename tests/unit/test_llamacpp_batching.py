@@ -12,7 +12,6 @@ import threading
 import numpy as np
 import pytest
 
-from minions.deploy.artifacts import repacked_gguf, smollm2_gguf
 from minions.engines.api import EngineRequest, EngineResult
 from minions.engines.llamacpp_engine import LlamaCppEngine
 from minions.errors import InvalidRequest
@@ -25,19 +24,14 @@ LOGIT_TOLERANCE = 0.25
 
 
 @pytest.fixture(scope="module")
-def gguf(tmp_path_factory) -> str:
-    return str(repacked_gguf(smollm2_gguf(), "F16", tmp_path_factory.mktemp("gguf")))
+def engine(smollm2_f16_gguf):
+    return LlamaCppEngine(smollm2_f16_gguf, num_threads=1, max_sequences=SLOTS, n_ctx=256)
 
 
 @pytest.fixture(scope="module")
-def engine(gguf):
-    return LlamaCppEngine(gguf, num_threads=1, max_sequences=SLOTS, n_ctx=256)
-
-
-@pytest.fixture(scope="module")
-def reference(gguf):
+def reference(smollm2_f16_gguf):
     """A second engine of one slot: every draft computed alone, from scratch."""
-    return LlamaCppEngine(gguf, num_threads=1, max_sequences=1, n_ctx=256)
+    return LlamaCppEngine(smollm2_f16_gguf, num_threads=1, max_sequences=1, n_ctx=256)
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -110,13 +104,16 @@ def test_more_requests_than_slots_are_served_in_parts(engine, reference):
 
 def test_a_bad_request_fails_alone(engine, reference):
     good = with_logits(EngineRequest("good", prompts(1, seed=7)[0], 3))
-    batch = [EngineRequest("with-draft", [1, 2, 3], 2, draft=[4]), good, EngineRequest("long", [5] * 300, 4)]
+    misfit = np.zeros((1, 7), dtype=np.float32)  # draft logits over a vocabulary of 7
+    batch = [EngineRequest("misfit", [1, 2, 3], 2, draft=[4], draft_logits=misfit,
+                           sampling=SamplingParams(temperature=0.7), seed=1),
+             good, EngineRequest("long", [5] * 300, 4)]
     results = engine.generate_batch(batch)
-    assert isinstance(results[0], InvalidRequest) and "drafts only" in str(results[0])
+    assert isinstance(results[0], InvalidRequest) and "do not fit" in str(results[0])
     assert isinstance(results[2], InvalidRequest) and "exceeds the context" in str(results[2])
     assert isinstance(results[1], EngineResult)
     assert_same_draft(results[1], alone(reference, good))
-    engine.release("good")
+    release_all(engine, batch)
 
 
 def test_two_calls_for_one_sequence_in_one_batch_run_in_order(engine, reference):

@@ -11,7 +11,10 @@ Semantics kept from TensorRT-LLM:
 - with `draft` (k tokens, `request_output_len` = k + 1): verify the draft and return the accepted
   draft tokens plus one token of the engine's own (draft-tokens-external mode); with `draft_logits`
   too, the draft counts as sampled from them (see speculation/verification.py).
-- `stop` = true ends the sequence `request_id` names and frees its cached state.
+- `streaming` (a generation on an in-flight engine): each token is answered as it is made, in a
+  result with `final` false, and the last one in the final result (as tensorrt_llm streams).
+- `stop` = true ends the sequence `request_id` names and frees its cached state; on an in-flight
+  engine it also ends a streaming generation of that sequence at its next step.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class EngineRequest:
     bad_words: BadWords = field(default_factory=lambda: BadWords([]))
     return_generation_logits: bool = False
     exclude_input_in_output: bool = False
+    streaming: bool = False
     stop: bool = False
 
     @classmethod
@@ -67,6 +71,8 @@ class EngineResult:
     """New tokens only (accepted draft tokens + the engine's own, or the generated ones)."""
     logits: np.ndarray | None = None
     """[len(tokens), vocab] generation logits when asked for."""
+    final: bool = True
+    """False for the partial results of a streaming generation: more follow."""
 
 
 @dataclass
@@ -81,7 +87,8 @@ class BatchStats:
 
 
 Answer = Callable[[EngineResult | Exception], None]
-"""Receives one call's result, or the exception it failed with."""
+"""Receives one call's result, or the exception it failed with; for a streaming call, first its
+partial results (`final` false)."""
 
 
 def result_or_raise(value: EngineResult | Exception) -> EngineResult:

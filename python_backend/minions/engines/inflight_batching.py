@@ -9,10 +9,12 @@ work before every step, as TensorRT-LLM's in-flight batching does.
 The rules the scheduler keeps (the `Stepper` does the arithmetic):
 - calls for one request id run one after another, in the order they were submitted (a pipelined early
   draft and the regular draft that replaced it): each sees the state the one before left;
-- a `stop` call releases the id's state after its earlier calls, never during one;
+- a `stop` call releases the id's state after its earlier calls, never during one; a streaming call
+  of that id running when the stop arrives is ended before the next step (it keeps what it has made);
+- a streaming call's new tokens are answered after every step (partial results), then its final one;
 - at most `capacity` sequences step at once; more wait for a place, in order;
 - a step that fails fails the sequences in it (their state is dropped) and no others;
-- every submitted call gets exactly one answer: its result or its exception.
+- every submitted call gets exactly one final answer: its result or its exception.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import logging
 import threading
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
+
+import numpy as np
 
 from minions.engines.api import Answer, EngineRequest, EngineResult
 
@@ -38,6 +42,10 @@ class Stepper(Protocol[Job]):
 
     def step(self, jobs: list[Job]) -> list[bool]:
         """One decode step for every job; which of them are finished."""
+        ...
+
+    def partial(self, job: Job) -> EngineResult | None:
+        """A streaming job's tokens made since the last call (`final` false); None when there are none."""
         ...
 
     def result(self, job: Job) -> EngineResult: ...
@@ -62,6 +70,7 @@ class InflightBatcher(Generic[Job]):
         self._queue: list[_Call] = []
         self._cond = threading.Condition()
         self._closed = False
+        self._stopping: set[str] = set()  # ids whose streaming call a waiting stop ends (batcher's thread only)
         self._thread = threading.Thread(target=self._loop, name=f"{name}-inflight", daemon=True)
         self._thread.start()
 
@@ -75,13 +84,18 @@ class InflightBatcher(Generic[Job]):
             self._cond.notify()
 
     def run(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
-        """Submit requests together and wait for all their answers (in order)."""
+        """Submit requests together and wait for all their answers (in order); a streaming call's
+        partial results are joined into its one result."""
         out: list[EngineResult | Exception | None] = [None] * len(requests)
+        streamed: list[list[EngineResult]] = [[] for _ in requests]
         remaining = threading.Semaphore(0)
 
         def answer_for(i: int) -> Answer:
             def answer(value: EngineResult | Exception) -> None:
-                out[i] = value
+                if isinstance(value, EngineResult) and not value.final:
+                    streamed[i].append(value)
+                    return
+                out[i] = joined([*streamed[i], value]) if streamed[i] and isinstance(value, EngineResult) else value
                 remaining.release()
             return answer
 
@@ -121,6 +135,8 @@ class InflightBatcher(Generic[Job]):
         for call in waiting:
             request_id = call.request.request_id
             if request_id in busy:  # an earlier call of this id is running or still waits
+                if call.request.stop:
+                    self._stopping.add(request_id)
                 held.append(call)
                 continue
             busy.add(request_id)
@@ -138,6 +154,9 @@ class InflightBatcher(Generic[Job]):
         return held
 
     def _step(self, active: list[tuple[Job, _Call]]) -> list[tuple[Job, _Call]]:
+        active = self._end_stopped_streams(active)
+        if not active:
+            return active
         try:
             done = self.stepper.step([job for job, _ in active])
         except Exception as exc:  # llama.cpp refusing a step fails the calls in it, not the model
@@ -149,14 +168,32 @@ class InflightBatcher(Generic[Job]):
         still = []
         for (job, call), finished in zip(active, done):
             if finished:
-                try:
-                    value: EngineResult | Exception = self.stepper.result(job)
-                except Exception as exc:
-                    value = exc
-                self._answer(call, value)
+                self._finish(job, call)
             else:
+                if call.request.streaming:
+                    partial = self.stepper.partial(job)
+                    if partial is not None:
+                        self._answer(call, partial)
                 still.append((job, call))
         return still
+
+    def _end_stopped_streams(self, active: list[tuple[Job, _Call]]) -> list[tuple[Job, _Call]]:
+        """Finish the streaming calls whose id a stop is waiting for; the stop then releases the id."""
+        still = []
+        for job, call in active:
+            if call.request.streaming and call.request.request_id in self._stopping:
+                self._finish(job, call)
+            else:
+                still.append((job, call))
+        self._stopping.clear()
+        return still
+
+    def _finish(self, job: Job, call: _Call) -> None:
+        try:
+            value: EngineResult | Exception = self.stepper.result(job)
+        except Exception as exc:
+            value = exc
+        self._answer(call, value)
 
     def _release(self, request_id: str) -> EngineResult | Exception:
         try:
@@ -172,3 +209,9 @@ class InflightBatcher(Generic[Job]):
             call.answer(value)
         except Exception:  # a failing answer (a closed stream) must not stop the batcher
             log.exception("answering %s failed", call.request.request_id)
+
+
+def joined(parts: list[EngineResult]) -> EngineResult:
+    """A streamed call's partial results and final one as one result."""
+    rows = [p.logits for p in parts if p.logits is not None]
+    return EngineResult([t for p in parts for t in p.tokens], logits=np.concatenate(rows) if rows else None)

@@ -37,7 +37,7 @@ ENGINE_INPUTS: dict[str, tuple[type, list[int]]] = {
     "bad_words_list": (np.int32, [2, -1]),
     "return_generation_logits": (np.bool_, [1]),
     "exclude_input_in_output": (np.bool_, [1]),
-    "streaming": (np.bool_, [1]),  # accepted for compatibility; these engines answer in one response
+    "streaming": (np.bool_, [1]),  # one response per token (in-flight engines' generations)
     "stop": (np.bool_, [1]),
 }
 
@@ -101,6 +101,7 @@ def parse_engine_inputs(inputs: Mapping[str, np.ndarray], request_id: str) -> li
                 bad_words=BadWords.from_tensor(_row(inputs, "bad_words_list", b)),
                 return_generation_logits=bool(_row_scalar(inputs, "return_generation_logits", b, False)),
                 exclude_input_in_output=bool(_row_scalar(inputs, "exclude_input_in_output", b, False)),
+                streaming=bool(_row_scalar(inputs, "streaming", b, False)),
                 stop=bool(_row_scalar(inputs, "stop", b, False)),
             )
         )
@@ -157,6 +158,8 @@ def build_engine_inputs(request: EngineRequest) -> dict[str, np.ndarray]:
         tensors["bad_words_list"] = request.bad_words.to_tensor()[None]
     if request.return_generation_logits:
         tensors["return_generation_logits"] = np.array([[True]], dtype=np.bool_)
+    if request.streaming:
+        tensors["streaming"] = np.array([[True]], dtype=np.bool_)
     if request.stop:
         tensors["stop"] = np.array([[True]], dtype=np.bool_)
     return tensors

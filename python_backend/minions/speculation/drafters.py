@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,6 +28,11 @@ class EngineClient(Protocol):
     """How the loop reaches engine models (Triton BLS calls in production, objects in tests)."""
 
     async def generate(self, model: str, request: EngineRequest) -> EngineResult: ...
+
+    def stream(self, model: str, request: EngineRequest) -> AsyncIterator[EngineResult]:
+        """A streaming generation's results, a token each, from one call to an in-flight engine.
+        Closing the iterator early ends the generation and frees the sequence's state."""
+        ...
 
     async def release(self, model: str, request_id: str) -> None: ...
 

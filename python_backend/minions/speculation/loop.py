@@ -8,6 +8,10 @@ the LLM is called with no draft and returns one token: plain decoding through th
 path. The whole sequence is resent every round (engines keep their own prefix KV caches), and every
 engine's state for the request is released when it ends, however it ends.
 
+When the LLM streams (an in-flight llama.cpp engine), plain decoding is one streaming call instead of
+a call per token: `off` streams the whole output, and a stretch the selector gives s = 0 streams
+`plain_stretch` tokens before it chooses again. Each streamed token is a round of its own.
+
 The draft length is fixed, or chosen each round by the adaptive selector (draft_length.py), which
 may choose 0 (plain decoding) when speculation does not pay. Drafting ahead during verification and
 the draft pool are pipelining.py's.
@@ -18,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import numpy as np
 
 from minions.engines.api import EngineRequest
 from minions.engines.sequence_cache import common_prefix_len
+from minions.speculation.draft_length import DraftLengthSelector, FixedLength
 from minions.speculation.drafters import EngineClient, Proposal
 from minions.speculation.pipelining import DraftSource
 from minions.speculation.plan import DecodeRequest, Services
@@ -50,6 +56,23 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
             # Round 1 is plain decoding: the first token costs one LLM prefill, as in `off` (TTFT).
             planned = length.choose(batch) if drafter and produced > 0 else 0
             k = min(planned, remaining - 1)
+            if services.llm_streams and (drafter is None or (k == 0 and produced > 0)):
+                if source is not None:
+                    await source.draft(sequence, 0, index, emitted)  # drops an early draft still held
+                stretch = remaining if drafter is None else min(remaining, services.plain_stretch)
+                services.length_stats.report(request_id, 0)
+                plains = _stream_plain(client, services, length, batch, request, request_id, sequence, stretch, seed)
+                async with aclosing(plains):
+                    async for plain in plains:
+                        emitted = plain.tokens
+                        sequence += emitted
+                        produced += len(emitted)
+                        index += 1
+                        plain.last = produced >= request.max_new_tokens or request.end_id in emitted
+                        yield plain
+                        if plain.last:
+                            return
+                continue
             t0 = time.perf_counter()
             # Draft.
             proposal, pipelined = await source.draft(sequence, k, index, emitted) if source else (Proposal(), False)
@@ -98,6 +121,23 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
         # Concurrently, so a dead stub's failing call (about 1 s) costs that once; this runs after
         # the request's final response has gone out.
         await asyncio.gather(*(client.release(m, request_id) for m in [services.llm, *(drafter.ssms if drafter else ())]))
+
+
+async def _stream_plain(client: EngineClient, services: Services, length: DraftLengthSelector | FixedLength,
+                        batch: int, request: DecodeRequest, request_id: str, sequence: list[int], n: int,
+                        seed: int) -> AsyncIterator[Round]:
+    """Up to n plain tokens streamed from one LLM call, a round each (timed from the one before)."""
+    call = EngineRequest(request_id, list(sequence), n, sampling=request.sampling,
+                         seed=round_seed(seed, len(sequence)), end_id=request.end_id, bad_words=request.bad_words,
+                         exclude_input_in_output=True, streaming=True)
+    t = time.perf_counter()
+    async with aclosing(client.stream(services.llm, call)) as stream:
+        async for result in stream:
+            now = time.perf_counter()
+            length.observe(batch, 0, 0, None, now - t)
+            yield Round(tokens=result.tokens[:n], ssm=None, drafted=0, accepted=0, draft_seconds=0.0,
+                        verify_seconds=now - t)
+            t = now
 
 
 def _verify_call(request: DecodeRequest, request_id: str, sequence: list[int], proposal: Proposal,

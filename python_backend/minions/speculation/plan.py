@@ -77,6 +77,12 @@ class Services:
     guessed): then the SSMs would draft the same tokens after verification anyway, only later.
     0: never above the load limit (nor for a fixed draft length, which has no estimate)."""
 
+    llm_streams: bool = False
+    """The LLM streams a generation token by token from one call (a decoupled in-flight engine):
+    plain decoding then costs one engine step per token, not one call."""
+    plain_stretch: int = DEFAULTS.plain_stretch_tokens
+    """Tokens a plain stretch chosen by the selector streams before it chooses again."""
+
     def __post_init__(self) -> None:
         self.weights = self.weights or SsmWeights(self.ssms)
         self.bandit = self.bandit or Ucb1(self.ssms)
@@ -94,6 +100,8 @@ class Services:
             vote_explore_every=settings.vote_explore_every,
             pipeline_max_load=settings.pipeline_max_load,
             pipeline_min_hit=settings.pipeline_min_hit,
+            llm_streams=settings.llm_model_name in settings.decoupled_model_names,
+            plain_stretch=settings.plain_stretch_tokens,
         )
 
     def drafter(self, request: DecodeRequest) -> Drafter | None:

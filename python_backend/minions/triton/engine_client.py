@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 
 import triton_python_backend_utils as pb_utils
 
@@ -28,21 +29,45 @@ class TritonEngineClient:
         self.decoupled_models = decoupled_models
 
     async def generate(self, model: str, request: EngineRequest) -> EngineResult:
-        tensors = [pb_utils.Tensor(name, array) for name, array in build_engine_inputs(request).items()]
-        infer = pb_utils.InferenceRequest(
-            model_name=model,
-            inputs=tensors,
-            requested_output_names=["output_ids", "sequence_length"]
-            + (["generation_logits"] if request.return_generation_logits else []),
-            request_id=request.request_id,
-        )
+        infer = _infer_request(model, request)
         if model in self.decoupled_models:
             response = await _one_decoupled_response(model, infer)
         else:
             response = await infer.async_exec()
-        if response.has_error():
-            raise EngineCallError(model, response.error().message())
-        return decode_engine_outputs(request, {t.name(): t.as_numpy() for t in response.output_tensors()})
+        return _decoded(model, request, response)
+
+    async def stream(self, model: str, request: EngineRequest) -> AsyncIterator[EngineResult]:
+        """A decoupled engine's streaming generation, a result per response. Triton 2.51's response
+        iterator cannot be cancelled and blocks, so a thread of the loop's executor drains it into a
+        queue; leaving early sends a `stop` for the sequence, which ends the generation at its next step."""
+        if model not in self.decoupled_models:
+            raise EngineCallError(model, "only a decoupled (in-flight) engine model streams")
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        infer = _infer_request(model, request)
+
+        def pump() -> None:
+            try:
+                for response in infer.exec(decoupled=True):
+                    loop.call_soon_threadsafe(queue.put_nowait, response)
+            except Exception as exc:  # the call could not be made: reported as the stream's failure
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        drained = loop.run_in_executor(None, pump)
+        made: list[int] = []
+        try:
+            while (response := await queue.get()) is not None:
+                if isinstance(response, Exception):
+                    raise EngineCallError(model, str(response))
+                if response.has_error() or response.output_tensors():
+                    result = _decoded(model, request, response)
+                    made += result.tokens
+                    yield result
+        finally:
+            if not request.generation_done(made):  # left early: end the generation
+                await self.release(model, request.request_id)
+            await drained
 
     async def release(self, model: str, request_id: str) -> None:
         """Tell an engine the sequence is over (tensorrt_llm's `stop`), so it frees the cached state."""
@@ -50,6 +75,23 @@ class TritonEngineClient:
             await self.generate(model, EngineRequest.release(request_id))
         except Exception as exc:  # freeing is best effort: LRU eviction reclaims the slot anyway
             log.warning("could not release %s in %s: %s", request_id, model, exc)
+
+
+def _infer_request(model: str, request: EngineRequest):
+    tensors = [pb_utils.Tensor(name, array) for name, array in build_engine_inputs(request).items()]
+    return pb_utils.InferenceRequest(
+        model_name=model,
+        inputs=tensors,
+        requested_output_names=["output_ids", "sequence_length"]
+        + (["generation_logits"] if request.return_generation_logits else []),
+        request_id=request.request_id,
+    )
+
+
+def _decoded(model: str, request: EngineRequest, response) -> EngineResult:
+    if response.has_error():
+        raise EngineCallError(model, response.error().message())
+    return decode_engine_outputs(request, {t.name(): t.as_numpy() for t in response.output_tensors()})
 
 
 async def _one_decoupled_response(model: str, infer):

@@ -5,7 +5,8 @@ What an engine can do beyond `Engine` is read from the capability protocols of e
 
 A model whose config is decoupled (ssm_q4: its engine is an InflightEngine) hands each request to the
 engine's `submit` and returns at once; the engine answers each request, with one response carrying the
-FINAL flag, when its work is done. Triton can then deliver the next requests while earlier ones are still
+FINAL flag, when its work is done; a `streaming` generation gets one response per token, as
+tensorrt_llm streams, the last one FINAL. Triton can then deliver the next requests while earlier ones are still
 decoding, so they join the running steps (as TensorRT-LLM's decoupled in-flight batching does). Other
 models answer their whole dynamic batch from `execute`."""
 
@@ -19,7 +20,14 @@ import uuid
 
 import triton_python_backend_utils as pb_utils
 
-from minions.engines.api import BatchEngine, BatchStats, EngineRequest, InflightEngine, MeteredEngine
+from minions.engines.api import (
+    BatchEngine,
+    BatchStats,
+    EngineRequest,
+    EngineResult,
+    InflightEngine,
+    MeteredEngine,
+)
 from minions.engines.factory import build_engine
 from minions.engines.tensors import encode_engine_outputs, parse_engine_inputs
 from minions.errors import InvalidRequest
@@ -108,6 +116,11 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(error=error(str(exc), pb_utils.TritonError.INVALID_ARG)),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
+            if len(engine_requests) > 1 and any(r.streaming for r in engine_requests):
+                sender.send(pb_utils.InferenceResponse(error=error(
+                    "streaming takes one sequence per request", pb_utils.TritonError.INVALID_ARG)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
             if not engine_requests:  # nothing to compute (an empty batch dimension): answer at once
                 sender.send(self._respond(request, [], []), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
@@ -175,7 +188,7 @@ class TritonPythonModel:
 
 class _Collector:
     """Gathers the answers to one Triton request's rows (from the engine's thread) and sends its
-    response, FINAL, once the last one is in."""
+    response, FINAL, once the last one is in; a streaming row's partial results go out at once."""
 
     def __init__(self, model: TritonPythonModel, request, sender, engine_requests: list, anonymous: bool) -> None:
         self.model, self.request, self.sender = model, request, sender
@@ -187,6 +200,9 @@ class _Collector:
 
     def answer_for(self, i: int):
         def answer(result) -> None:
+            if isinstance(result, EngineResult) and not result.final:
+                self.sender.send(self.model._respond(self.request, self.engine_requests, [result]))
+                return
             with self.lock:
                 self.results[i] = result
                 self.missing -= 1

@@ -1,0 +1,83 @@
+"""The decode loop over a streaming LLM (the llama.cpp engine, in process): `off` is one streaming call,
+stretches the selector gives s = 0 stream too, every mode's greedy output is `off`'s, and stopping a
+request mid-stream ends the engine's generation and frees its slot."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+import pytest
+
+from decoding import PROMPTS, InProcessClient, decode, make_plan, rounds_of
+from minions.engines.api import EngineRequest
+from minions.engines.llamacpp_engine import LlamaCppEngine
+from minions.engines.ngram_engine import NgramEngine
+from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
+from minions.speculation.mode import Speculation
+
+N = 40
+# Text that repeats, so prompt lookup drafts and is often right.
+REPEATING = [int(t) for t in [504, 3458, 282, 253, 1345, 30, 504, 3458, 282, 253, 1345, 30, 504, 3458, 282, 253]]
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_f16_gguf):
+    return LlamaCppEngine(smollm2_f16_gguf, num_threads=1, max_sequences=4, n_ctx=512)
+
+
+@pytest.fixture
+def client(llm):
+    return InProcessClient({"llm": llm, "ngram": NgramEngine(max_ngram=3, min_ngram=2)})
+
+
+def reference(llm: LlamaCppEngine, prompt: list[int]) -> list[int]:
+    result = llm.generate(EngineRequest("ref", prompt, N))
+    llm.release("ref")
+    return result.tokens
+
+
+@pytest.mark.parametrize("prompt", [REPEATING, PROMPTS[0]])
+def test_off_is_one_streaming_call_with_plain_decoding_s_output(client, llm, prompt):
+    tokens, _, rounds = decode(client, make_plan(prompt, N, llm_streams=True))
+    assert tokens == reference(llm, prompt)
+    assert [r.tokens for r in rounds] == [[t] for t in tokens]  # a round per streamed token
+    assert [model for model, _ in client.calls] == ["llm", "llm"]  # the stream, then the release
+    assert client.calls[0][1].streaming and "req" not in llm.cache
+
+
+@pytest.mark.parametrize("num_draft_tokens", [None, 3])
+def test_speculation_over_a_streaming_llm_keeps_off_s_output(client, llm, num_draft_tokens):
+    plan = make_plan(REPEATING, N, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
+                     num_draft_tokens=num_draft_tokens, plain_stretch=4)
+    tokens, stats, _ = decode(client, plan)
+    assert tokens == reference(llm, REPEATING)
+    assert stats.accepted_tokens > 0 and "req" not in llm.cache
+
+
+def test_a_stretch_the_selector_gives_s_0_is_streamed(client, llm):
+    """With only s = 0 to choose from, every round after the first is a streamed plain token, and
+    each stretch of `plain_stretch` tokens is one LLM call."""
+    stats = SharedLengthStats(LengthPolicy(candidates=(0,)))
+    plan = make_plan(PROMPTS[1], 17, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
+                     num_draft_tokens=None, plain_stretch=4, length_stats=stats)
+    tokens, _, rounds = decode(client, plan)
+    assert tokens == reference(llm, PROMPTS[1])[:17]
+    llm_calls = [call for model, call in client.calls if model == "llm" and not call.stop]
+    assert [c.streaming for c in llm_calls] == [False] + [True] * 4  # round 1, then 16 tokens in 4 stretches
+    assert all(r.drafted == 0 for r in rounds)
+
+
+def test_closing_a_request_mid_stream_ends_the_generation_and_frees_the_slot(client, llm):
+    async def three_rounds() -> int:
+        async with aclosing(rounds_of(client, make_plan(PROMPTS[2], 400, llm_streams=True), "early")) as rounds:
+            seen = 0
+            async for _ in rounds:
+                seen += 1
+                if seen == 3:
+                    return seen
+        return seen
+
+    assert asyncio.run(three_rounds()) == 3
+    assert "early" not in llm.cache and len(llm.stepper.free_slots) == 4 - len(llm.cache)
+    assert ("llm", "early") in client.released
