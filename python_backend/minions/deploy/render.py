@@ -16,7 +16,12 @@ import shutil
 import string
 from pathlib import Path
 
-from minions.deploy.artifacts import gguf_for, hf_dir_for, kv_budget_tokens
+from minions.deploy.artifacts import (
+    gguf_for,
+    hf_dir_for,
+    kv_budget_tokens,
+    tokenizer_dir_for,
+)
 from minions.deploy.config import (
     DECOUPLED_TEMPLATES,
     ROOT,
@@ -58,7 +63,7 @@ def orchestrator_settings(dep: Deployment) -> OrchestratorSettings:
         llm_model_name=llm["name"],
         ssm_model_names=tuple(s["name"] for s in dep.ssms),
         decoupled_model_names=tuple(m["name"] for m in engines if TEMPLATE_BY_ENGINE[m["engine"]] in DECOUPLED_TEMPLATES),
-        tokenizer_path=str(hf_dir_for(llm["source"], dep)) if llm["engine"] == "torch" else "",
+        tokenizer_path=str(tokenizer_dir_for(llm["source"], dep)),
         kv_budget_tokens=kv_budget_tokens(dep),
         kv_chunk_tokens=KV_GROWTH_TOKENS,
     )
