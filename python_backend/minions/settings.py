@@ -67,7 +67,7 @@ class EngineSettings(_Settings):
 
     model_name: str = ""
     engine: str = ""
-    """torch | distilled | llamacpp | ngram"""
+    """torch | distilled | llamacpp | ngram | suffix"""
     model_path: str = ""
     """Resolved by the renderer from the entry's `source`."""
     num_threads: int = 2
@@ -87,6 +87,14 @@ class EngineSettings(_Settings):
     """llama.cpp: stop a greedy draft early below this top-1 probability (0 = never)."""
     max_ngram: int = 3
     min_ngram: int = 1
+    suffix_max_match: int = 24
+    """suffix: the longest suffix of the sequence matched (tokens)."""
+    suffix_min_match: int = 2
+    """suffix: the shortest match that drafts (the length of the m-grams it indexes)."""
+    suffix_min_prob: float = 0.1
+    """suffix: stop a draft once the product of its tokens' shares among the matches falls below this."""
+    suffix_corpus_tokens: int = 200_000
+    """suffix: tokens of released sequences kept to draft from, oldest sequences evicted first (0: none)."""
 
     def kv_budget_bytes(self) -> int | None:
         return int(self.kv_budget_mb * 2**20) if self.kv_budget_mb > 0 else None

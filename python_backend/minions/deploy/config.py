@@ -10,7 +10,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 """The project's root (deploy.yaml, model_repository/, build/)."""
-TEMPLATE_BY_ENGINE = {"torch": "llm", "distilled": "llm", "llamacpp": "ssm_q4", "ngram": "ssm_ngram"}
+TEMPLATE_BY_ENGINE = {"torch": "llm", "distilled": "llm", "llamacpp": "ssm_q4", "ngram": "ssm_ngram",
+                      "suffix": "ssm_ngram"}
 """Which model_repository/ template serves each engine."""
 DECOUPLED_TEMPLATES = {"ssm_q4"}
 """Templates of decoupled engine models (in-flight batching); the orchestrator calls them accordingly."""

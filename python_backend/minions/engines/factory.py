@@ -12,7 +12,7 @@ from minions.settings import EngineSettings
 
 
 def build_engine(settings: EngineSettings) -> Engine:
-    """The engine `settings.engine` names (torch, distilled, llamacpp or ngram), built from `settings`."""
+    """The engine `settings.engine` names (torch, distilled, llamacpp, ngram or suffix), built from `settings`."""
     kind = settings.engine
     if kind in ("torch", "distilled"):
         import torch
@@ -39,4 +39,10 @@ def build_engine(settings: EngineSettings) -> Engine:
         from minions.engines.ngram_engine import NgramEngine
 
         return NgramEngine(settings.max_ngram, settings.min_ngram)
-    raise ValueError(f"unknown engine {kind!r}: use torch, distilled, llamacpp or ngram")
+    if kind == "suffix":
+        from minions.engines.suffix_engine import SuffixEngine
+
+        return SuffixEngine(max_match=settings.suffix_max_match, min_match=settings.suffix_min_match,
+                            min_prob=settings.suffix_min_prob, corpus_tokens=settings.suffix_corpus_tokens,
+                            max_sequences=settings.max_sequences)
+    raise ValueError(f"unknown engine {kind!r}: use torch, distilled, llamacpp, ngram or suffix")
