@@ -95,6 +95,8 @@ class EngineSettings(_Settings):
     """suffix: stop a draft once the product of its tokens' shares among the matches falls below this."""
     suffix_corpus_tokens: int = 200_000
     """suffix: tokens of released sequences kept to draft from, oldest sequences evicted first (0: none)."""
+    suffix_spec_factor: float = 2.0
+    """suffix: a match of m tokens drafts at most this many times m tokens (0: no limit)."""
 
     def kv_budget_bytes(self) -> int | None:
         return int(self.kv_budget_mb * 2**20) if self.kv_budget_mb > 0 else None

@@ -292,3 +292,13 @@ def test_an_occurrence_with_nothing_after_it_leaves_the_others():
     finish(engine, "a", [1, 2, 7, 8])
     finish(engine, "b", [5, 1, 2])  # the most recent (1, 2) ends its sequence
     assert draft(engine, "q", [9, 1, 2], k=3) == [7, 8]
+
+
+def test_a_short_match_drafts_at_most_spec_factor_times_its_length():
+    """Chat text shares 2-token phrases with any earlier answer: their continuation is weak evidence."""
+    earlier = [1, 2, *range(100, 120)]
+    limited, unlimited = make(suffix_spec_factor=2.0), make(suffix_spec_factor=0)
+    for engine in (limited, unlimited):
+        finish(engine, "old", earlier)
+    assert draft(limited, "new", [50, 51, 1, 2], k=12) == list(range(100, 104))  # 2-token match: 4 tokens
+    assert draft(unlimited, "new", [50, 51, 1, 2], k=12) == list(range(100, 112))

@@ -44,5 +44,5 @@ def build_engine(settings: EngineSettings) -> Engine:
 
         return SuffixEngine(max_match=settings.suffix_max_match, min_match=settings.suffix_min_match,
                             min_prob=settings.suffix_min_prob, corpus_tokens=settings.suffix_corpus_tokens,
-                            max_sequences=settings.max_sequences)
+                            max_sequences=settings.max_sequences, spec_factor=settings.suffix_spec_factor)
     raise ValueError(f"unknown engine {kind!r}: use torch, distilled, llamacpp, ngram or suffix")

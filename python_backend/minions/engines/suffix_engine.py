@@ -11,6 +11,7 @@ call costs the new tokens and the candidates, never a rescan of the sequence or 
 
 from __future__ import annotations
 
+import math
 import threading
 from array import array
 from collections import deque
@@ -162,10 +163,11 @@ class SuffixEngine:
     most `corpus_tokens` tokens, oldest sequences evicted first. Greedy and without logits, like NgramEngine."""
 
     def __init__(self, *, max_match: int, min_match: int, min_prob: float, corpus_tokens: int,
-                 max_sequences: int) -> None:
+                 max_sequences: int, spec_factor: float) -> None:
         if not 1 <= min_match <= max_match:
             raise ValueError(f"need 1 <= min_match <= max_match, got {min_match}, {max_match}")
         self.max_match, self.min_match, self.min_prob = max_match, min_match, min_prob
+        self.spec_factor = spec_factor
         self.corpus_tokens = corpus_tokens
         self.corpus = TokenIndex(min_match)
         self.corpus_ends: deque[int] = deque()  # where each corpus sequence ends, oldest first
@@ -221,7 +223,9 @@ class SuffixEngine:
         return entry.state
 
     def _draft(self, own: TokenIndex, tokens: list[int], k: int) -> list[int]:
-        """The longer match wins, then the higher score; the request's own context on ties."""
+        """The longer match wins, then the higher score; the request's own context on ties. A match of
+        m tokens drafts at most spec_factor * m (SuffixDecoding's max_spec_factor): a short match, one
+        that any text has, is weak evidence for a long continuation."""
         if k <= 0 or len(tokens) < self.min_match:
             return []
         pattern = np.asarray(tokens[-self.max_match:], dtype=np.int64)
@@ -229,7 +233,8 @@ class SuffixEngine:
         for source in (own, self.corpus):
             length, ends = source.occurrences(pattern)
             if length >= best[0]:
-                draft, score = source.continuation(ends, k, self.min_prob)
+                limit = min(k, math.ceil(self.spec_factor * length)) if self.spec_factor > 0 else k
+                draft, score = source.continuation(ends, limit, self.min_prob)
                 if draft and (length, score) > best[:2]:
                     best = (length, score, draft)
         return best[2]
