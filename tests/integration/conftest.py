@@ -1,10 +1,12 @@
-"""One real tritonserver with the real default deployment (SmolLM2 + llama.cpp + n-gram) per session."""
+"""Real tritonservers per session: the default deployment (SmolLM2 verified by llama.cpp; prompt lookup
+and suffix drafters) for everything, and deploy.torch.yaml (fp32 torch verifier; a llama.cpp
+self-draft with logits) for what needs a model SSM."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.server_process import TritonProcess
+from benchmarks.server_process import ROOT, TritonProcess
 
 
 def pytest_collection_modifyitems(items):
@@ -13,9 +15,20 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.integration)
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
+def _serve(tmp_path_factory, deploy: str):
     build = tmp_path_factory.mktemp("triton-build")
-    with TritonProcess(log_path=build / "tritonserver.log", build=build) as proc:
+    with TritonProcess(ROOT / deploy, log_path=build / "tritonserver.log", build=build) as proc:
         yield proc
     assert proc.proc.returncode == 0, f"tritonserver did not shut down cleanly:\n{proc.log_text()[-3000:]}"
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """The default deployment (deploy.yaml)."""
+    yield from _serve(tmp_path_factory, "deploy.yaml")
+
+
+@pytest.fixture(scope="session")
+def torch_server(tmp_path_factory):
+    """deploy.torch.yaml: the LLM on torch fp32, ssm_q4 (llama.cpp, drafts with logits) and prompt lookup."""
+    yield from _serve(tmp_path_factory, "deploy.torch.yaml")

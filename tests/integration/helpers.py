@@ -11,6 +11,10 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 
+COPY_PROMPT = "Repeat this line three times: the quick brown fox jumps over the lazy dog."
+"""Copy-heavy: prompt lookup and suffix matching draft on it, and the LLM accepts."""
+
+
 def http_post(url: str, body: dict | str, timeout: float = 120.0) -> tuple[int, str]:
     data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})

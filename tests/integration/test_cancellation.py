@@ -32,14 +32,14 @@ def _wait_for(predicate, timeout: float, what: str = "condition") -> float:
 def test_cancel_mid_stream_ends_request_and_frees_caches(server):
     before = server.log_text().count("cancelled by the client")
     # 600 tokens of plain decoding take ~35 s: cancelling after 3 chunks leaves nearly all the work.
-    params = GenerationParams(max_tokens=600, chat=True, speculation="single:ssm_q4")
+    params = GenerationParams(max_tokens=600, chat=True, speculation="single:ssm_suffix")
     cancelled = generate_grpc(server.grpc_url, "minions", "Write a very long story about a dragon.", params,
                               cancel_after_chunks=3)
     cancel_time = time.monotonic()
     assert cancelled.finish_reason == "cancelled" and len(cancelled.chunks) == 3
     waited = _wait_for(lambda: server.log_text().count("cancelled by the client") > before, timeout=20)
     assert time.monotonic() - cancel_time < 10, "cancellation must stop the work well before it would end"
-    for model in ("llm", "ssm_q4"):
+    for model in ("llm", "ssm_suffix"):
         _wait_for(lambda: _gauge(server, "minions_engine_cached_sequences", model) == 0, timeout=20,
                   what=f"{model} caches nothing")
     assert waited < 10
@@ -69,7 +69,7 @@ def test_a_client_that_stops_waiting_cancels_its_request_with_a_clear_error(serv
     """A response that does not come within the client's timeout ends the call with an error that says
     so, and the request does not go on using the server (a stub that dies leaves streams silent)."""
     before = server.log_text().count("cancelled by the client")
-    params = GenerationParams(max_tokens=600, chat=True, speculation="single:ssm_q4")
+    params = GenerationParams(max_tokens=600, chat=True, speculation="single:ssm_suffix")
     with pytest.raises(MinionsClientError, match=r"no response from minions for 0\.001 s"):
         generate_grpc(server.grpc_url, "minions", "Write a very long story about a dragon.", params, timeout_s=0.001)
     _wait_for(lambda: server.log_text().count("cancelled by the client") > before, timeout=20,

@@ -19,7 +19,8 @@ def _run(server, prompt: str, **params):
     return generate_grpc(server.grpc_url, "minions", prompt, GenerationParams(max_tokens=32, chat=True, **params))
 
 
-def test_full_minions_equals_off_under_8_concurrent_streams(server):
+def test_full_minions_equals_off_under_8_concurrent_streams(torch_server):
+    server = torch_server  # ssm_q4 batches drafts in flight
     plain = [_run(server, p, speculation="off") for p in PROMPTS]  # one at a time: nothing to batch with
     before = {m: _batch_totals(server, m) for m in ("llm", "ssm_q4")}
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
@@ -34,12 +35,28 @@ def test_full_minions_equals_off_under_8_concurrent_streams(server):
     assert ssm > 1.2, "concurrent requests were drafted together"
 
 
-def test_one_stream_uses_early_drafts(server):
-    """At a load of one (deploy.yaml's pipeline_max_load) round r+1 is drafted while round r verifies."""
+def test_one_stream_uses_early_drafts(torch_server):
+    """At a load of one (pipeline_max_load) round r+1 is drafted while round r verifies."""
+    server = torch_server
     prompt = PROMPTS[1]
     full = _run(server, prompt, speculation="vote", pipeline=True, num_draft_tokens=4, return_perf_metrics=True)
     assert full.num_pipelined_drafts > 0, "the pipeline produced drafts that were used"
     assert full.text == _run(server, prompt, speculation="off").text
+
+
+def test_streams_of_the_default_deployment_share_llm_steps_and_equal_sequential_outputs(server):
+    """llama.cpp in-flight batching: 8 concurrent requests (plain streams and verifications) share decode
+    steps, and every output is the one the request gets alone."""
+    alone = {mode: [_run(server, p, speculation=mode) for p in PROMPTS] for mode in ("off", "vote")}
+    before = _batch_totals(server, "llm")
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        together = {mode: list(pool.map(lambda p, m=mode: _run(server, p, speculation=m), PROMPTS))
+                    for mode in ("off", "vote")}
+    for mode in ("off", "vote"):
+        for i, (a, b) in enumerate(zip(alone[mode], together[mode])):
+            assert (b.text, b.num_output_tokens) == (a.text, a.num_output_tokens), f"{mode} diverged on prompt {i}"
+            assert b.text == alone["off"][i].text
+    assert _mean_batch(before, _batch_totals(server, "llm")) > 1.2, "concurrent requests shared llama.cpp steps"
 
 
 def _batch_totals(server, model: str) -> tuple[float, float]:
@@ -52,7 +69,8 @@ def _mean_batch(before: tuple[float, float], after: tuple[float, float]) -> floa
     return (after[1] - before[1]) / (after[0] - before[0])
 
 
-def test_fixed_draft_length_and_pipeline_switch(server):
+def test_fixed_draft_length_and_pipeline_switch(torch_server):
+    server = torch_server  # ssm_q4 always drafts the length asked for
     prompt = PROMPTS[0]
     fixed = _run(server, prompt, speculation="vote", num_draft_tokens=3, pipeline=False)
     assert set(fixed.draft_lengths[1:]) == {3} and fixed.draft_lengths[0] == 0

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from client.api import GenerationParams, generate_grpc, generate_http
-from tests.integration.helpers import http_post, metric_value
+from tests.integration.helpers import COPY_PROMPT, http_post, metric_value
 
 PROMPT = "Name three primary colors."
 
 
 def test_grpc_stream_yields_chunks_that_add_up_to_the_non_streamed_text(server):
-    params = GenerationParams(max_tokens=40, chat=True, speculation="single:ssm_q4")
-    streamed = generate_grpc(server.grpc_url, "minions", PROMPT, params, stream=True)
-    whole = generate_http(server.http_url, "minions", PROMPT, params, stream=False)
+    params = GenerationParams(max_tokens=40, chat=True, speculation="single:ssm_suffix")
+    streamed = generate_grpc(server.grpc_url, "minions", COPY_PROMPT, params, stream=True)
+    whole = generate_http(server.http_url, "minions", COPY_PROMPT, params, stream=False)
     assert len(streamed.chunks) > 1
     assert streamed.text == whole.text
     assert streamed.num_output_tokens == whole.num_output_tokens > 0
@@ -29,7 +30,7 @@ def test_grpc_stream_yields_chunks_that_add_up_to_the_non_streamed_text(server):
 
 def test_http_generate_returns_exactly_one_json_response_with_the_prompt(server):
     status, body = http_post(f"{server.http_url}/v2/models/minions/generate",
-                             {"text_input": PROMPT, "max_tokens": 12, "chat": True, "speculation": "single:ssm_q4"})
+                             {"text_input": PROMPT, "max_tokens": 12, "chat": True, "speculation": "single:ssm_suffix"})
     assert status == 200, body
     payload = json.loads(body)  # one JSON object: a second response would break the generate endpoint
     assert payload["text_output"].startswith(PROMPT), "exclude_input_in_output defaults to false, as in tensorrt_llm_bls"
@@ -64,7 +65,7 @@ def test_stop_words_end_the_text_before_the_stop_string(server):
 
 
 def test_seeded_sampling_is_reproducible(server):
-    params = GenerationParams(max_tokens=24, chat=True, temperature=0.9, top_p=0.95, seed=1234, speculation="single:ssm_q4",
+    params = GenerationParams(max_tokens=24, chat=True, temperature=0.9, top_p=0.95, seed=1234, speculation="single:ssm_ngram",
                               num_draft_tokens=4, pipeline=False)
     a = generate_grpc(server.grpc_url, "minions", "Write a line of poetry.", params)
     b = generate_grpc(server.grpc_url, "minions", "Write a line of poetry.", params)
@@ -74,7 +75,7 @@ def test_seeded_sampling_is_reproducible(server):
 def test_concurrent_streams_match_sequential_outputs(server):
     """Each request runs in its own task in the BLS; concurrency must not mix up sequences or caches."""
     prompts = ["What is rain?", "Give me a synonym for happy.", "What is 2 + 2?", "Describe a cat."]
-    modes = ["vote", "off", "bandit", "single:ssm_q4"]
+    modes = ["vote", "off", "bandit", "single:ssm_suffix"]
 
     def run(args):
         prompt, mode = args
@@ -87,7 +88,8 @@ def test_concurrent_streams_match_sequential_outputs(server):
     assert concurrent == sequential
 
 
-def test_metrics_count_drafts_and_accepted_tokens_per_ssm(server):
+def test_metrics_count_drafts_and_accepted_tokens_per_ssm(torch_server):
+    server = torch_server  # ssm_q4 drafts on every prompt
     generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(max_tokens=24, chat=True, speculation="single:ssm_q4"))
 
     def value(name: str, **labels: str) -> float:
@@ -97,6 +99,9 @@ def test_metrics_count_drafts_and_accepted_tokens_per_ssm(server):
     accepted = value("minions_spec_decode_num_accepted_tokens", ssm="ssm_q4")
     assert drafted > 0 and 0 < accepted <= drafted
     assert value("minions_spec_decode_num_accepted_tokens_per_pos", ssm="ssm_q4", position="0") > 0
+    deadline = time.monotonic() + 10  # counted once the request's last response is out: poll
+    while value("minions_requests", outcome="success") < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert value("minions_requests", outcome="success") >= 1
 
 
@@ -136,9 +141,10 @@ def test_a_short_request_is_not_queued_behind_a_long_one(server):
 
 
 @pytest.mark.parametrize("ssm", ["ssm_q4", "ssm_ngram"])
-def test_sampled_drafts_with_draft_logits_work_and_reproduce(server, ssm):
+def test_sampled_drafts_with_draft_logits_work_and_reproduce(torch_server, ssm):
     """use_draft_logits: ssm_q4 samples its draft and sends logits (min(1, p/q) rule); ssm_ngram has none
     and is judged as deterministic. Neither may count as an SSM failure."""
+    server = torch_server
     # A seed reproduces the output for a fixed draft length without the pipeline: the adaptive length
     # and the early drafts depend on measured timings (docs/api.md, `seed`).
     params = GenerationParams(max_tokens=32, chat=True, temperature=0.8, top_p=0.95, seed=7,

@@ -2,7 +2,8 @@
 
 Triton 2.51 does not restart a dead stub of a model by itself, so the orchestrator must cope: the
 round verifies without a draft, and after a few failures the SSM is skipped by every request.
-Runs its own server, since it breaks one of its models on purpose.
+Runs its own server (deploy.torch.yaml, whose ssm_q4 is a llama.cpp model with a stub of its own), since
+it breaks one of its models on purpose.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import subprocess
 
 import pytest
 
-from benchmarks.server_process import TritonProcess
+from benchmarks.server_process import ROOT, TritonProcess
 from client.api import GenerationParams, generate_grpc
 from tests.integration.helpers import metric_value
 
@@ -23,7 +24,7 @@ PROMPT = "Name three colors."
 @pytest.fixture(scope="module")
 def doomed_server(tmp_path_factory):
     build = tmp_path_factory.mktemp("triton-fault")
-    with TritonProcess(log_path=build / "tritonserver.log", build=build) as proc:
+    with TritonProcess(ROOT / "deploy.torch.yaml", log_path=build / "tritonserver.log", build=build) as proc:
         yield proc
     # Triton 2.51 waits for the dead stub's model until its 30 s exit timeout, then exits with 1 by
     # itself ("Exit timeout expired"): a Triton limitation, recorded here so a change shows up.

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from client.api import GenerationParams, generate_grpc, generate_http
-from tests.integration.helpers import metric_value
+from tests.integration.helpers import COPY_PROMPT, metric_value
 
-PROMPT = "List three uses of a paperclip."
+PROMPT = COPY_PROMPT
 
 
-@pytest.mark.parametrize("mode", ["vote", "bandit", "vote:ssm_q4,ssm_ngram"])
+@pytest.mark.parametrize("mode", ["vote", "bandit", "vote:ssm_suffix,ssm_ngram"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_http_vote_and_bandit_equal_plain_greedy(server, mode, stream):
     params = {"max_tokens": 32, "chat": True}
@@ -24,7 +24,7 @@ def test_http_vote_and_bandit_equal_plain_greedy(server, mode, stream):
 def test_vote_exports_per_ssm_metrics(server):
     """Which SSMs draft depends on the weights learnt so far (a dominant one drafts mostly alone),
     so this checks that drafting is counted and that every SSM's weight is exported."""
-    ssms = ("ssm_q4", "ssm_ngram")
+    ssms = ("ssm_suffix", "ssm_ngram")
     before = sum(metric_value(server.metrics_url, "minions_ssm_drafts", ssm=s) for s in ssms)
     generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(max_tokens=48, chat=True, speculation="vote"))
     assert sum(metric_value(server.metrics_url, "minions_ssm_drafts", ssm=s) for s in ssms) > before
@@ -44,7 +44,7 @@ def test_sampled_vote_and_bandit_work(server, mode):
     policy has learnt by then, and the accept/resample draws depend on the draft (docs/api.md, `seed`)."""
     params = GenerationParams(max_tokens=24, chat=True, temperature=0.8, top_p=0.95, seed=77, speculation=mode,
                               return_perf_metrics=True)
-    out = generate_grpc(server.grpc_url, "minions", "Write a line of poetry.", params)
+    out = generate_grpc(server.grpc_url, "minions", COPY_PROMPT, params)
     # A sampled end-of-sequence token may end the line early (plain `off` sampling does so for some seeds too).
     assert (out.finish_reason, out.num_output_tokens == 24) in {("length", True), ("stop", False)}
     assert out.text and out.num_verifications < out.num_output_tokens
