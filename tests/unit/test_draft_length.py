@@ -77,6 +77,16 @@ def test_adapts_per_request_when_acceptance_collapses_and_recovers():
     assert Counter(good.run(selector, 1, 200)[-50:]).most_common(1)[0][0] >= 4
 
 
+def test_a_request_whose_drafts_fail_leaves_speculation_soon_after_others_succeeded():
+    """The server has learnt that drafts pass (copy-heavy requests); a chat request whose drafts are
+    all rejected must reach s = 0 on its own evidence within a few rounds, not ride the server's prior."""
+    shared = SharedLengthStats()
+    for seed in range(4):
+        World(1.0, draft_per_token=0.0005, seed=seed).run(DraftLengthSelector(shared, 16), 1, 40)
+    chat = World(0.0, draft_per_token=0.0005, seed=9).run(DraftLengthSelector(shared, 16), 1, 12)
+    assert chat[0] > 0 and 0 in chat[:8], chat
+
+
 def test_does_not_oscillate_on_a_steady_workload():
     world = World(0.8, seed=4)
     selector = DraftLengthSelector(SharedLengthStats(), max_length=8)

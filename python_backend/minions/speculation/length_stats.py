@@ -170,9 +170,9 @@ class LengthPolicy:
     dwell: int = 3
     explore_every: int = 12
     initial: int = 4
-    request_decay: float = 0.85
+    request_decay: float = 0.9
     global_decay: float = 0.98
-    prior_weight: float = 3.0
+    prior_weight: float = 0.5
     prior_acceptance: float = 0.5
 
 
