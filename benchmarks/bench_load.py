@@ -23,7 +23,7 @@ from pathlib import Path
 
 from client.api import GenerationParams, generate_grpc
 
-from .datasets import DATASETS, load_prompts
+from .datasets import DATASETS, mixed_prompts
 from .server_process import ROOT, TritonProcess
 
 FIXED_LENGTHS = (1, 2, 3, 4, 6, 8)
@@ -149,14 +149,6 @@ def run_cell(url: str, metrics_url: str, mode: LoadMode, streams: int, prompts: 
 
 def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("passes", "sequences", "tokens", "pad_tokens")}
-
-
-def mixed_prompts(count: int, datasets: list[str] | None = None) -> list[str]:
-    """count prompts taken in turn from each dataset (default: finance, dialogue, alpaca, MT-bench)."""
-    names = datasets or list(DATASETS)
-    per = -(-count // len(names))
-    pools = [load_prompts(name, per) for name in names]
-    return [pools[i % len(pools)][i // len(pools)] for i in range(count)]
 
 
 def summarize(cells: list[Cell]) -> list[dict]:

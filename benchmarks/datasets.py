@@ -13,6 +13,12 @@ DATASETS = {
     "alpaca": "alpaca.jsonl",
     "mt_bench": "mt_bench_question.jsonl",
 }
+"""The chat sets, mixed by the load benchmarks."""
+COPY_HEAVY = {
+    "code_edit": "code_edit.jsonl",
+    "summarization": "summarization.jsonl",
+}
+"""Sets whose answers copy from the prompt (whole files, articles): separate workloads, never mixed in."""
 
 
 def datasets_dir() -> Path:
@@ -20,8 +26,8 @@ def datasets_dir() -> Path:
 
 
 def load_prompts(name: str, count: int, offset: int = 0) -> list[str]:
-    """The first `count` prompts of a dataset (MT-bench: the first turn of each question)."""
-    path = datasets_dir() / DATASETS[name]
+    """`count` prompts of a dataset from its `offset`-th on (MT-bench: the first turn of each question)."""
+    path = datasets_dir() / (DATASETS | COPY_HEAVY)[name]
     prompts = []
     with path.open() as f:
         for line in f:
@@ -32,3 +38,12 @@ def load_prompts(name: str, count: int, offset: int = 0) -> list[str]:
             if len(prompts) >= offset + count:
                 break
     return prompts[offset:]
+
+
+def mixed_prompts(count: int, datasets: list[str] | None = None, offset: int = 0) -> list[str]:
+    """count prompts taken in turn from each dataset (default: finance, dialogue, alpaca, MT-bench),
+    starting at each one's prompt `offset`."""
+    names = datasets or list(DATASETS)
+    per = -(-count // len(names))
+    pools = [load_prompts(name, per, offset) for name in names]
+    return [pools[i % len(pools)][i // len(pools)] for i in range(count)]

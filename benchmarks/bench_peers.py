@@ -1,0 +1,173 @@
+"""`make bench-peers`: Minions against llama.cpp's own llama-server on the same GGUF, in one run.
+
+Starts the real tritonserver with the deployment and llama-server (built once from the llama.cpp that
+the pinned llama-cpp-python vendors: peers/llama_server_build.py) in several configurations: plain on
+the LLM's GGUF as shipped and re-encoded as F16, and its two speculative modes (a draft model, the
+deployment's llama.cpp SSM; n-gram cache). Per workload (mixed chat sets, code editing, summarisation)
+and concurrency, every system in turn streams the same held-out prompts, greedy, chat template,
+96 output tokens at most (EOS ends earlier, for all alike). Per cell: output tokens/s over the cell's
+wall time, TTFT (mean, p50), ITL, tokens/s over the plain llama-server configuration that was faster
+over the run (in the same cell), how many outputs are identical to Minions `off`, and the CPU other
+processes took meanwhile. Writes a table, JSON (with every output) and PNG under bench_results/peers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+from client.api import GenerationParams, generate_grpc
+from minions.deploy.config import Deployment, load_deployment
+from minions.settings import OrchestratorSettings
+
+from .bench_load import RESPONSE_TIMEOUT_S
+from .datasets import COPY_HEAVY, DATASETS, load_prompts, mixed_prompts
+from .peers import ggufs
+from .peers.foreign_cpu import ForeignCpu
+from .peers.llama_server import LlamaServer, ServerConfig, chat_completion
+from .peers.llama_server_build import llama_server, pinned_version
+from .peers.report import format_table, plot, summarize
+from .peers.streams import Cell, Request, Sample, run_cell
+from .server_process import ROOT, TritonProcess
+
+WORKLOADS = ("chat", *COPY_HEAVY)
+HELD_OUT = 8
+"""Prompts before this index of each set warm or drive other benchmarks and tests (bench_load,
+test_load, the greedy-equality test); each concurrency here takes its own block after it, so no
+server has seen a cell's prompts before (llama-server reuses a cached prompt's KV across requests)."""
+SPEC_DRAFT_N_MAX = 8
+MINIONS_OFF = "minions off"
+SYSTEM_KEYS = ("minions-off", "minions-default", "plain", "draft", "ngram")
+
+
+def workload_prompts(workload: str, counts: list[int]) -> list[list[str]]:
+    """The prompt lists of consecutive cells of a workload, each `count` prompts long and made of the
+    next unused prompts of each set after the held-out start."""
+    cells, offset = [], HELD_OUT
+    for count in counts:
+        if workload == "chat":
+            cells.append(mixed_prompts(count, offset=offset))
+            offset += -(-count // len(DATASETS))
+        else:
+            cells.append(load_prompts(workload, count, offset))
+            offset += count
+    return cells
+
+
+def minions_request(url: str, model: str, speculation: str | None, max_tokens: int) -> Request:
+    """Minions over gRPC streaming; speculation None sends no speculation (the deployment's default)."""
+    params = GenerationParams(max_tokens=max_tokens, temperature=0.0, chat=True, speculation=speculation)
+
+    def request(prompt: str) -> Sample:
+        c = generate_grpc(url, model, prompt, params, stream=True, timeout_s=RESPONSE_TIMEOUT_S)
+        return Sample(c.text, c.num_output_tokens, c.ttft_s or c.latency_s, c.latency_s)
+    return request
+
+
+def llama_request(url: str, max_tokens: int) -> Request:
+    return lambda prompt: chat_completion(url, prompt, max_tokens, RESPONSE_TIMEOUT_S)
+
+
+def server_configs(dep: Deployment, keys: list[str]) -> tuple[list[ServerConfig], list[str]]:
+    """The llama-server configurations to run and the labels of the plain ones. Plain: the LLM's GGUF
+    as shipped, as the deployment computes with it (when re-encoded) and as F16. The speculative ones
+    run the deployment's own file as the target."""
+    target = ggufs.llm_gguf(dep)
+    plain_files = dict.fromkeys([ggufs.shipped_gguf(dep), target, ggufs.f16_gguf(dep)]) if "plain" in keys else {}
+    configs = [ServerConfig(f"llama-server {ggufs.file_type(f)}", f) for f in plain_files]
+    if "draft" in keys:
+        draft = ggufs.draft_gguf(dep)
+        configs.append(ServerConfig("llama-server draft-simple", target, (
+            "-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(SPEC_DRAFT_N_MAX))))
+    if "ngram" in keys:
+        configs.append(ServerConfig("llama-server ngram-cache", target, ("--spec-type", "ngram-cache")))
+    return configs, [c.label for c in configs[:len(plain_files)]]
+
+
+def _exit_on_sigterm(signum: int, frame) -> None:
+    """SIGTERM (a timeout, a killed make) unwinds like Ctrl-C, so that the servers, which run in their
+    own sessions, are stopped rather than left behind."""
+    sys.exit(128 + signum)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
+    p.add_argument("--streams", nargs="+", type=int, default=[1, 8, 16])
+    p.add_argument("--prompts", type=int, default=16, help="prompts per chat cell (at least one per stream)")
+    p.add_argument("--copy-prompts", type=int, default=8,
+                   help="prompts per code_edit / summarization cell (at least one per stream)")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    p.add_argument("--systems", nargs="+", choices=SYSTEM_KEYS, default=list(SYSTEM_KEYS))
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="llama-server threads (-t)")
+    p.add_argument("--out", default=str(ROOT / "bench_results" / "peers"))
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dep = load_deployment(args.deploy)
+    orchestrator = OrchestratorSettings.from_yaml(dep.orchestrator)
+    binary = llama_server()
+    configs, plain = server_configs(dep, args.systems)
+    parallel = max(args.streams)
+    systems: dict[str, Request] = {}
+    sessions: set[int] = set()
+    """The servers' process sessions, whose CPU time is the benchmark's own."""
+    commands: dict[str, str] = {}
+    # The default first: drafters that learn from finished requests (suffix) must not see a cell's
+    # answers before it, as they would after `off` on the same prompts. None sends no speculation.
+    minions_modes = {"minions-default": (f"minions {orchestrator.default_speculation}", None),
+                     "minions-off": (MINIONS_OFF, "off")}
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    with ExitStack() as stack:
+        if wanted := [key for key in minions_modes if key in args.systems]:
+            triton = stack.enter_context(TritonProcess(args.deploy, log_path=out / "tritonserver.log"))
+            sessions.add(triton.proc.pid)
+            for key in wanted:
+                label, speculation = minions_modes[key]
+                systems[label] = minions_request(triton.grpc_url, orchestrator.model_name, speculation, args.max_tokens)
+        for config in configs:
+            server = stack.enter_context(LlamaServer(binary, config, args.threads, parallel, orchestrator.max_context,
+                                                     out / f"{config.label.replace(' ', '_')}.log"))
+            systems[config.label] = llama_request(server.url, args.max_tokens)
+            sessions.add(server.proc.pid)
+            commands[config.label] = " ".join(server.command)
+        for name, request in systems.items():  # first calls pay one-off costs
+            run_cell(name, "warm-up", request, mixed_prompts(2), 2)
+        cells: list[Cell] = []
+        for workload in args.workloads:
+            count = args.prompts if workload == "chat" else args.copy_prompts
+            for streams, prompts in zip(args.streams, workload_prompts(workload, [max(count, s) for s in args.streams])):
+                for name, request in systems.items():
+                    with ForeignCpu(sessions) as foreign:
+                        cell = run_cell(name, workload, request, prompts, streams)
+                    cell.foreign_cores = foreign.cores
+                    cells.append(cell)
+                    r = cell.row()
+                    print(f"{workload:<13} {streams:>3} streams {name:<26} {r['tokens_per_s']:6.1f} tok/s  "
+                          f"ITL {r['itl_ms'] or 0:5.1f} ms  others {r['foreign_cores'] or 0:.2f} cores" + (f"  {r['errors']} errors: {cell.errors[0]}"
+                                                               if cell.errors else ""), flush=True)
+    rows, winner = summarize(cells, plain, MINIONS_OFF)
+    text = format_table(rows, winner, MINIONS_OFF)
+    print(text)
+    (out / "peers.md").write_text(text + "\n")
+    meta = {"deploy": str(dep.path), "llm": dep.llm, "default_speculation": orchestrator.default_speculation,
+            "llama_cpp_python": pinned_version(), "llama_server_commands": commands, "max_tokens": args.max_tokens,
+            "streams": args.streams, "prompts": {"chat": args.prompts, "copy_heavy": args.copy_prompts},
+            "held_out_from": HELD_OUT}
+    outputs = [{"system": c.system, "workload": c.workload, "streams": c.streams,
+                "texts": {i: s.text for i, s in sorted(c.samples.items())}, "errors": c.errors} for c in cells]
+    (out / "peers.json").write_text(json.dumps({"meta": meta, "plain_winner": winner, "rows": rows, "outputs": outputs},
+                                               indent=1, default=str))
+    plot(rows, out / "peers.png", f"Minions vs llama-server on {ggufs.llm_gguf(dep).name}, "
+                                  f"{os.cpu_count()} CPU cores, greedy, {args.max_tokens} tokens")
+    print(f"\nwrote {out / 'peers.md'}, peers.json and peers.png")
+
+
+if __name__ == "__main__":
+    main()

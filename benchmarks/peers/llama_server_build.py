@@ -1,0 +1,70 @@
+"""llama.cpp's own `llama-server`, built once from the sources vendored in the llama-cpp-python sdist
+pinned in requirements.txt, so that the peer runs exactly the llama.cpp the Minions engines link.
+
+The build (about 6 minutes on 2 cores) is cached under .cache/peers/ (git-ignored); later runs reuse it.
+`python -m benchmarks.peers.llama_server_build` builds it ahead of a benchmark.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from ..datasets import ROOT
+
+log = logging.getLogger(__name__)
+
+CACHE = ROOT / ".cache" / "peers"
+PACKAGE = "llama-cpp-python"
+TARGETS = ("llama-server", "llama-bench")
+CMAKE_FLAGS = ("-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release")
+
+
+def pinned_version(requirements: Path = ROOT / "requirements.txt") -> str:
+    """The llama-cpp-python version requirements.txt pins (the one place it is written)."""
+    match = re.search(rf"^{re.escape(PACKAGE)}==([^\s;#]+)", requirements.read_text(), re.MULTILINE)
+    if match is None:
+        raise ValueError(f"{requirements} pins no {PACKAGE}==<version>")
+    return match.group(1)
+
+
+def source_dir(version: str) -> Path:
+    """llama.cpp's sources from the sdist, downloaded and unpacked once."""
+    root = CACHE / f"llama_cpp_python-{version}"
+    llama_cpp = root / "vendor" / "llama.cpp"
+    if (llama_cpp / "CMakeLists.txt").exists():
+        return llama_cpp
+    download = CACHE / "sdist"
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+                    f"{PACKAGE}=={version}", "-d", str(download)], check=True)
+    (archive,) = download.glob(f"llama_cpp_python-{version}.tar.gz")
+    with tarfile.open(archive) as tar:
+        tar.extractall(CACHE)  # our own pinned sdist from the package index
+    if not (llama_cpp / "CMakeLists.txt").exists():
+        raise FileNotFoundError(f"{archive} holds no vendor/llama.cpp")
+    return llama_cpp
+
+
+def llama_server(version: str | None = None, jobs: int = 2) -> Path:
+    """The path of the built llama-server binary (building it and llama-bench on first use)."""
+    version = version or pinned_version()
+    src = source_dir(version)
+    binary = src / "build" / "bin" / "llama-server"
+    if binary.exists():
+        return binary
+    if shutil.which("cmake") is None:
+        raise FileNotFoundError("cmake is needed to build llama-server (apt-get install cmake)")
+    log.info("building llama-server %s in %s (once, minutes)", version, src / "build")
+    subprocess.run(["cmake", "-B", "build", *CMAKE_FLAGS], cwd=src, check=True)
+    subprocess.run(["cmake", "--build", "build", f"-j{jobs}", "--target", *TARGETS], cwd=src, check=True)
+    return binary
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    print(llama_server())

@@ -1,0 +1,99 @@
+"""Concurrent streams against any server, and what a cell of them measured.
+
+A system is reduced to one blocking call, prompt -> Sample, so that Minions and llama-server are
+driven by the same code: `streams` threads pull the cell's prompts from one queue. ITL is taken per
+request as (last token's time - first token's time) / (tokens - 1), which does not depend on how a
+server chunks its stream (Minions sends a round's accepted tokens at once, llama-server one token
+per event).
+"""
+
+from __future__ import annotations
+
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One finished request as its client saw it."""
+
+    text: str
+    tokens: int
+    ttft_s: float
+    last_token_s: float
+    """Time from the request until the last output token arrived."""
+
+    @property
+    def itl_s(self) -> float | None:
+        return (self.last_token_s - self.ttft_s) / (self.tokens - 1) if self.tokens > 1 else None
+
+
+Request = Callable[[str], Sample]
+"""A system: one prompt in, one finished request out (raises on failure)."""
+
+
+@dataclass
+class Cell:
+    """One system on one workload at one concurrency."""
+
+    system: str
+    workload: str
+    streams: int
+    wall_s: float = 0.0
+    samples: dict[int, Sample] = field(default_factory=dict)
+    """By the prompt's index in the cell's prompt list."""
+    errors: list[str] = field(default_factory=list)
+    foreign_cores: float | None = None
+    """Mean CPU cores that processes outside the benchmark used meanwhile (foreign_cpu.py)."""
+
+    def row(self) -> dict:
+        samples = list(self.samples.values())
+        tokens = sum(s.tokens for s in samples)
+        ttfts = [s.ttft_s for s in samples]
+        itls = [s.itl_s for s in samples if s.itl_s is not None]
+        return {
+            "system": self.system, "workload": self.workload, "streams": self.streams,
+            "requests": len(samples), "tokens": tokens, "wall_s": self.wall_s,
+            "tokens_per_s": tokens / self.wall_s if self.wall_s else 0.0,
+            "ttft_mean_ms": 1000 * statistics.mean(ttfts) if ttfts else None,
+            "ttft_p50_ms": 1000 * statistics.median(ttfts) if ttfts else None,
+            "itl_ms": 1000 * statistics.mean(itls) if itls else None,
+            "errors": len(self.errors), "foreign_cores": self.foreign_cores,
+        }
+
+
+def run_cell(system: str, workload: str, request: Request, prompts: list[str], streams: int) -> Cell:
+    """All prompts through `request` from `streams` threads; wall time from the first start to the last end."""
+    cell = Cell(system, workload, streams)
+    work: queue.Queue = queue.Queue()
+    for item in enumerate(prompts):
+        work.put(item)
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            try:
+                i, prompt = work.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                sample = request(prompt)
+            except Exception as exc:  # counted and reported, the run goes on
+                with lock:
+                    cell.errors.append(f"{type(exc).__name__}: {exc}")
+                continue
+            with lock:
+                cell.samples[i] = sample
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cell.wall_s = time.perf_counter() - start
+    return cell

@@ -1,0 +1,55 @@
+"""benchmarks.bench_peers: fresh prompts for every cell, ratios against the run's faster plain llama-server,
+output agreement with Minions `off`, the pin the llama-server build reads."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.bench_peers import HELD_OUT, workload_prompts
+from benchmarks.datasets import load_prompts
+from benchmarks.peers.llama_server_build import pinned_version
+from benchmarks.peers.report import summarize
+from benchmarks.peers.streams import Cell, Sample
+
+
+@pytest.mark.parametrize("workload", ["chat", "code_edit"])
+def test_every_cell_gets_prompts_no_other_cell_or_benchmark_warm_up_uses(workload):
+    cells = workload_prompts(workload, [4, 8, 16])
+    assert [len(c) for c in cells] == [4, 8, 16]
+    flat = [p for c in cells for p in c]
+    assert len(set(flat)) == len(flat)
+    warm = load_prompts("finance" if workload == "chat" else workload, HELD_OUT)
+    assert not set(flat) & set(warm)
+
+
+def _cell(system: str, workload: str, rate: float, texts: list[str]) -> Cell:
+    cell = Cell(system, workload, 8, wall_s=len(texts) * 10 / rate)
+    cell.samples = {i: Sample(t, 10, 0.1, 1.0) for i, t in enumerate(texts)}
+    return cell
+
+
+def test_ratios_are_against_the_plain_configuration_faster_over_the_run_not_each_cells_luckiest():
+    texts = ["a", "b", "c", "d"]
+    cells = [
+        _cell("minions off", "chat", 80.0, texts), _cell("q4", "chat", 100.0, ["a", "x", "c", "y"]),
+        _cell("f16", "chat", 90.0, texts),
+        _cell("minions off", "code", 80.0, texts), _cell("q4", "code", 50.0, texts), _cell("f16", "code", 100.0, texts),
+        _cell("minions off", "sum", 80.0, texts), _cell("q4", "sum", 60.0, texts), _cell("f16", "sum", 100.0, texts),
+    ]
+    rows, winner = summarize(cells, ["q4", "f16"], "minions off")
+    assert winner["faster"] == "f16" and winner["cells_won"] == {"q4": 1, "f16": 2}
+    chat = {r["system"]: r for r in rows if r["workload"] == "chat"}
+    assert chat["q4"]["vs_plain"] == pytest.approx(100 / 90)
+    assert chat["minions off"]["vs_plain"] == pytest.approx(80 / 90)
+    assert chat["q4"]["same_as_ref"] == 2 and chat["f16"]["same_as_ref"] == 4
+
+
+def test_sample_itl_spreads_the_time_after_the_first_token_over_the_rest():
+    assert Sample("", 11, 0.5, 1.5).itl_s == pytest.approx(0.1)
+    assert Sample("", 1, 0.5, 0.5).itl_s is None
+
+
+def test_the_build_reads_the_llama_cpp_python_pin(tmp_path):
+    req = tmp_path / "requirements.txt"
+    req.write_text("numpy>=1\nllama-cpp-python==0.3.36  # the engine\n")
+    assert pinned_version(req) == "0.3.36"
