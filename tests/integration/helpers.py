@@ -10,7 +10,6 @@ import urllib.request
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-
 COPY_PROMPT = "Repeat this line three times: the quick brown fox jumps over the lazy dog."
 """Copy-heavy: prompt lookup and suffix matching draft on it, and the LLM accepts."""
 

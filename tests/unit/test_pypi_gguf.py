@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from minions.deploy import pypi_gguf
 from minions.deploy.artifacts import gguf_for, smollm2_gguf, tokenizer_dir_for
 from minions.deploy.config import load_deployment
