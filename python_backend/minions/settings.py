@@ -131,6 +131,9 @@ class OrchestratorSettings(_Settings):
     """...or while the selector expects an early draft to be used at least this often (0: never)."""
     vote_deadline_ms: float = 500.0
     vote_explore_every: int = 8
+    engine_stall_timeout_s: float = 60.0
+    """An engine call, or a stream between two tokens, silent this long fails its request with an error
+    instead of hanging it (a dead stub, or Triton 2.51's decoupled BLS stalling: docs/engines.md)."""
     plain_stretch_tokens: int = 16
     """When the LLM streams (a decoupled in-flight engine), plain decoding chosen by the adaptive
     selector (s = 0) streams this many tokens from one engine call before the selector chooses again."""

@@ -23,18 +23,25 @@ class EngineCallError(RuntimeError):
 
 
 class TritonEngineClient:
-    def __init__(self, decoupled_models: frozenset[str] = frozenset()) -> None:
+    def __init__(self, decoupled_models: frozenset[str], stall_timeout_s: float) -> None:
         # Decoupled engine models (in-flight batching) answer through a response iterator, as
         # tensorrtllm_backend's BLS calls its decoupled tensorrt_llm model.
         self.decoupled_models = decoupled_models
+        self.stall_timeout_s = stall_timeout_s
+        """A call (or a stream between two responses) silent this long fails: its request gets an error
+        instead of hanging (settings.py, engine_stall_timeout_s)."""
 
     async def generate(self, model: str, request: EngineRequest) -> EngineResult:
         infer = _infer_request(model, request)
-        if model in self.decoupled_models:
-            response = await _one_decoupled_response(model, infer)
-        else:
-            response = await infer.async_exec()
-        return _decoded(model, request, response)
+        call = _one_decoupled_response(model, infer) if model in self.decoupled_models else infer.async_exec()
+        return _decoded(model, request, await self._within_timeout(model, call))
+
+    async def _within_timeout(self, model: str, awaitable):
+        try:
+            return await asyncio.wait_for(awaitable, self.stall_timeout_s)
+        except TimeoutError:
+            log.error("engine model %s did not answer for %.0f s", model, self.stall_timeout_s)
+            raise EngineCallError(model, f"no response for {self.stall_timeout_s:.0f} s") from None
 
     async def stream(self, model: str, request: EngineRequest) -> AsyncIterator[EngineResult]:
         """A decoupled engine's streaming generation, a result per response. Triton 2.51's response
@@ -57,7 +64,7 @@ class TritonEngineClient:
         drained = loop.run_in_executor(None, pump)
         made: list[int] = []
         try:
-            while (response := await queue.get()) is not None:
+            while (response := await self._within_timeout(model, queue.get())) is not None:
                 if isinstance(response, Exception):
                     raise EngineCallError(model, str(response))
                 if response.has_error() or response.output_tensors():
@@ -67,7 +74,10 @@ class TritonEngineClient:
         finally:
             if not request.generation_done(made):  # left early: end the generation
                 await self.release(model, request.request_id)
-            await drained
+            try:
+                await self._within_timeout(model, asyncio.shield(drained))
+            except EngineCallError:  # a stuck iterator holds one executor thread; the request goes on
+                log.error("abandoned the response iterator of %s for %s", model, request.request_id)
 
     async def release(self, model: str, request_id: str) -> None:
         """Tell an engine the sequence is over (tensorrt_llm's `stop`), so it frees the cached state."""

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import triton_python_backend_utils as pb_utils
 
@@ -51,6 +53,7 @@ class TritonPythonModel:
         if self.decoupled and not isinstance(self.engine, InflightEngine):
             raise pb_utils.TritonModelException(f"{self.name}: engine {settings.engine!r} cannot serve "
                                                 "a decoupled model (it has no in-flight batching)")
+        self.outbox = _Outbox(self.name)
         log.info("%s: %s engine ready in %.1f s%s", self.name, settings.engine, time.perf_counter() - start,
                  " (decoupled, in-flight batching)" if self.decoupled else "")
         # The family must outlive its metrics, so keep a reference to it as well.
@@ -183,12 +186,40 @@ class TritonPythonModel:
     def finalize(self) -> None:
         if isinstance(self.engine, InflightEngine):
             self.engine.close()
+            self.outbox.close()
         log.info("%s: unloaded", self.name)
 
 
+class _Outbox:
+    """Sends an in-flight engine's responses from a thread of its own, in the order they are queued, so
+    that the engine's thread goes back to stepping at once instead of building and handing each
+    response to Triton between two decode steps (a streamed token each step)."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=f"{name}-outbox", daemon=True)
+        self._thread.start()
+
+    def put(self, send: Callable[[], None]) -> None:
+        self._queue.put(send)
+
+    def close(self) -> None:
+        """Send what is queued, then stop."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while (send := self._queue.get()) is not None:
+            try:
+                send()
+            except Exception:  # a closed stream must not stop the others' responses
+                log.exception("sending a response failed")
+
+
 class _Collector:
-    """Gathers the answers to one Triton request's rows (from the engine's thread) and sends its
-    response, FINAL, once the last one is in; a streaming row's partial results go out at once."""
+    """Gathers the answers to one Triton request's rows (from the engine's thread, through the outbox)
+    and sends its response, FINAL, once the last one is in; a streaming row's partial results go out
+    as they come."""
 
     def __init__(self, model: TritonPythonModel, request, sender, engine_requests: list, anonymous: bool) -> None:
         self.model, self.request, self.sender = model, request, sender
@@ -196,28 +227,30 @@ class _Collector:
         self.anonymous = anonymous
         self.results: list = [None] * len(engine_requests)
         self.missing = len(engine_requests)
-        self.lock = threading.Lock()
 
     def answer_for(self, i: int):
         def answer(result) -> None:
-            if isinstance(result, EngineResult) and not result.final:
-                self.sender.send(self.model._respond(self.request, self.engine_requests, [result]))
-                return
-            with self.lock:
-                self.results[i] = result
-                self.missing -= 1
-                if self.missing:
-                    return
-            response = self.model._respond(self.request, self.engine_requests, self.results)
-            self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            if self.anonymous:  # no id, no reuse: free at once, after the answer is out
-                try:
-                    self.model.engine.submit([(EngineRequest.release(r.request_id), _ignore)
-                                              for r in self.engine_requests])
-                except RuntimeError as exc:  # shutting down: the context goes with the engine
-                    log.warning("%s: could not free anonymous sequences: %s", self.model.name, exc)
-            self.model._observe()
+            self.model.outbox.put(lambda: self._deliver(i, result))
         return answer
+
+    def _deliver(self, i: int, result) -> None:
+        """On the outbox's thread, one at a time."""
+        if isinstance(result, EngineResult) and not result.final:
+            self.sender.send(self.model._respond(self.request, self.engine_requests, [result]))
+            return
+        self.results[i] = result
+        self.missing -= 1
+        if self.missing:
+            return
+        response = self.model._respond(self.request, self.engine_requests, self.results)
+        self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if self.anonymous:  # no id, no reuse: free at once, after the answer is out
+            try:
+                self.model.engine.submit([(EngineRequest.release(r.request_id), _ignore)
+                                          for r in self.engine_requests])
+            except RuntimeError as exc:  # shutting down: the context goes with the engine
+                log.warning("%s: could not free anonymous sequences: %s", self.model.name, exc)
+        self.model._observe()
 
 
 def _ignore(_result) -> None:

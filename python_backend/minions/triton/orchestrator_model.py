@@ -48,7 +48,8 @@ class TritonPythonModel:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.settings.tokenizer_path, local_files_only=True)
-        self.client = TritonEngineClient(frozenset(self.settings.decoupled_model_names))
+        self.client = TritonEngineClient(frozenset(self.settings.decoupled_model_names),
+                                         self.settings.engine_stall_timeout_s)
         self.metrics = SpeculationMetrics(self.name)
         self.active = 0
         self.services = Services.from_settings(self.settings, load=lambda: self.active)
