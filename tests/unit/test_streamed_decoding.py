@@ -81,3 +81,17 @@ def test_closing_a_request_mid_stream_ends_the_generation_and_frees_the_slot(cli
     assert asyncio.run(three_rounds()) == 3
     assert "early" not in llm.cache and len(llm.stepper.free_slots) == 4 - len(llm.cache)
     assert ("llm", "early") in client.released
+
+
+def test_a_round_whose_drafters_find_nothing_streams_instead_of_a_one_token_call(client, llm):
+    """Prompt lookup on text that does not repeat proposes nothing: rather than one LLM call per plain
+    token, the loop streams; every LLM call after the first verifies a draft or streams."""
+    distinct = list(range(1000, 1020))
+    plan = make_plan(distinct, 24, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
+                     num_draft_tokens=3, plain_stretch=4)
+    tokens, _, _ = decode(client, plan)
+    assert tokens == reference(llm, distinct)[:24]
+    calls = [call for model, call in client.calls if model == "llm" and not call.stop]
+    assert not calls[0].streaming and not calls[0].draft  # round 1: the prompt's prefill
+    assert all(call.draft or call.streaming for call in calls[1:]), [(len(c.draft), c.streaming) for c in calls]
+    assert any(call.streaming for call in calls[1:])

@@ -50,13 +50,14 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
     source = DraftSource(client, drafter, services.pool, request_id, request.sampling, seed) if drafter else None
     produced, index, emitted = 0, 0, []
     drafted_before = False  # the first draft also pays the SSMs' prefill of the prompt
+    stream_next = drafter is None  # `off` streams from the start
     try:
         while produced < request.max_new_tokens:
             remaining, batch = request.max_new_tokens - produced, services.load()
             # Round 1 is plain decoding: the first token costs one LLM prefill, as in `off` (TTFT).
             planned = length.choose(batch) if drafter and produced > 0 else 0
             k = min(planned, remaining - 1)
-            if services.llm_streams and (drafter is None or (k == 0 and produced > 0)):
+            if services.llm_streams and (stream_next or (k == 0 and produced > 0)):
                 if source is not None:
                     await source.draft(sequence, 0, index, emitted)  # drops an early draft still held
                 stretch = remaining if drafter is None else min(remaining, services.plain_stretch)
@@ -72,6 +73,7 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
                         yield plain
                         if plain.last:
                             return
+                stream_next = drafter is None
                 continue
             t0 = time.perf_counter()
             # Draft.
@@ -80,6 +82,12 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
             if proposal.logits is not None:
                 proposal.logits = proposal.logits[: len(draft)]
             t1 = time.perf_counter()
+            if services.llm_streams and produced > 0 and not draft:
+                # The drafters found nothing: a one-token call would cost a BLS round trip; stream instead.
+                if source is not None:
+                    source.sent()
+                stream_next = True
+                continue
             # Verify; meanwhile draft the next round early. Round 1's LLM work is the prompt's prefill.
             services.length_stats.report(request_id, len(draft) if produced else len(sequence) - 1)
             verification = asyncio.ensure_future(
