@@ -137,6 +137,13 @@ class OrchestratorSettings(_Settings):
     plain_stretch_tokens: int = 16
     """When the LLM streams (a decoupled in-flight engine), plain decoding chosen by the adaptive
     selector (s = 0) streams this many tokens from one engine call before the selector chooses again."""
+    probe_tokens: int = 8
+    """When the LLM streams and drafting is nearly free, a round the selector gave s = 0 still asks the
+    drafters for this many tokens (0: never) and verifies what they propose..."""
+    probe_min_draft: int = 4
+    """...when it is at least this long; a shorter proposal is streamed past."""
+    probe_max_draft_cost_ms: float = 1.0
+    """Drafting counts as nearly free below this many milliseconds per token (the server's measure)."""
     draft_pool_size: int = 0
     """Drafts waiting for the LLM at most (0: the LLM's max_batch_size)."""
     # Derived by the renderer from the rest of the deployment:

@@ -60,7 +60,7 @@ def test_a_stretch_the_selector_gives_s_0_is_streamed(client, llm):
     each stretch of `plain_stretch` tokens is one LLM call."""
     stats = SharedLengthStats(LengthPolicy(candidates=(0,)))
     plan = make_plan(PROMPTS[1], 17, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
-                     num_draft_tokens=None, plain_stretch=4, length_stats=stats)
+                     num_draft_tokens=None, plain_stretch=4, length_stats=stats, probe_tokens=0)
     tokens, _, rounds = decode(client, plan)
     assert tokens == reference(llm, PROMPTS[1])[:17]
     llm_calls = [call for model, call in client.calls if model == "llm" and not call.stop]
@@ -95,3 +95,16 @@ def test_a_round_whose_drafters_find_nothing_streams_instead_of_a_one_token_call
     assert not calls[0].streaming and not calls[0].draft  # round 1: the prompt's prefill
     assert all(call.draft or call.streaming for call in calls[1:]), [(len(c.draft), c.streaming) for c in calls]
     assert any(call.streaming for call in calls[1:])
+
+
+def test_free_drafters_are_probed_where_the_selector_chose_plain_decoding(client, llm):
+    """With s = 0 the only choice, a request whose text repeats still gets its long prompt-lookup drafts
+    verified (probes), and a probe that finds too little is streamed past."""
+    stats = SharedLengthStats(LengthPolicy(candidates=(0,)))
+    plan = make_plan(REPEATING, N, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
+                     num_draft_tokens=None, plain_stretch=4, length_stats=stats, probe_tokens=6, probe_min_draft=3)
+    tokens, stats_, _ = decode(client, plan)
+    assert tokens == reference(llm, REPEATING)
+    verified = [call for model, call in client.calls if model == "llm" and call.draft]
+    assert verified and all(len(call.draft) >= 3 for call in verified)
+    assert stats_.accepted_tokens > 0

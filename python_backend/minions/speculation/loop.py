@@ -57,6 +57,9 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
             # Round 1 is plain decoding: the first token costs one LLM prefill, as in `off` (TTFT).
             planned = length.choose(batch) if drafter and produced > 0 else 0
             k = min(planned, remaining - 1)
+            probe = k == 0 and produced > 0 and not stream_next and services.probe_pays(length, batch)
+            if probe:  # the selector chose plain decoding, but free drafters may hold a long match
+                k = min(services.probe_tokens, remaining - 1)
             if services.llm_streams and (stream_next or (k == 0 and produced > 0)):
                 if source is not None:
                     await source.draft(sequence, 0, index, emitted)  # drops an early draft still held
@@ -82,8 +85,9 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
             if proposal.logits is not None:
                 proposal.logits = proposal.logits[: len(draft)]
             t1 = time.perf_counter()
-            if services.llm_streams and produced > 0 and not draft:
-                # The drafters found nothing: a one-token call would cost a BLS round trip; stream instead.
+            if services.llm_streams and produced > 0 and len(draft) < (services.probe_min_draft if probe else 1):
+                # The drafters found nothing (or a probe found too little to pay for a verification): a
+                # one-token call would cost a BLS round trip; stream instead.
                 if source is not None:
                     source.sent()
                 stream_next = True

@@ -82,6 +82,9 @@ class Services:
     plain decoding then costs one engine step per token, not one call."""
     plain_stretch: int = DEFAULTS.plain_stretch_tokens
     """Tokens a plain stretch chosen by the selector streams before it chooses again."""
+    probe_tokens: int = DEFAULTS.probe_tokens
+    probe_min_draft: int = DEFAULTS.probe_min_draft
+    probe_max_draft_cost_s: float = DEFAULTS.probe_max_draft_cost_ms / 1000.0
 
     def __post_init__(self) -> None:
         self.weights = self.weights or SsmWeights(self.ssms)
@@ -102,6 +105,9 @@ class Services:
             pipeline_min_hit=settings.pipeline_min_hit,
             llm_streams=settings.llm_model_name in settings.decoupled_model_names,
             plain_stretch=settings.plain_stretch_tokens,
+            probe_tokens=settings.probe_tokens,
+            probe_min_draft=settings.probe_min_draft,
+            probe_max_draft_cost_s=settings.probe_max_draft_cost_ms / 1000.0,
         )
 
     def drafter(self, request: DecodeRequest) -> Drafter | None:
@@ -122,6 +128,14 @@ class Services:
         if drafting and request.num_draft_tokens is None:
             return DraftLengthSelector(self.length_stats, request.max_draft_tokens, request.pipeline)
         return FixedLength(request.num_draft_tokens or 0, self.length_stats, request.pipeline)
+
+    def probe_pays(self, length: DraftLengthSelector | FixedLength, batch: int) -> bool:
+        """Whether a round the adaptive selector gave s = 0 still asks the drafters (`probe_tokens`):
+        only when plain decoding streams and drafting costs next to nothing at this load (prompt
+        lookup, suffix matching), so that a request whose text starts to repeat its prompt is noticed
+        at the next stretch instead of at the selector's next exploration."""
+        return (self.llm_streams and self.probe_tokens > 0 and isinstance(length, DraftLengthSelector)
+                and length.draft_cost(batch) <= self.probe_max_draft_cost_s)
 
     def early_draft_pays(self, length: DraftLengthSelector | FixedLength, batch: int, drafted: int) -> bool:
         """Whether to draft round r+1 during round r's verification of `drafted` tokens, at load `batch`."""

@@ -33,7 +33,10 @@ class TritonEngineClient:
 
     async def generate(self, model: str, request: EngineRequest) -> EngineResult:
         infer = _infer_request(model, request)
-        call = _one_decoupled_response(model, infer) if model in self.decoupled_models else infer.async_exec()
+        if model in self.decoupled_models:
+            call = _one_decoupled_response(model, infer)
+        else:  # not `async_exec`: its pybind callback is what r26.07 fixed a use-after-free in
+            call = asyncio.get_running_loop().run_in_executor(None, infer.exec)
         return _decoded(model, request, await self._within_timeout(model, call))
 
     async def _within_timeout(self, model: str, awaitable):
