@@ -10,7 +10,8 @@ import urllib.request
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-COPY_PROMPT = "Repeat this line three times: the quick brown fox jumps over the lazy dog."
+COPY_PROMPT = ("Copy this Python code exactly:\n```python\ndef add(a, b):\n    return a + b\n\n"
+               "def subtract(a, b):\n    return a - b\n```")
 """Copy-heavy: prompt lookup and suffix matching draft on it, and the LLM accepts."""
 
 
