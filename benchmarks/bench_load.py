@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import queue
 import statistics
-import threading
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +22,7 @@ from client.api import GenerationParams, generate_grpc
 
 from .datasets import DATASETS, mixed_prompts
 from .server_process import ROOT, TritonProcess
+from .workers import run_streams
 
 FIXED_LENGTHS = (1, 2, 3, 4, 6, 8)
 RESPONSE_TIMEOUT_S = 180.0
@@ -101,42 +99,22 @@ def engine_totals(metrics_url: str, model: str = "llm") -> dict[str, float]:
 def run_cell(url: str, metrics_url: str, mode: LoadMode, streams: int, prompts: list[str], max_tokens: int,
              repeat: int = 0) -> Cell:
     cell = Cell(mode.label, streams, repeat)
-    work: queue.Queue = queue.Queue()
-    for i, p in enumerate(prompts):
-        work.put((i, p))
-    lock = threading.Lock()
 
-    def worker() -> None:
-        while True:
-            try:
-                i, prompt = work.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                c = generate_grpc(url, "minions", prompt, mode.params(max_tokens), stream=True,
-                                  timeout_s=RESPONSE_TIMEOUT_S)
-            except Exception as exc:  # counted and reported, the sweep goes on
-                with lock:
-                    cell.errors.append(str(exc))
-                continue
-            with lock:
-                cell.requests += 1
-                cell.tokens += c.num_output_tokens
-                cell.latencies_per_token.append(c.normalized_latency_s)
-                cell.ttfts.append(c.ttft_s or c.latency_s)
-                if c.acceptance_rate is not None and mode.speculation != "off":
-                    cell.acceptances.append(c.acceptance_rate)
-                cell.texts[i] = c.text
-                cell.draft_lengths += (c.draft_lengths or [])[1:]
+    def call(prompt: str):
+        return generate_grpc(url, "minions", prompt, mode.params(max_tokens), stream=True, timeout_s=RESPONSE_TIMEOUT_S)
+
+    def done(i: int, c) -> None:
+        cell.requests += 1
+        cell.tokens += c.num_output_tokens
+        cell.latencies_per_token.append(c.normalized_latency_s)
+        cell.ttfts.append(c.ttft_s or c.latency_s)
+        if c.acceptance_rate is not None and mode.speculation != "off":
+            cell.acceptances.append(c.acceptance_rate)
+        cell.texts[i] = c.text
+        cell.draft_lengths += (c.draft_lengths or [])[1:]
 
     before = {m: engine_totals(metrics_url, m) for m in ("llm", "ssm_q4")}
-    start = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(streams)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    cell.wall_s = time.perf_counter() - start
+    cell.wall_s = run_streams(prompts, streams, call, done, lambda exc: cell.errors.append(str(exc)))
     llm = _delta(before["llm"], engine_totals(metrics_url, "llm"))
     ssm = _delta(before["ssm_q4"], engine_totals(metrics_url, "ssm_q4"))
     if llm["passes"]:

@@ -12,6 +12,17 @@ from minions.deploy.config import ROOT, load_deployment
 from minions.deploy.server import ServerPorts, free_port, start_server, wait_ready
 
 
+def stop_process(proc: subprocess.Popen, sig: int, timeout: float) -> None:
+    """Ask a server to stop with `sig`; kill its whole process group if it has not exited in `timeout` s."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 class TritonProcess:
     """Context manager: start tritonserver, wait until ready, stop it (and its stubs) on exit."""
 
@@ -51,13 +62,7 @@ class TritonProcess:
     def stop(self, timeout: float = 60.0) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_process(self.proc, signal.SIGINT, timeout)
         self._log.close()
         return self.proc.returncode
 

@@ -9,7 +9,6 @@ file), greedy (`temperature: 0`), `max_tokens`; the server stops at EOS or there
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from minions.deploy.server import free_port
 
+from ..server_process import stop_process
 from .streams import Sample
 
 
@@ -80,13 +80,8 @@ class LlamaServer:
         raise TimeoutError(f"llama-server not ready after {timeout:g} s")
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, signal.SIGTERM, timeout)
         self._log.close()
 
     def __exit__(self, *exc) -> None:

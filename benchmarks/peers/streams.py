@@ -9,12 +9,11 @@ per event).
 
 from __future__ import annotations
 
-import queue
 import statistics
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from ..workers import run_streams
 
 
 @dataclass(frozen=True)
@@ -69,31 +68,10 @@ class Cell:
 def run_cell(system: str, workload: str, request: Request, prompts: list[str], streams: int) -> Cell:
     """All prompts through `request` from `streams` threads; wall time from the first start to the last end."""
     cell = Cell(system, workload, streams)
-    work: queue.Queue = queue.Queue()
-    for item in enumerate(prompts):
-        work.put(item)
-    lock = threading.Lock()
 
-    def worker() -> None:
-        while True:
-            try:
-                i, prompt = work.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                sample = request(prompt)
-            except Exception as exc:  # counted and reported, the run goes on
-                with lock:
-                    cell.errors.append(f"{type(exc).__name__}: {exc}")
-                continue
-            with lock:
-                cell.samples[i] = sample
+    def done(i: int, sample: Sample) -> None:
+        cell.samples[i] = sample
 
-    start = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(streams)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    cell.wall_s = time.perf_counter() - start
+    cell.wall_s = run_streams(prompts, streams, request, done,
+                              lambda exc: cell.errors.append(f"{type(exc).__name__}: {exc}"))
     return cell
