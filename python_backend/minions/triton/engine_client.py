@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from minions.engines.api import EngineRequest, EngineResult
@@ -32,12 +34,17 @@ class TritonEngineClient:
         instead of hanging (settings.py, engine_stall_timeout_s)."""
 
     async def generate(self, model: str, request: EngineRequest) -> EngineResult:
+        """One call; its response is read on the executor thread that received it (see `_decoded_or_error`).
+        Not `async_exec`: its pybind callback is what r26.07 fixed a use-after-free in."""
         infer = _infer_request(model, request)
         if model in self.decoupled_models:
-            call = _one_decoupled_response(model, infer)
-        else:  # not `async_exec`: its pybind callback is what r26.07 fixed a use-after-free in
-            call = asyncio.get_running_loop().run_in_executor(None, infer.exec)
-        return _decoded(model, request, await self._within_timeout(model, call))
+            call = functools.partial(_one_decoupled_result, model, request, infer)
+        else:
+            call = functools.partial(_one_result, model, request, infer)
+        result = await self._within_timeout(model, asyncio.get_running_loop().run_in_executor(None, call))
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     async def _within_timeout(self, model: str, awaitable):
         try:
@@ -59,21 +66,20 @@ class TritonEngineClient:
         def pump() -> None:
             try:
                 for response in infer.exec(decoupled=True):
-                    loop.call_soon_threadsafe(queue.put_nowait, response)
+                    if response.has_error() or response.output_tensors():
+                        loop.call_soon_threadsafe(queue.put_nowait, _decoded_or_error(model, request, response))
             except Exception as exc:  # the call could not be made: reported as the stream's failure
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
+                loop.call_soon_threadsafe(queue.put_nowait, EngineCallError(model, str(exc)))
             loop.call_soon_threadsafe(queue.put_nowait, None)
 
         drained = loop.run_in_executor(None, pump)
         made: list[int] = []
         try:
-            while (response := await self._within_timeout(model, queue.get())) is not None:
-                if isinstance(response, Exception):
-                    raise EngineCallError(model, str(response))
-                if response.has_error() or response.output_tensors():
-                    result = _decoded(model, request, response)
-                    made += result.tokens
-                    yield result
+            while (result := await self._within_timeout(model, queue.get())) is not None:
+                if isinstance(result, Exception):
+                    raise result
+                made += result.tokens
+                yield result
         finally:
             if not request.generation_done(made):  # left early: end the generation
                 await self.release(model, request.request_id)
@@ -101,20 +107,26 @@ def _infer_request(model: str, request: EngineRequest):
     )
 
 
-def _decoded(model: str, request: EngineRequest, response) -> EngineResult:
+def _decoded_or_error(model: str, request: EngineRequest, response) -> EngineResult | EngineCallError:
+    """A response as an EngineResult (or the error it carries), read on the thread that received it and
+    copied out of Triton's shared memory: only plain Python and numpy objects cross to the event loop,
+    never a response or tensor object of the stub, whose memory the stub may reclaim meanwhile."""
     if response.has_error():
-        raise EngineCallError(model, response.error().message())
-    return decode_engine_outputs(request, {t.name(): t.as_numpy() for t in response.output_tensors()})
+        return EngineCallError(model, response.error().message())
+    outputs = {t.name(): np.array(t.as_numpy(), copy=True) for t in response.output_tensors()}
+    return decode_engine_outputs(request, outputs)
 
 
-async def _one_decoupled_response(model: str, infer):
-    """The one data (or error) response of a decoupled engine model. Iterating Triton's response
-    iterator blocks, so it runs in the loop's executor; it is drained to the end (the FINAL flag)."""
+def _one_result(model: str, request: EngineRequest, infer) -> EngineResult | EngineCallError:
+    """A model's one response; blocking: runs on an executor thread."""
+    return _decoded_or_error(model, request, infer.exec())
 
-    def collect():
-        return [r for r in infer.exec(decoupled=True) if r.has_error() or r.output_tensors()]
 
-    responses = await asyncio.get_running_loop().run_in_executor(None, collect)
-    if len(responses) != 1:
-        raise EngineCallError(model, f"expected one response from a decoupled engine model, got {len(responses)}")
-    return responses[0]
+def _one_decoupled_result(model: str, request: EngineRequest, infer) -> EngineResult | EngineCallError:
+    """The one data (or error) response of a decoupled engine model, drained to the end (the FINAL
+    flag); blocking: runs on an executor thread."""
+    results = [_decoded_or_error(model, request, r) for r in infer.exec(decoupled=True)
+               if r.has_error() or r.output_tensors()]
+    if len(results) != 1:
+        return EngineCallError(model, f"expected one response from a decoupled engine model, got {len(results)}")
+    return results[0]
