@@ -47,7 +47,7 @@ bench: $(STAMP)
 bench-peers: $(STAMP)
 	$(PY) -m benchmarks.bench_peers --deploy $(DEPLOY)
 
-# Train the distilled SSMs (about 50 minutes on 2 cores); `make serve` picks them up when present.
+# Train the distilled SSMs (about 50 minutes on 2 cores); deploy.torch.yaml serves them when present.
 distill: $(STAMP)
 	$(PY) -m minions.distill --deploy $(DEPLOY)
 
