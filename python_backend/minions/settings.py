@@ -144,6 +144,9 @@ class OrchestratorSettings(_Settings):
     """...when it is at least this long; a shorter proposal is streamed past."""
     probe_max_draft_cost_ms: float = 1.0
     """Drafting counts as nearly free below this many milliseconds per token (the server's measure)."""
+    probe_max_load: int = 4
+    """Probes only while at most this many requests decode: a probe's rejected draft is verified in a
+    step every request shares (16 chat streams: 0.76x `off` with probes at every load)."""
     draft_pool_size: int = 0
     """Drafts waiting for the LLM at most (0: the LLM's max_batch_size)."""
     # Derived by the renderer from the rest of the deployment:

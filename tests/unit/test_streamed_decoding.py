@@ -108,3 +108,16 @@ def test_free_drafters_are_probed_where_the_selector_chose_plain_decoding(client
     verified = [call for model, call in client.calls if model == "llm" and call.draft]
     assert verified and all(len(call.draft) >= 3 for call in verified)
     assert stats_.accepted_tokens > 0
+
+
+def test_no_probes_above_the_load_limit(client, llm):
+    """Under load a probe's rejected draft costs a step every request shares: above probe_max_load the
+    selector's s = 0 is plain streaming, drafters unasked."""
+    stats = SharedLengthStats(LengthPolicy(candidates=(0,)))
+    plan = make_plan(REPEATING, N, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
+                     num_draft_tokens=None, plain_stretch=4, length_stats=stats, probe_tokens=6,
+                     probe_min_draft=3, probe_max_load=4, load=lambda: 8)
+    tokens, _, _ = decode(client, plan)
+    assert tokens == reference(llm, REPEATING)
+    assert not any(call.draft for model, call in client.calls if model == "llm")
+    assert not any(model == "ngram" and not call.stop for model, call in client.calls[1:])

@@ -85,6 +85,7 @@ class Services:
     probe_tokens: int = DEFAULTS.probe_tokens
     probe_min_draft: int = DEFAULTS.probe_min_draft
     probe_max_draft_cost_s: float = DEFAULTS.probe_max_draft_cost_ms / 1000.0
+    probe_max_load: int = DEFAULTS.probe_max_load
 
     def __post_init__(self) -> None:
         self.weights = self.weights or SsmWeights(self.ssms)
@@ -108,6 +109,7 @@ class Services:
             probe_tokens=settings.probe_tokens,
             probe_min_draft=settings.probe_min_draft,
             probe_max_draft_cost_s=settings.probe_max_draft_cost_ms / 1000.0,
+            probe_max_load=settings.probe_max_load,
         )
 
     def drafter(self, request: DecodeRequest) -> Drafter | None:
@@ -132,10 +134,11 @@ class Services:
     def probe_pays(self, length: DraftLengthSelector | FixedLength, batch: int) -> bool:
         """Whether a round the adaptive selector gave s = 0 still asks the drafters (`probe_tokens`):
         only when plain decoding streams and drafting costs next to nothing at this load (prompt
-        lookup, suffix matching), so that a request whose text starts to repeat its prompt is noticed
-        at the next stretch instead of at the selector's next exploration."""
-        return (self.llm_streams and self.probe_tokens > 0 and isinstance(length, DraftLengthSelector)
-                and length.draft_cost(batch) <= self.probe_max_draft_cost_s)
+        lookup, suffix matching) and at most `probe_max_load` requests decode, so that a request whose
+        text starts to repeat its prompt is noticed at the next stretch instead of at the selector's
+        next exploration."""
+        return (self.llm_streams and self.probe_tokens > 0 and batch <= self.probe_max_load
+                and isinstance(length, DraftLengthSelector) and length.draft_cost(batch) <= self.probe_max_draft_cost_s)
 
     def early_draft_pays(self, length: DraftLengthSelector | FixedLength, batch: int, drafted: int) -> bool:
         """Whether to draft round r+1 during round r's verification of `drafted` tokens, at load `batch`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import faulthandler
 import logging
 
 import numpy as np
@@ -46,6 +47,9 @@ class TritonLogHandler(logging.Handler):
 
 
 def setup_logging() -> None:
+    # A stub that crashes in native code (Triton reports it "not healthy" and logs nothing) writes the
+    # Python stack of every thread to its stderr, which tritonserver's log collects.
+    faulthandler.enable(all_threads=True)
     root = logging.getLogger("minions")
     if not any(isinstance(h, TritonLogHandler) for h in root.handlers):
         root.addHandler(TritonLogHandler())

@@ -53,7 +53,7 @@ class TritonPythonModel:
         if self.decoupled and not isinstance(self.engine, InflightEngine):
             raise pb_utils.TritonModelException(f"{self.name}: engine {settings.engine!r} cannot serve "
                                                 "a decoupled model (it has no in-flight batching)")
-        self.outbox = _Outbox(self.name)
+        self.outbox = _Outbox(self.name) if self.decoupled else None
         log.info("%s: %s engine ready in %.1f s%s", self.name, settings.engine, time.perf_counter() - start,
                  " (decoupled, in-flight batching)" if self.decoupled else "")
         # The family must outlive its metrics, so keep a reference to it as well.
@@ -186,6 +186,7 @@ class TritonPythonModel:
     def finalize(self) -> None:
         if isinstance(self.engine, InflightEngine):
             self.engine.close()
+        if self.outbox is not None:  # after the engine: its last answers go out first
             self.outbox.close()
         log.info("%s: unloaded", self.name)
 
