@@ -38,7 +38,8 @@ from minions.speculation.sampling import round_seed
 
 async def speculative_decode(client: EngineClient, request: DecodeRequest, services: Services,
                              request_id: str) -> AsyncIterator[Round]:
-    """Yield one Round per LLM verification until max_new_tokens or end_id; release caches at the end.
+    """Yield one Round per LLM verification or streamed plain token until max_new_tokens or end_id;
+    release caches at the end.
 
     Close the generator (e.g. with contextlib.aclosing) to stop early: the finally clause frees the
     engines' state for this request (after any early draft still running has finished).
