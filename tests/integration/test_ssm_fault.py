@@ -63,8 +63,9 @@ def test_ssm_killed_in_the_middle_of_a_voted_request(doomed_server):
         if len(chunks) == 2:  # the first round is plain decoding; the second already used the SSMs
             os.kill(victim, signal.SIGKILL)
 
-    voted = generate_grpc(doomed_server.grpc_url, "minions", prompt, GenerationParams(speculation="vote", **params),
-                          on_text=kill_on_first_chunk)
+    # A fixed draft length: every round asks the SSMs (an adaptive one may settle on s = 0 first).
+    voted = generate_grpc(doomed_server.grpc_url, "minions", prompt,
+                          GenerationParams(speculation="vote", num_draft_tokens=4, **params), on_text=kill_on_first_chunk)
     assert len(chunks) > 2, "the request went on streaming after the kill"
     assert (voted.text, voted.num_output_tokens) == (plain.text, plain.num_output_tokens)
     assert _failures(doomed_server) >= 1
