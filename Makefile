@@ -8,7 +8,7 @@ DEPLOY ?= deploy.yaml
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv serve prepare test test-unit test-integration bench bench-peers distill clean
+.PHONY: venv serve prepare test test-unit test-integration bench bench-peers soak distill clean
 
 # The Triton stub links Debian's libpython3.11, so the venv must come from the system python3.11.
 $(STAMP): requirements.txt
@@ -46,6 +46,10 @@ bench: $(STAMP)
 # Minions against llama.cpp's own llama-server on the same GGUF (builds llama-server once under .cache/peers).
 bench-peers: $(STAMP)
 	$(PY) -m benchmarks.bench_peers --deploy $(DEPLOY)
+
+# Many streams for 10 minutes; fails at the first failed request or stub crash.
+soak: $(STAMP)
+	$(PY) -m benchmarks.soak --deploy $(DEPLOY)
 
 # Train the distilled SSMs (about 50 minutes on 2 cores); deploy.torch.yaml serves them when present.
 distill: $(STAMP)

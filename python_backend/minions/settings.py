@@ -133,7 +133,7 @@ class OrchestratorSettings(_Settings):
     vote_explore_every: int = 8
     engine_stall_timeout_s: float = 60.0
     """An engine call, or a stream between two tokens, silent this long fails its request with an error
-    instead of hanging it (a dead stub, or Triton 2.51's decoupled BLS stalling: docs/engines.md)."""
+    instead of hanging it (a dead or stalled engine stub)."""
     plain_stretch_tokens: int = 16
     """When the LLM streams (a decoupled in-flight engine), plain decoding chosen by the adaptive
     selector (s = 0) streams this many tokens from one engine call before the selector chooses again."""
@@ -153,6 +153,9 @@ class OrchestratorSettings(_Settings):
     llm_model_name: str = "llm"
     ssm_model_names: tuple[str, ...] = ()
     decoupled_model_names: tuple[str, ...] = ()
+    engine_grpc_url: str = "127.0.0.1:8001"
+    """tritonserver's own gRPC endpoint, through which the orchestrator calls the engine models
+    (triton/engine_client.py says why not BLS)."""
     tokenizer_path: str = ""
     kv_budget_tokens: int = 0
     """The LLM's KV budget in tokens (0: no admission control)."""

@@ -4,6 +4,7 @@ would hide what is under test)."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -40,3 +41,38 @@ def metric_value(metrics_url: str, name: str, **labels: str) -> float:
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def metric_above(metrics_url: str, name: str, floor: float = 0.0, timeout: float = 10.0, **labels: str) -> float:
+    """A metric's value once it exceeds `floor`: what a request adds once it has ended is exported
+    within the server's metrics flush interval, not with its last response."""
+    deadline = time.monotonic() + timeout
+    while (value := metric_value(metrics_url, name, **labels)) <= floor and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
+NEAR_TIE = 0.25
+"""A greedy token this close to the runner-up may flip with llama.cpp's batch shape (measured
+batched-vs-alone logit differences: <= 0.08); a real mistake misses by whole units."""
+
+
+class NearTies:
+    """Checks that an output differing from the reference greedy output leaves it at a near tie of
+    the LLM's logits, and prints where: the one allowed difference on a llama.cpp verifier (its
+    many-token steps use other kernels than one-token steps). The engine is loaded on first need."""
+
+    def __init__(self, server) -> None:
+        self.server = server
+        self._checker = None
+
+    def assert_same_or_near_tie(self, prompt: str, reference: str, other: str, what: str) -> None:
+        if other == reference:
+            return
+        if self._checker is None:
+            from benchmarks.near_tie import NearTieChecker
+
+            self._checker = NearTieChecker(self.server.deployment)
+        where = self._checker.divergence(prompt, reference, other)
+        print(f"{what} diverged: {where}")
+        assert where is not None and where.gap < NEAR_TIE, f"{what}: not a near tie: {where}"

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from client.api import GenerationParams, generate_grpc, generate_http
-from tests.integration.helpers import COPY_PROMPT, http_post, metric_value
+from tests.integration.helpers import COPY_PROMPT, http_post, metric_above, metric_value
 
 PROMPT = "Name three primary colors."
 
@@ -99,10 +99,7 @@ def test_metrics_count_drafts_and_accepted_tokens_per_ssm(torch_server):
     accepted = value("minions_spec_decode_num_accepted_tokens", ssm="ssm_q4")
     assert drafted > 0 and 0 < accepted <= drafted
     assert value("minions_spec_decode_num_accepted_tokens_per_pos", ssm="ssm_q4", position="0") > 0
-    deadline = time.monotonic() + 10  # counted once the request's last response is out: poll
-    while value("minions_requests", outcome="success") < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert value("minions_requests", outcome="success") >= 1
+    assert metric_above(server.metrics_url, "minions_requests", outcome="success") >= 1
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
@@ -119,7 +116,6 @@ def test_client_cli_streams_text(server, protocol, capsys):
 def test_a_short_request_is_not_queued_behind_a_long_one(server):
     """One BLS instance serves many requests at once: each runs in its own task, interleaving rounds."""
     import threading
-    import time
 
     started = threading.Event()
     finished: dict[str, float] = {}

@@ -75,3 +75,15 @@ def test_unset_orchestrator_keys_render_their_one_default(tmp_path, tiny_llm):
     assert param(repo, "minions", "draft_length_candidates") == "0,1,2,3,4,6,8"
     assert param(repo, "minions", "draft_pool_size") == str(EngineSettings.max_batch_size)
     assert param(repo, "llm", "max_sequences") == str(EngineSettings.max_sequences)
+
+
+def test_the_orchestrator_reaches_the_engines_through_the_servers_own_grpc_port(tmp_path, tiny_llm):
+    """Rendered for the ports the server is started on; without them, from deploy.yaml's server
+    section, a wildcard host reached on loopback."""
+    path = write_deploy(tmp_path, tiny_llm)
+    repo = render_repository(load_deployment(path), tmp_path / "repo", grpc_url="127.0.0.1:47001")
+    assert param(repo, "minions", "engine_grpc_url") == "127.0.0.1:47001"
+    raw = yaml.safe_load(path.read_text()) | {"server": {"host": "0.0.0.0", "grpc_port": 9001}}
+    path.write_text(yaml.safe_dump(raw))
+    repo = render_repository(load_deployment(path), tmp_path / "repo")
+    assert param(repo, "minions", "engine_grpc_url") == "127.0.0.1:9001"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from minions.engines.api import EngineRequest
 from minions.engines.sequence_cache import common_prefix_len

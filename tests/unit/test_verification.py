@@ -13,7 +13,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from scipy.stats import chisquare
 
 from laws import goodness_of_fit
 from minions.engines.api import EngineRequest

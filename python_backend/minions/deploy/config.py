@@ -18,6 +18,29 @@ DECOUPLED_TEMPLATES = {"ssm_q4"}
 
 
 @dataclass
+class ServerPorts:
+    """Where tritonserver listens."""
+
+    host: str
+    http: int
+    grpc: int
+    metrics: int
+
+    @classmethod
+    def of(cls, dep: Deployment) -> ServerPorts:
+        """The ports deploy.yaml's `server` section names (Triton's defaults where it names none)."""
+        s = dep.server
+        return cls(s.get("host", "127.0.0.1"), int(s.get("http_port", 8000)), int(s.get("grpc_port", 8001)),
+                   int(s.get("metrics_port", 8002)))
+
+    @property
+    def loopback_grpc_url(self) -> str:
+        """The gRPC endpoint as the server's own models reach it."""
+        host = "127.0.0.1" if self.host in ("", "0.0.0.0", "::") else self.host
+        return f"{host}:{self.grpc}"
+
+
+@dataclass
 class Deployment:
     raw: dict
     path: Path

@@ -27,6 +27,7 @@ from minions.deploy.config import (
     ROOT,
     TEMPLATE_BY_ENGINE,
     Deployment,
+    ServerPorts,
     distilled_dir,
     load_deployment,
 )
@@ -52,9 +53,9 @@ def engine_settings(model: dict, dep: Deployment, max_context: int) -> EngineSet
     return EngineSettings.from_yaml(model, model_name=model["name"], model_path=path, max_context=max_context)
 
 
-def orchestrator_settings(dep: Deployment) -> OrchestratorSettings:
-    """The BLS's settings: the orchestrator section, with the served models, the tokenizer and the
-    KV budget taken from the rest of the deployment."""
+def orchestrator_settings(dep: Deployment, grpc_url: str | None = None) -> OrchestratorSettings:
+    """The BLS's settings: the orchestrator section, with the served models, the tokenizer, the KV
+    budget and the server's gRPC endpoint (`grpc_url`, else the deployment's) taken from the rest."""
     orch, llm = dep.orchestrator, dep.llm
     engines = [llm, *dep.ssms]
     settings = OrchestratorSettings.from_yaml(
@@ -66,6 +67,7 @@ def orchestrator_settings(dep: Deployment) -> OrchestratorSettings:
         tokenizer_path=str(tokenizer_dir_for(llm["source"], dep)),
         kv_budget_tokens=kv_budget_tokens(dep),
         kv_chunk_tokens=KV_GROWTH_TOKENS,
+        engine_grpc_url=grpc_url or ServerPorts.of(dep).loopback_grpc_url,
     )
     try:
         settings.check()
@@ -87,9 +89,10 @@ def _fill(template_dir: Path, out_dir: Path, params: dict[str, str]) -> None:
     config.write_text(string.Template(config.read_text()).substitute(params))
 
 
-def render_repository(dep: Deployment, out_dir: Path) -> Path:
-    """Write a complete model repository for the deployment; returns its path."""
-    orchestrator = orchestrator_settings(dep)
+def render_repository(dep: Deployment, out_dir: Path, grpc_url: str | None = None) -> Path:
+    """Write a complete model repository for the deployment, for a server whose gRPC endpoint is
+    `grpc_url` (default: the deployment's server section); returns its path."""
+    orchestrator = orchestrator_settings(dep, grpc_url)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)

@@ -16,10 +16,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
-from minions.deploy.config import ROOT, Deployment, load_deployment
+from minions.deploy.config import ROOT, Deployment, ServerPorts, load_deployment
 from minions.deploy.render import render_repository
 
 log = logging.getLogger("minions.server")
@@ -46,14 +45,6 @@ def prepare_backend_dir(build: Path) -> Path:
         if not dst.exists() or dst.stat().st_size != src.stat().st_size:
             shutil.copy2(src, dst)
     return build / "backends"
-
-
-@dataclass
-class ServerPorts:
-    host: str
-    http: int
-    grpc: int
-    metrics: int
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -101,13 +92,13 @@ def server_env() -> dict[str, str]:
     return env
 
 
-def prepare(dep: Deployment, build: Path) -> tuple[Path, Path]:
-    repo = render_repository(dep, build / "model_repository")
+def prepare(dep: Deployment, build: Path, ports: ServerPorts) -> tuple[Path, Path]:
+    repo = render_repository(dep, build / "model_repository", ports.loopback_grpc_url)
     return repo, prepare_backend_dir(build)
 
 
 def start_server(dep: Deployment, ports: ServerPorts, build: Path, stdout=None, log_verbose: int = 0) -> subprocess.Popen:
-    repo, backends = prepare(dep, build)
+    repo, backends = prepare(dep, build, ports)
     cmd = server_command(repo, backends, ports, log_verbose)
     log.info("starting: %s", " ".join(cmd))
     return subprocess.Popen(cmd, env=server_env(), stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
@@ -139,14 +130,12 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     dep = load_deployment(args.deploy)
     build = Path(args.build)
+    ports = ServerPorts.of(dep)
+    repo, backends = prepare(dep, build, ports)
     if args.prepare_only:
-        print(prepare(dep, build)[0])
+        print(repo)
         return
-    s = dep.server
-    ports = ServerPorts(s.get("host", "127.0.0.1"), int(s.get("http_port", 8000)), int(s.get("grpc_port", 8001)),
-                        int(s.get("metrics_port", 8002)))
-    repo, backends = prepare(dep, build)
-    cmd = server_command(repo, backends, ports, int(s.get("log_verbose", 0)))
+    cmd = server_command(repo, backends, ports, int(dep.server.get("log_verbose", 0)))
     log.info("HTTP %s:%d, gRPC %s:%d, metrics %s:%d", ports.host, ports.http, ports.host, ports.grpc, ports.host, ports.metrics)
     os.execve(cmd[0], cmd, server_env())
 

@@ -25,7 +25,7 @@ log = logging.getLogger("minions.draft")
 
 
 class EngineClient(Protocol):
-    """How the loop reaches engine models (Triton BLS calls in production, objects in tests)."""
+    """How the loop reaches engine models (calls through Triton in production, objects in tests)."""
 
     async def generate(self, model: str, request: EngineRequest) -> EngineResult: ...
 

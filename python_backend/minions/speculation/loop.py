@@ -88,7 +88,7 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
             t1 = time.perf_counter()
             if services.llm_streams and produced > 0 and len(draft) < (services.probe_min_draft if probe else 1):
                 # The drafters found nothing (or a probe found too little to pay for a verification): a
-                # one-token call would cost a BLS round trip; stream instead.
+                # one-token call would cost a round trip to the LLM model; stream instead.
                 if source is not None:
                     source.sent()
                 stream_next = True

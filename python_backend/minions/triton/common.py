@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import faulthandler
+import json
 import logging
 
 import numpy as np

@@ -1,19 +1,32 @@
-"""EngineClient over Triton BLS calls: how the orchestrator reaches the llm and ssm_* models."""
+"""EngineClient over Triton's own gRPC endpoint: how the orchestrator reaches the llm and ssm_* models.
+
+The orchestrator calls the engine models as any Triton client would, through tritonserver's gRPC
+port on loopback (`engine_grpc_url`), not through Python-backend BLS. Triton 2.51's Python backend
+builds each BLS response's numpy arrays, and frees them, on stub threads that do not hold the GIL
+(pb_tensor.cc, reached from InferRequest::Exec and ProcessBLSResponseDecoupled): with many streams
+decoding at once, the `minions` stub crashed within minutes (heap corruption; docs/engines.md). Over
+gRPC every array is made by Python code on the event loop and no thread pool is needed.
+
+Every call has a Triton request id of its own; the sequence it continues (the engine's cache key)
+travels as the request's correlation id, as for Triton's sequence models.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import itertools
 import logging
 from collections.abc import AsyncIterator
 
+import grpc
 import numpy as np
-import triton_python_backend_utils as pb_utils
+from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
+from tritonclient.utils import np_to_triton_dtype
 
 from minions.engines.api import EngineRequest, EngineResult
 from minions.engines.tensors import build_engine_inputs, decode_engine_outputs
 
-log = logging.getLogger("minions.bls")
+log = logging.getLogger("minions.engines")
 
 
 class EngineCallError(RuntimeError):
@@ -25,68 +38,82 @@ class EngineCallError(RuntimeError):
 
 
 class TritonEngineClient:
-    def __init__(self, decoupled_models: frozenset[str], stall_timeout_s: float) -> None:
-        # Decoupled engine models (in-flight batching) answer through a response iterator, as
-        # tensorrtllm_backend's BLS calls its decoupled tensorrt_llm model.
+    def __init__(self, url: str, decoupled_models: frozenset[str], stall_timeout_s: float) -> None:
+        self.url = url
+        # Decoupled engine models (in-flight batching) answer over a gRPC stream, as to a client of
+        # TensorRT-LLM's decoupled tensorrt_llm model.
         self.decoupled_models = decoupled_models
         self.stall_timeout_s = stall_timeout_s
         """A call (or a stream between two responses) silent this long fails: its request gets an error
         instead of hanging (settings.py, engine_stall_timeout_s)."""
+        self._channel: grpc.aio.Channel | None = None
+        self._service: service_pb2_grpc.GRPCInferenceServiceStub | None = None
+        self._streams: dict[str, _SharedStream] = {}
+        self._calls = itertools.count()
+
+    def _stub(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
+        """Made on first use, so that the channel belongs to the event loop that runs the requests."""
+        if self._service is None:
+            self._channel = grpc.aio.insecure_channel(self.url, options=CHANNEL_OPTIONS)
+            self._service = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        return self._service
+
+    def _stream_to(self, model: str) -> _SharedStream:
+        stream = self._streams.get(model)
+        if stream is None or stream.broken:
+            stream = self._streams[model] = _SharedStream(self._stub(), model)
+        return stream
+
+    async def close(self) -> None:
+        for stream in self._streams.values():
+            stream.cancel()
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = self._service = None
 
     async def generate(self, model: str, request: EngineRequest) -> EngineResult:
-        """One call; its response is read on the executor thread that received it (see `_decoded_or_error`).
-        Not `async_exec`: its pybind callback is what r26.07 fixed a use-after-free in."""
-        infer = _infer_request(model, request)
+        """One call, one result."""
         if model in self.decoupled_models:
-            call = functools.partial(_one_decoupled_result, model, request, infer)
-        else:
-            call = functools.partial(_one_result, model, request, infer)
-        result = await self._within_timeout(model, asyncio.get_running_loop().run_in_executor(None, call))
-        if isinstance(result, Exception):
-            raise result
-        return result
-
-    async def _within_timeout(self, model: str, awaitable):
+            results = [r async for r in self.stream(model, request)]
+            if len(results) != 1:
+                raise EngineCallError(model, f"expected one response from a decoupled engine model, got {len(results)}")
+            return results[0]
+        message = _infer_request(model, request, self._call_id(request))
         try:
-            return await asyncio.wait_for(awaitable, self.stall_timeout_s)
-        except TimeoutError:
-            log.error("engine model %s did not answer for %.0f s", model, self.stall_timeout_s)
-            raise EngineCallError(model, f"no response for {self.stall_timeout_s:.0f} s") from None
+            response = await self._within_timeout(model, self._stub().ModelInfer(message))
+        except grpc.aio.AioRpcError as exc:
+            raise EngineCallError(model, exc.details() or str(exc.code())) from None
+        return _decoded(request, response)
 
     async def stream(self, model: str, request: EngineRequest) -> AsyncIterator[EngineResult]:
-        """A decoupled engine's streaming generation, a result per response. Triton 2.51's response
-        iterator cannot be cancelled and blocks, so a thread of the loop's executor drains it into a
-        queue; leaving early sends a `stop` for the sequence, which ends the generation at its next step."""
+        """A decoupled engine's responses to one call, a result each (one per token when the call
+        streams), until the one that carries Triton's final flag. Leaving early sends a `stop` for the
+        sequence, which ends its generation at the next step."""
         if model not in self.decoupled_models:
             raise EngineCallError(model, "only a decoupled (in-flight) engine model streams")
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        infer = _infer_request(model, request)
-
-        def pump() -> None:
-            try:
-                for response in infer.exec(decoupled=True):
-                    if response.has_error() or response.output_tensors():
-                        loop.call_soon_threadsafe(queue.put_nowait, _decoded_or_error(model, request, response))
-            except Exception as exc:  # the call could not be made: reported as the stream's failure
-                loop.call_soon_threadsafe(queue.put_nowait, EngineCallError(model, str(exc)))
-            loop.call_soon_threadsafe(queue.put_nowait, None)
-
-        drained = loop.run_in_executor(None, pump)
+        message = _infer_request(model, request, self._call_id(request))
+        message.parameters["triton_enable_empty_final_response"].bool_param = True
+        stream = self._stream_to(model)
+        responses = stream.open(message)
         made: list[int] = []
         try:
-            while (result := await self._within_timeout(model, queue.get())) is not None:
-                if isinstance(result, Exception):
-                    raise result
-                made += result.tokens
-                yield result
+            while True:
+                response = await self._within_timeout(model, responses.get())
+                if isinstance(response, Exception):
+                    raise EngineCallError(model, f"the gRPC stream broke: {response}")
+                if response.error_message:
+                    raise EngineCallError(model, response.error_message)
+                answer = response.infer_response
+                if answer.outputs:
+                    decoded = _decoded(request, answer)
+                    made += decoded.tokens
+                    yield decoded
+                if answer.parameters["triton_final_response"].bool_param:
+                    return
         finally:
-            if not request.generation_done(made):  # left early: end the generation
+            stream.forget(message.id)
+            if not request.stop and not request.generation_done(made):  # left early: end the generation
                 await self.release(model, request.request_id)
-            try:
-                await self._within_timeout(model, asyncio.shield(drained))
-            except EngineCallError:  # a stuck iterator holds one executor thread; the request goes on
-                log.error("abandoned the response iterator of %s for %s", model, request.request_id)
 
     async def release(self, model: str, request_id: str) -> None:
         """Tell an engine the sequence is over (tensorrt_llm's `stop`), so it frees the cached state."""
@@ -95,38 +122,87 @@ class TritonEngineClient:
         except Exception as exc:  # freeing is best effort: LRU eviction reclaims the slot anyway
             log.warning("could not release %s in %s: %s", request_id, model, exc)
 
+    def _call_id(self, request: EngineRequest) -> str:
+        """A Triton request id of its own for every call; the sequence travels as the correlation id."""
+        return f"{request.request_id}/{next(self._calls)}"
 
-def _infer_request(model: str, request: EngineRequest):
-    tensors = [pb_utils.Tensor(name, array) for name, array in build_engine_inputs(request).items()]
-    return pb_utils.InferenceRequest(
-        model_name=model,
-        inputs=tensors,
-        requested_output_names=["output_ids", "sequence_length"]
-        + (["generation_logits"] if request.return_generation_logits else []),
-        request_id=request.request_id,
-    )
-
-
-def _decoded_or_error(model: str, request: EngineRequest, response) -> EngineResult | EngineCallError:
-    """A response as an EngineResult (or the error it carries), read on the thread that received it and
-    copied out of Triton's shared memory: only plain Python and numpy objects cross to the event loop,
-    never a response or tensor object of the stub, whose memory the stub may reclaim meanwhile."""
-    if response.has_error():
-        return EngineCallError(model, response.error().message())
-    outputs = {t.name(): np.array(t.as_numpy(), copy=True) for t in response.output_tensors()}
-    return decode_engine_outputs(request, outputs)
+    async def _within_timeout(self, model: str, awaitable):
+        try:
+            return await asyncio.wait_for(awaitable, self.stall_timeout_s)
+        except TimeoutError:
+            log.error("engine model %s did not answer for %.0f s", model, self.stall_timeout_s)
+            raise EngineCallError(model, f"no response for {self.stall_timeout_s:.0f} s") from None
 
 
-def _one_result(model: str, request: EngineRequest, infer) -> EngineResult | EngineCallError:
-    """A model's one response; blocking: runs on an executor thread."""
-    return _decoded_or_error(model, request, infer.exec())
+class _SharedStream:
+    """One ModelStreamInfer stream to a decoupled engine model, shared by every call to it and opened
+    once: a call costs a message each way rather than a new HTTP/2 stream. Responses are routed by
+    their Triton request id (a call's own, `_call_id`); those of a call given up on are dropped. A
+    broken stream fails every call waiting on it, and the next call opens a new one."""
+
+    def __init__(self, stub: service_pb2_grpc.GRPCInferenceServiceStub, model: str) -> None:
+        self.model = model
+        self.broken: Exception | None = None
+        self._outgoing: asyncio.Queue = asyncio.Queue()
+        self._waiting: dict[str, asyncio.Queue] = {}
+        self._call = stub.ModelStreamInfer(self._requests())
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    def open(self, message: service_pb2.ModelInferRequest) -> asyncio.Queue:
+        """Send `message`; its responses (or the stream's failure) arrive in the queue returned."""
+        responses: asyncio.Queue = asyncio.Queue()
+        if self.broken:
+            responses.put_nowait(self.broken)
+            return responses
+        self._waiting[message.id] = responses
+        self._outgoing.put_nowait(message)
+        return responses
+
+    def forget(self, call_id: str) -> None:
+        self._waiting.pop(call_id, None)
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    async def _requests(self):
+        while True:
+            yield await self._outgoing.get()
+
+    async def _read(self) -> None:
+        try:
+            async for response in self._call:
+                if (responses := self._waiting.get(response.infer_response.id)) is not None:
+                    responses.put_nowait(response)
+                elif response.error_message:
+                    log.error("%s: error for no waiting call (%r): %s", self.model, response.infer_response.id,
+                              response.error_message)
+            failure: Exception = ConnectionError("the server closed the stream")
+        except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
+            failure = ConnectionError(f"{type(exc).__name__}: {exc}")
+        self.broken = failure
+        log.warning("%s: the gRPC stream to the engine model ended (%s)", self.model, failure)
+        for responses in self._waiting.values():
+            responses.put_nowait(failure)
 
 
-def _one_decoupled_result(model: str, request: EngineRequest, infer) -> EngineResult | EngineCallError:
-    """The one data (or error) response of a decoupled engine model, drained to the end (the FINAL
-    flag); blocking: runs on an executor thread."""
-    results = [_decoded_or_error(model, request, r) for r in infer.exec(decoupled=True)
-               if r.has_error() or r.output_tensors()]
-    if len(results) != 1:
-        return EngineCallError(model, f"expected one response from a decoupled engine model, got {len(results)}")
-    return results[0]
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1)]
+"""Generation logits (vocabulary x draft rows, float32) exceed gRPC's default 4 MB message limit."""
+
+
+def _infer_request(model: str, request: EngineRequest, call_id: str) -> service_pb2.ModelInferRequest:
+    """The KServe v2 gRPC message for one call of `request`: tensorrt_llm's input tensors as raw
+    contents, the call's own id, and its sequence as the correlation id (`sequence_id`)."""
+    message = service_pb2.ModelInferRequest(model_name=model, id=call_id)
+    message.parameters["sequence_id"].string_param = request.request_id
+    for name, array in build_engine_inputs(request).items():
+        tensor = message.inputs.add(name=name, datatype=np_to_triton_dtype(array.dtype))
+        tensor.shape.extend(array.shape)
+        message.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
+    for name in ["output_ids", "sequence_length"] + (["generation_logits"] if request.return_generation_logits else []):
+        message.outputs.add(name=name)
+    return message
+
+
+def _decoded(request: EngineRequest, response: service_pb2.ModelInferResponse) -> EngineResult:
+    result = InferResult(response)
+    return decode_engine_outputs(request, {o.name: result.as_numpy(o.name) for o in response.outputs})

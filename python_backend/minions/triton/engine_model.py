@@ -36,6 +36,7 @@ from minions.errors import InvalidRequest
 from minions.settings import EngineSettings
 
 from .common import error, input_arrays, model_config, setup_logging, string_parameters
+from .metrics import METRICS_FLUSH_INTERVAL_S
 
 log = logging.getLogger("minions.engine")
 
@@ -53,7 +54,7 @@ class TritonPythonModel:
         if self.decoupled and not isinstance(self.engine, InflightEngine):
             raise pb_utils.TritonModelException(f"{self.name}: engine {settings.engine!r} cannot serve "
                                                 "a decoupled model (it has no in-flight batching)")
-        self.outbox = _Outbox(self.name) if self.decoupled else None
+        self.outbox = _Outbox(self.name, self._observe) if self.decoupled else None
         log.info("%s: %s engine ready in %.1f s%s", self.name, settings.engine, time.perf_counter() - start,
                  " (decoupled, in-flight batching)" if self.decoupled else "")
         # The family must outlive its metrics, so keep a reference to it as well.
@@ -80,6 +81,8 @@ class TritonPythonModel:
             kind=pb_utils.MetricFamily.GAUGE,
         )
         self.kv_gauge = self.kv_family.Metric(labels={"model": self.name})
+        self._exported: dict[object, float] = {}
+        """The value each gauge was last set to: a set is a round trip to tritonserver, made only on change."""
 
     def execute(self, requests):
         """Serve Triton's dynamic batch: a BatchEngine gets every request in one call."""
@@ -136,11 +139,12 @@ class TritonPythonModel:
                 log.exception("%s: could not take %d calls", self.name, len(calls))
                 for _, answer in calls:
                     answer(exc)
-        self._observe()
         return None
 
     def _parse(self, request):
-        request_id = request.request_id()
+        # The sequence a call continues: its correlation id (Minions' orchestrator gives every call an
+        # id of its own), else its request id, as a tensorrt_llm client sends it.
+        request_id = str(request.correlation_id() or "") or request.request_id()
         anonymous = not request_id
         if anonymous:
             request_id = f"anonymous-{uuid.uuid4().hex}"
@@ -172,16 +176,20 @@ class TritonPythonModel:
         )
 
     def _observe(self) -> None:
-        """Mirror a MeteredEngine's state into the gauges (an engine without state caches nothing)."""
-        if not isinstance(self.engine, MeteredEngine):
-            self.cached_gauge.set(0)
-            return
-        self.cached_gauge.set(len(self.engine.cache))
-        for name, value in dataclasses.asdict(self.engine.stats).items():
-            self.batch_gauges[name].set(value)
-        kv_bytes = self.engine.cached_bytes()
-        if kv_bytes is not None:
-            self.kv_gauge.set(kv_bytes)
+        """Mirror a MeteredEngine's state into the gauges (an engine without state caches nothing). Each
+        update is a round trip to tritonserver (serving/metric_tally.py), so only changed values are sent;
+        a decoupled model observes from its outbox thread alone, never from two threads at once."""
+        values: dict[object, float] = {self.cached_gauge: 0}
+        if isinstance(self.engine, MeteredEngine):
+            values[self.cached_gauge] = len(self.engine.cache)
+            for name, value in dataclasses.asdict(self.engine.stats).items():
+                values[self.batch_gauges[name]] = value
+            if (kv_bytes := self.engine.cached_bytes()) is not None:
+                values[self.kv_gauge] = kv_bytes
+        for gauge, value in values.items():
+            if self._exported.get(gauge) != value:
+                gauge.set(value)
+                self._exported[gauge] = value
 
     def finalize(self) -> None:
         if isinstance(self.engine, InflightEngine):
@@ -194,9 +202,11 @@ class TritonPythonModel:
 class _Outbox:
     """Sends an in-flight engine's responses from a thread of its own, in the order they are queued, so
     that the engine's thread goes back to stepping at once instead of building and handing each
-    response to Triton between two decode steps (a streamed token each step)."""
+    response to Triton between two decode steps (a streamed token each step). It also exports the
+    engine's gauges (`observe`): every METRICS_FLUSH_INTERVAL_S while it sends, and once when it falls quiet."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, observe: Callable[[], None]) -> None:
+        self._observe = observe
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=f"{name}-outbox", daemon=True)
         self._thread.start()
@@ -210,11 +220,31 @@ class _Outbox:
         self._thread.join()
 
     def _loop(self) -> None:
-        while (send := self._queue.get()) is not None:
+        observed_at, pending = 0.0, False  # pending: responses went out since the gauges were exported
+        while True:
             try:
-                send()
-            except Exception:  # a closed stream must not stop the others' responses
-                log.exception("sending a response failed")
+                send = self._queue.get(timeout=METRICS_FLUSH_INTERVAL_S if pending else None)
+            except queue.Empty:
+                send = _QUIET
+            if send is None:
+                return
+            if send is not _QUIET:
+                _logged(send, "sending a response")  # a closed stream must not stop the others' responses
+                pending = True
+            if pending and (send is _QUIET or time.monotonic() - observed_at >= METRICS_FLUSH_INTERVAL_S):
+                _logged(self._observe, "exporting the engine's gauges")
+                observed_at, pending = time.monotonic(), False
+
+
+_QUIET = object()
+"""What the outbox's loop gets when nothing was queued for METRICS_FLUSH_INTERVAL_S."""
+
+
+def _logged(call: Callable[[], None], what: str) -> None:
+    try:
+        call()
+    except Exception:
+        log.exception("%s failed", what)
 
 
 class _Collector:
@@ -251,7 +281,6 @@ class _Collector:
                                           for r in self.engine_requests])
             except RuntimeError as exc:  # shutting down: the context goes with the engine
                 log.warning("%s: could not free anonymous sequences: %s", self.model.name, exc)
-        self.model._observe()
 
 
 def _ignore(_result) -> None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import triton_python_backend_utils as pb_utils
 
-from minions.speculation.rounds import Round
+from minions.serving.metric_tally import Key, MetricTally
+
+METRICS_FLUSH_INTERVAL_S = 0.5
+"""How often the tally of finished requests and rounds is exported (serving/metric_tally.py says why)."""
 
 COUNTERS = {
     "minions_spec_decode_num_drafts": "Verification rounds that carried a non-empty draft",
@@ -28,8 +33,11 @@ GAUGES = {
 
 
 class SpeculationMetrics:
+    """Exports a MetricTally's batches as Triton custom metrics (one pb_utils update per changed series)."""
+
     def __init__(self, model: str) -> None:
         self.model = model
+        self.tally = MetricTally()
         # MetricFamily objects must stay referenced for their metrics to be exported.
         self.families = {
             name: pb_utils.MetricFamily(name=name, description=doc, kind=pb_utils.MetricFamily.COUNTER)
@@ -38,42 +46,28 @@ class SpeculationMetrics:
             name: pb_utils.MetricFamily(name=name, description=doc, kind=pb_utils.MetricFamily.GAUGE)
             for name, doc in GAUGES.items()
         }
-        self._metrics: dict[tuple, object] = {}
+        self._metrics: dict[Key, object] = {}
 
-    def _metric(self, name: str, **labels: str):
-        key = (name, tuple(sorted(labels.items())))
+    def _metric(self, key: Key):
         metric = self._metrics.get(key)
         if metric is None:
-            metric = self.families[name].Metric(labels={"model": self.model, **labels})
+            name, labels = key
+            metric = self.families[name].Metric(labels={"model": self.model, **dict(labels)})
             self._metrics[key] = metric
         return metric
 
-    def observe_round(self, r: Round, mode: str) -> None:
-        for failed in r.failed:
-            self._metric("minions_ssm_failures", ssm=failed).increment(1)
-        for name, matched in r.ssm_matched().items():
-            self._metric("minions_ssm_drafts", ssm=name).increment(1)
-            self._metric("minions_ssm_draft_tokens", ssm=name).increment(len(r.drafts[name]))
-            self._metric("minions_ssm_matched_tokens", ssm=name).increment(matched)
-        if r.ssm:
-            self._metric("minions_ssm_chosen", ssm=r.ssm).increment(1)
-        if r.control_seconds:
-            self._metric("minions_control_seconds", speculation=mode).increment(r.control_seconds)
-        ssm = r.ssm or "none"
-        self._metric("minions_num_verifications", speculation=mode).increment(1)
-        self._metric("minions_spec_decode_num_emitted_tokens", ssm=ssm).increment(len(r.tokens))
-        if r.drafted:
-            self._metric("minions_spec_decode_num_drafts", ssm=ssm).increment(1)
-            self._metric("minions_spec_decode_num_draft_tokens", ssm=ssm).increment(r.drafted)
-            self._metric("minions_spec_decode_num_accepted_tokens", ssm=ssm).increment(r.accepted)
-            for pos in range(r.accepted):
-                self._metric("minions_spec_decode_num_accepted_tokens_per_pos", ssm=ssm, position=str(pos)).increment(1)
+    def flush(self) -> None:
+        """Hand what the tally gathered to Triton; a series is created the first time it is seen."""
+        counters, gauges = self.tally.drain()
+        for key, value in counters.items():
+            if value or key not in self._metrics:
+                self._metric(key).increment(value)
+        for key, value in gauges.items():
+            self._metric(key).set(value)
 
-    def observe_request(self, mode: str, outcome: str, seconds: float = 0.0) -> None:
-        self._metric("minions_requests", speculation=mode, outcome=outcome).increment(1)
-        if seconds:
-            self._metric("minions_request_seconds", speculation=mode).increment(seconds)
-
-    def observe_weights(self, weights: dict[str, float]) -> None:
-        for name, weight in weights.items():
-            self._metric("minions_ssm_weight", ssm=name).set(weight)
+    async def flush_every(self, seconds: float) -> None:
+        """Flush the tally every `seconds` while the model is loaded (a task on the stub's event loop)."""
+        while True:
+            await asyncio.sleep(seconds)
+            if self.tally:
+                self.flush()

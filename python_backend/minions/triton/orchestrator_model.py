@@ -13,7 +13,6 @@ import asyncio
 import logging
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 
 import triton_python_backend_utils as pb_utils
@@ -28,10 +27,15 @@ from minions.speculation.plan import DecodeRequest, Services
 
 from .common import error, input_arrays, model_config, setup_logging, string_parameters
 from .engine_client import TritonEngineClient
-from .metrics import SpeculationMetrics
+from .metrics import METRICS_FLUSH_INTERVAL_S, SpeculationMetrics
 
 log = logging.getLogger("minions.bls")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+CANCEL_CHECK_INTERVAL_S = 0.05
+"""How often a decoding request asks Triton whether its client cancelled: the question is a round trip
+to tritonserver, too dear to ask for every streamed token."""
 
 
 class RequestCancelled(Exception):
@@ -48,7 +52,7 @@ class TritonPythonModel:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.settings.tokenizer_path, local_files_only=True)
-        self.client = TritonEngineClient(frozenset(self.settings.decoupled_model_names),
+        self.client = TritonEngineClient(self.settings.engine_grpc_url, frozenset(self.settings.decoupled_model_names),
                                          self.settings.engine_stall_timeout_s)
         self.metrics = SpeculationMetrics(self.name)
         self.active = 0
@@ -56,15 +60,15 @@ class TritonPythonModel:
         budget = self.settings.kv_budget_tokens
         self.admission = KvAdmission(budget, self.settings.kv_chunk_tokens) if budget > 0 else None
         self.tasks: set[asyncio.Task] = set()
-        self._executor_set = False
+        self._flushing = False
         log.info("%s: ready (llm=%s, ssms=%s, default speculation %s)", self.name, self.settings.llm_model_name,
                  ",".join(self.settings.ssm_model_names), self.settings.default_speculation)
 
     async def execute(self, requests):
         loop = asyncio.get_running_loop()
-        if not self._executor_set:  # BLS calls block a pool thread each: size it for many streams
-            loop.set_default_executor(ThreadPoolExecutor(max_workers=128, thread_name_prefix="bls"))
-            self._executor_set = True
+        if not self._flushing:  # the stub's event loop runs from the first execute on
+            self.tasks.add(loop.create_task(self.metrics.flush_every(METRICS_FLUSH_INTERVAL_S)))
+            self._flushing = True
         for request in requests:
             task = loop.create_task(self._serve(request))
             self.tasks.add(task)
@@ -80,19 +84,19 @@ class TritonPythonModel:
             mode = greq.speculation.label
             start = time.perf_counter()
             await self._generate(greq, request_id, sender)
-            self.metrics.observe_request(mode, "success", time.perf_counter() - start)
-            self.metrics.observe_weights(self.services.weights.snapshot())
+            self.metrics.tally.observe_request(mode, "success", time.perf_counter() - start)
+            self.metrics.tally.observe_weights(self.services.weights.snapshot())
         except InvalidRequest as exc:
             log.info("%s: rejected: %s", request_id, exc)
-            self.metrics.observe_request(mode, "invalid")
+            self.metrics.tally.observe_request(mode, "invalid")
             self._finish(sender, request_id, error(str(exc), pb_utils.TritonError.INVALID_ARG))
         except RequestCancelled:
             log.info("%s: cancelled by the client", request_id)
-            self.metrics.observe_request(mode, "cancelled")
+            self.metrics.tally.observe_request(mode, "cancelled")
             self._finish(sender, request_id, None)
         except Exception as exc:
             log.exception("%s: failed", request_id)
-            self.metrics.observe_request(mode, "error")
+            self.metrics.tally.observe_request(mode, "error")
             self._finish(sender, request_id, error(f"{type(exc).__name__}: {exc}"))
 
     @staticmethod
@@ -120,18 +124,23 @@ class TritonPythonModel:
     async def _decode(self, greq: GenerationRequest, request: DecodeRequest, request_id: str, sender) -> None:
         text = TextStream(greq, self.tokenizer, request.end_id)
         start = time.perf_counter()
+        next_cancel_check = 0.0
         async with aclosing(speculative_decode(self.client, request, self.services, request_id)) as rounds:
             async for r in rounds:
                 done = text.add(r)
-                self.metrics.observe_round(r, greq.speculation.label)
-                if sender.is_cancelled():
-                    raise RequestCancelled()
+                self.metrics.tally.observe_round(r, greq.speculation.label)
+                if time.monotonic() >= next_cancel_check:
+                    if sender.is_cancelled():
+                        raise RequestCancelled()
+                    next_cancel_check = time.monotonic() + CANCEL_CHECK_INTERVAL_S
                 if done:
                     break
                 if chunk := text.chunk():
                     sender.send(self._response(greq, chunk, text, None))
             # Still inside the block: the client gets its final response before the engines' caches
-            # are released (aclose), so freeing state never delays the end of the stream.
+            # are released (aclose), so freeing state never delays the end of the stream. The rounds'
+            # metrics are exported first, so a client that has its answer sees them counted.
+            self.metrics.flush()
             sender.send(self._response(greq, text.final(), text, text.finish_reason), flags=FINAL)
         elapsed, stats = time.perf_counter() - start, text.stats
         log.info(

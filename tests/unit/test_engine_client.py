@@ -1,0 +1,42 @@
+"""triton/engine_client.py: the gRPC message the orchestrator sends an engine model, and its answer."""
+
+from __future__ import annotations
+
+import numpy as np
+from tritonclient.grpc import service_pb2
+
+from minions.engines.api import EngineRequest, EngineResult
+from minions.engines.tensors import build_engine_inputs, encode_engine_outputs, parse_engine_inputs
+from minions.triton.engine_client import _decoded, _infer_request
+
+
+def _arrays(message: service_pb2.ModelInferRequest) -> dict[str, np.ndarray]:
+    dtypes = {"INT32": np.int32, "FP32": np.float32, "BOOL": np.bool_, "UINT64": np.uint64}
+    return {t.name: np.frombuffer(raw, dtype=dtypes[t.datatype]).reshape(list(t.shape))
+            for t, raw in zip(message.inputs, message.raw_input_contents, strict=True)}
+
+
+def test_a_draft_verification_crosses_grpc_as_the_tensors_the_engine_parses():
+    request = EngineRequest("r-1", [5, 6, 7], 4, draft=[8, 9], return_generation_logits=True, streaming=True)
+    message = _infer_request("llm", request, "r-1/7")
+    assert message.model_name == "llm" and message.id == "r-1/7"
+    assert message.parameters["sequence_id"].string_param == "r-1"  # the engine's cache key
+    assert [o.name for o in message.outputs] == ["output_ids", "sequence_length", "generation_logits"]
+    sent = _arrays(message)
+    assert sent.keys() == build_engine_inputs(request).keys()
+    [parsed] = parse_engine_inputs(sent, "r-1")
+    assert (parsed.input_ids, parsed.draft, parsed.streaming) == ([5, 6, 7], [8, 9], True)
+
+
+def test_an_engines_answer_decodes_to_its_new_tokens():
+    request = EngineRequest("r-2", [5, 6, 7], 3, exclude_input_in_output=True)
+    outputs = encode_engine_outputs([request], [EngineResult([11, 12, 13])])
+    response = service_pb2.ModelInferResponse(model_name="llm", id="r-2")
+    for name, array in outputs.items():
+        if name not in ("output_ids", "sequence_length"):
+            continue
+        tensor = response.outputs.add(name=name, datatype="INT32")
+        tensor.shape.extend(array.shape)
+        response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+    assert _decoded(request, response).tokens == [11, 12, 13]
+
