@@ -56,19 +56,19 @@ class InProcessClient:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         self.engines[model].submit([(request, lambda value: loop.call_soon_threadsafe(queue.put_nowait, value))])
-        made: list[int] = []
+        finished = False
         try:
             while True:
                 value = await queue.get()
                 if isinstance(value, Exception):
                     raise value
+                finished = value.final
                 if value.tokens:
-                    made += value.tokens
                     yield value
-                if value.final:
+                if finished:
                     return
         finally:
-            if not request.generation_done(made):  # left early: end the generation
+            if not finished:  # left early: end the generation, as TritonEngineClient.stream does
                 await self.release(model, request.request_id)
 
     async def release(self, model: str, request_id: str) -> None:

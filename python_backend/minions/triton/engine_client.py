@@ -95,7 +95,7 @@ class TritonEngineClient:
         message.parameters["triton_enable_empty_final_response"].bool_param = True
         stream = self._stream_to(model)
         responses = stream.open(message)
-        made: list[int] = []
+        finished = False
         try:
             while True:
                 response = await self._within_timeout(model, responses.get())
@@ -104,15 +104,14 @@ class TritonEngineClient:
                 if response.error_message:
                     raise EngineCallError(model, response.error_message)
                 answer = response.infer_response
+                finished = answer.parameters["triton_final_response"].bool_param
                 if answer.outputs:
-                    decoded = _decoded(request, answer)
-                    made += decoded.tokens
-                    yield decoded
-                if answer.parameters["triton_final_response"].bool_param:
+                    yield _decoded(request, answer)
+                if finished:
                     return
         finally:
             stream.forget(message.id)
-            if not request.stop and not request.generation_done(made):  # left early: end the generation
+            if not finished and not request.stop:  # left (or gave up) early: end the generation
                 await self.release(model, request.request_id)
 
     async def release(self, model: str, request_id: str) -> None:
