@@ -1,7 +1,7 @@
-"""What Triton and the BLS add to a plain token: Minions `off` streamed through the real server against
+"""What Triton and the orchestrator (the `minions` BLS model) add to a plain token: Minions `off` streamed through the real server against
 the same llama.cpp engine stepping alone in process, one stream, same prompts and settings.
 
-`off` is one streaming engine call (the engine model sends a response per token, the BLS forwards
+`off` is one streaming engine call (the engine model sends a response per token over gRPC, the BLS forwards
 each), so the server's cost per token is what those hops take beyond the engine's own step.
 
     python -m benchmarks.bench_stream_overhead [--prompts 6] [--max-tokens 128]
@@ -65,7 +65,7 @@ def main() -> None:
     prompts = mixed_prompts(args.prompts, offset=40)  # past the prompts other benches warm with
     served, lengths = served_ms_per_token(prompts, args.max_tokens)
     alone = engine_ms_per_token(prompts, lengths)
-    print(f"off through Triton + BLS: {served:.2f} ms/token; the engine alone: {alone:.2f} ms/token; "
+    print(f"off through Triton and the BLS: {served:.2f} ms/token; the engine alone: {alone:.2f} ms/token; "
           f"overhead {served - alone:+.2f} ms/token ({served / alone - 1:+.1%})")
 
 
