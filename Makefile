@@ -47,7 +47,8 @@ bench: $(STAMP)
 bench-peers: $(STAMP)
 	$(PY) -m benchmarks.bench_peers --deploy $(DEPLOY)
 
-# Many streams for 10 minutes; fails at the first failed request or stub crash.
+# 30 minutes of 8-16 streams; fails on a failed or hung request, a stub crash, steady memory growth
+# or shared memory left behind (not in CI).
 soak: $(STAMP)
 	$(PY) -m benchmarks.soak --deploy $(DEPLOY)
 
