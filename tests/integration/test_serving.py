@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from client.api import GenerationParams, generate_grpc, generate_http
-from tests.integration.helpers import COPY_PROMPT, http_post, metric_above, metric_value
+from tests.integration.helpers import COPY_PROMPT, NearTies, http_post, metric_above, metric_value
 
 PROMPT = "Name three primary colors."
 
@@ -73,7 +73,9 @@ def test_seeded_sampling_is_reproducible(server):
 
 
 def test_concurrent_streams_match_sequential_outputs(server):
-    """Each request runs in its own task in the BLS; concurrency must not mix up sequences or caches."""
+    """Each request runs in its own task in the BLS; concurrency must not mix up sequences or caches.
+    llama.cpp computes a shared step with other kernels than a lone one, so an output may leave the
+    sequential one only at a printed near tie ("What is rain?" does, at a gap of 0.005)."""
     prompts = ["What is rain?", "Give me a synonym for happy.", "What is 2 + 2?", "Describe a cat."]
     modes = ["vote", "off", "bandit", "single:ssm_suffix"]
 
@@ -85,7 +87,9 @@ def test_concurrent_streams_match_sequential_outputs(server):
     sequential = [run(a) for a in zip(prompts, modes)]
     with ThreadPoolExecutor(4) as pool:
         concurrent = list(pool.map(run, zip(prompts, modes)))
-    assert concurrent == sequential
+    ties = NearTies(server)
+    for prompt, mode, alone, together in zip(prompts, modes, sequential, concurrent, strict=True):
+        ties.assert_same_or_near_tie(prompt, alone, together, f"{mode} on {prompt!r}")
 
 
 def test_metrics_count_drafts_and_accepted_tokens_per_ssm(torch_server):

@@ -23,6 +23,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -44,36 +45,32 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
     Close the generator (e.g. with contextlib.aclosing) to stop early: the finally clause frees the
     engines' state for this request (after any early draft still running has finished).
     """
-    sequence = list(request.prompt_ids)
+    progress = _Progress(list(request.prompt_ids), request.max_new_tokens, request.end_id)
     seed = request.seed if request.seed is not None else int(np.random.default_rng().integers(2**62))
     drafter = services.drafter(request)
     length = services.draft_length(request, drafting=drafter is not None)
     source = DraftSource(client, drafter, services.pool, request_id, request.sampling, seed) if drafter else None
-    produced, index, emitted = 0, 0, []
     drafted_before = False  # the first draft also pays the SSMs' prefill of the prompt
     stream_next = drafter is None  # `off` streams from the start
     try:
-        while produced < request.max_new_tokens:
-            remaining, batch = request.max_new_tokens - produced, services.load()
+        while not progress.finished:
+            remaining, batch = progress.remaining, services.load()
             # Round 1 is plain decoding: the first token costs one LLM prefill, as in `off` (TTFT).
-            planned = length.choose(batch) if drafter and produced > 0 else 0
+            planned = length.choose(batch) if drafter and progress.produced > 0 else 0
             k = min(planned, remaining - 1)
-            probe = k == 0 and produced > 0 and not stream_next and services.probe_pays(length, batch)
+            probe = k == 0 and progress.produced > 0 and not stream_next and services.probe_pays(length, batch)
             if probe:  # the selector chose plain decoding, but free drafters may hold a long match
                 k = min(services.probe_tokens, remaining - 1)
-            if services.llm_streams and (stream_next or (k == 0 and produced > 0)):
-                if source is not None:
-                    await source.draft(sequence, 0, index, emitted)  # drops an early draft still held
+            if services.llm_streams and (stream_next or (k == 0 and progress.produced > 0)):
+                if source is not None:  # drops an early draft still held
+                    await source.draft(progress.sequence, 0, progress.index, progress.emitted)
                 stretch = remaining if drafter is None else min(remaining, services.plain_stretch)
                 services.length_stats.report(request_id, 0)
-                plains = _stream_plain(client, services, length, batch, request, request_id, sequence, stretch, seed)
+                plains = _stream_plain(client, services, length, batch, request, request_id, progress.sequence, stretch,
+                                       seed)
                 async with aclosing(plains):
                     async for plain in plains:
-                        emitted = plain.tokens
-                        sequence += emitted
-                        produced += len(emitted)
-                        index += 1
-                        plain.last = produced >= request.max_new_tokens or request.end_id in emitted
+                        plain.last = progress.advance(plain.tokens)
                         yield plain
                         if plain.last:
                             return
@@ -81,12 +78,14 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
                 continue
             t0 = time.perf_counter()
             # Draft.
-            proposal, pipelined = await source.draft(sequence, k, index, emitted) if source else (Proposal(), False)
+            proposal, pipelined = (await source.draft(progress.sequence, k, progress.index, progress.emitted) if source
+                                   else (Proposal(), False))
             draft = proposal.draft = proposal.draft[:k]
             if proposal.logits is not None:
                 proposal.logits = proposal.logits[: len(draft)]
             t1 = time.perf_counter()
-            if services.llm_streams and produced > 0 and len(draft) < (services.probe_min_draft if probe else 1):
+            too_short = len(draft) < (services.probe_min_draft if probe else 1)
+            if services.llm_streams and progress.produced > 0 and too_short:
                 # The drafters found nothing (or a probe found too little to pay for a verification): a
                 # one-token call would cost a round trip to the LLM model; stream instead.
                 if source is not None:
@@ -94,32 +93,30 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
                 stream_next = True
                 continue
             # Verify; meanwhile draft the next round early. Round 1's LLM work is the prompt's prefill.
-            services.length_stats.report(request_id, len(draft) if produced else len(sequence) - 1)
+            services.length_stats.report(request_id, len(draft) if progress.produced else len(progress.sequence) - 1)
             verification = asyncio.ensure_future(
-                client.generate(services.llm, _verify_call(request, request_id, sequence, proposal, seed)))
+                client.generate(services.llm, _verify_call(request, request_id, progress.sequence, proposal, seed)))
             if source is not None:
                 source.sent()
                 # Round 1 (plain decoding) drafts round 2 from the prompt at any load: that moves the
                 # SSMs' prompt prefill, which every request pays, off the critical path.
-                if request.pipeline and (produced == 0 or draft and services.early_draft_pays(length, batch, len(draft))):
-                    source.draft_ahead(sequence, draft, remaining, length.current, index)
+                if request.pipeline and (progress.produced == 0
+                                         or draft and services.early_draft_pays(length, batch, len(draft))):
+                    source.draft_ahead(progress.sequence, draft, remaining, length.current, progress.index)
             # Accept.
             emitted = (await verification).tokens[:remaining]
             t2 = time.perf_counter()
             if not emitted:
                 raise RuntimeError(f"engine {services.llm!r} returned no token")
-            sequence += emitted
-            produced += len(emitted)
-            index += 1
+            last = progress.advance(emitted)
             # Observe. TensorRT-LLM returns tokens only: the accepted count is the prefix shared with the draft.
             accepted = common_prefix_len(emitted, draft)
             draft_seconds = t1 - t0 - proposal.control_seconds
             control = proposal.control_seconds + (drafter.observe(proposal, emitted, draft_seconds, t2 - t1) if k > 0 else 0.0)
-            if index > 1:  # round 1 is the prompt's prefill, not a verification
+            if progress.index > 1:  # round 1 is the prompt's prefill, not a verification
                 length.observe(batch, len(draft), accepted, draft_seconds if drafted_before else None, t2 - t1)
             drafted_before = drafted_before or bool(draft)
             # Emit.
-            last = produced >= request.max_new_tokens or (request.end_id is not None and request.end_id in emitted)
             yield Round(tokens=emitted, ssm=proposal.chosen if draft else None, drafted=len(draft), accepted=accepted,
                         draft_seconds=draft_seconds, verify_seconds=t2 - t1, failed=proposal.failed, last=last,
                         drafts=proposal.drafts, control_seconds=control, planned=planned, pipelined=pipelined,
@@ -134,6 +131,40 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
         # Concurrently, so a dead stub's failing call (about 1 s) costs that once; this runs after
         # the request's final response has gone out.
         await asyncio.gather(*(client.release(m, request_id) for m in [services.llm, *(drafter.ssms if drafter else ())]))
+
+
+@dataclass
+class _Progress:
+    """What a request has produced so far, advanced by every round, verified or streamed."""
+
+    sequence: list[int]
+    """The prompt and every token emitted: what the LLM continues."""
+    max_new_tokens: int
+    end_id: int | None
+    produced: int = 0
+    index: int = 0
+    """Rounds so far."""
+    emitted: list[int] = field(default_factory=list)
+    """The last round's tokens."""
+    ended: bool = False
+    """end_id was emitted."""
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - self.produced
+
+    @property
+    def finished(self) -> bool:
+        return self.ended or self.produced >= self.max_new_tokens
+
+    def advance(self, tokens: list[int]) -> bool:
+        """Add one round's tokens; True once max_new_tokens or end_id is reached (no round follows)."""
+        self.emitted = tokens
+        self.sequence += tokens
+        self.produced += len(tokens)
+        self.index += 1
+        self.ended = self.end_id is not None and self.end_id in tokens
+        return self.finished
 
 
 async def _stream_plain(client: EngineClient, services: Services, length: DraftLengthSelector | FixedLength,
