@@ -46,7 +46,6 @@ class TritonEngineClient:
         self.stall_timeout_s = stall_timeout_s
         """A call (or a stream between two responses) silent this long fails: its request gets an error
         instead of hanging (settings.py, engine_stall_timeout_s)."""
-        self._channel: grpc.aio.Channel | None = None
         self._service: service_pb2_grpc.GRPCInferenceServiceStub | None = None
         self._streams: dict[str, _SharedStream] = {}
         self._calls = itertools.count()
@@ -54,8 +53,8 @@ class TritonEngineClient:
     def _stub(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
         """Made on first use, so that the channel belongs to the event loop that runs the requests."""
         if self._service is None:
-            self._channel = grpc.aio.insecure_channel(self.url, options=CHANNEL_OPTIONS)
-            self._service = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+            channel = grpc.aio.insecure_channel(self.url, options=CHANNEL_OPTIONS)
+            self._service = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         return self._service
 
     def _stream_to(self, model: str) -> _SharedStream:
@@ -63,13 +62,6 @@ class TritonEngineClient:
         if stream is None or stream.broken:
             stream = self._streams[model] = _SharedStream(self._stub(), model)
         return stream
-
-    async def close(self) -> None:
-        for stream in self._streams.values():
-            stream.cancel()
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = self._service = None
 
     async def generate(self, model: str, request: EngineRequest) -> EngineResult:
         """One call, one result."""
@@ -159,9 +151,6 @@ class _SharedStream:
 
     def forget(self, call_id: str) -> None:
         self._waiting.pop(call_id, None)
-
-    def cancel(self) -> None:
-        self._call.cancel()
 
     async def _requests(self):
         while True:
