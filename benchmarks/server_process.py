@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from minions.deploy.config import ROOT, load_deployment
@@ -21,6 +23,16 @@ def stop_process(proc: subprocess.Popen, sig: int, timeout: float) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@dataclass(frozen=True)
+class Stub:
+    """One Python-backend stub process of a server."""
+
+    pid: int
+    rss_bytes: int
+    shm_region: str
+    """The name of its shared-memory region in /dev/shm."""
 
 
 class TritonProcess:
@@ -58,6 +70,19 @@ class TritonProcess:
             self.stop()
             raise RuntimeError(f"tritonserver did not start; log tail:\n{self.log_text()[-4000:]}") from None
         return self
+
+    def stubs(self) -> dict[str, Stub]:
+        """This server's stub processes, by model instance name (e.g. `llm_0_0`)."""
+        out = subprocess.run(["ps", "-ww", "-eo", "pid,rss,args"], capture_output=True, text=True, check=True).stdout
+        stubs = {}
+        for line in out.splitlines():
+            if "triton_python_backend_stub" not in line or str(self.build) not in line:
+                continue
+            pid, rss, *args = line.split()
+            instance = next((a for a in reversed(args) if re.search(r"_\d+_\d+$", a)), args[-1])
+            region = next((a for a in args if "shm_region" in a), "")
+            stubs[instance] = Stub(int(pid), int(rss) * 1024, region.lstrip("/"))
+        return stubs
 
     def stop(self, timeout: float = 60.0) -> int | None:
         if self.proc is None:

@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
 import threading
 import time
@@ -33,20 +31,6 @@ from .workers import run_streams
 WAVES = (("summarization", 8), ("chat", 16), ("code_edit", 16))
 CRASH_MARKS = ("Fatal Python error", "is not healthy")
 MIB = 2**20
-
-
-def stubs_of(server: TritonProcess) -> dict[str, tuple[int, str]]:
-    """This server's stub processes: instance name -> (RSS bytes, its shared-memory region's name)."""
-    out = subprocess.run(["ps", "-ww", "-eo", "rss,args"], capture_output=True, text=True, check=True).stdout
-    stubs = {}
-    for line in out.splitlines():
-        if "triton_python_backend_stub" not in line or str(server.build) not in line:
-            continue
-        rss, *args = line.split()
-        instance = next((a for a in reversed(args) if re.search(r"_\d+_\d+$", a)), args[-1])
-        region = next((a for a in args if "shm_region" in a), "")
-        stubs[instance] = (int(rss) * 1024, region.lstrip("/"))
-    return stubs
 
 
 def shm_bytes(regions: set[str]) -> int:
@@ -66,9 +50,9 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         start = time.monotonic()
         while not self.done.wait(self.every):
-            stubs = stubs_of(self.server)
-            self.regions |= {region for _, region in stubs.values() if region}
-            self.samples.append({"t": time.monotonic() - start, "rss": {k: v[0] for k, v in stubs.items()},
+            stubs = self.server.stubs()
+            self.regions |= {stub.shm_region for stub in stubs.values() if stub.shm_region}
+            self.samples.append({"t": time.monotonic() - start, "rss": {k: v.rss_bytes for k, v in stubs.items()},
                                  "shm": shm_bytes(self.regions)})
 
     def judged(self, warmup_s: float) -> list[str]:

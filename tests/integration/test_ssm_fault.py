@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 
 import pytest
 
@@ -32,11 +31,9 @@ def doomed_server(tmp_path_factory):
 
 
 def _stub_pid(server: TritonProcess, instance: str) -> int:
-    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    for line in out.splitlines():
-        if "triton_python_backend_stub" in line and str(server.build) in line and f" {instance} " in line:
-            return int(line.split()[0])
-    raise AssertionError(f"no stub for {instance} of this server")
+    stub = server.stubs().get(instance)
+    assert stub is not None, f"no stub for {instance} of this server"
+    return stub.pid
 
 
 def _failures(server: TritonProcess) -> float:
