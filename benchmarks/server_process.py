@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minions.deploy.config import ROOT, load_deployment
-from minions.deploy.server import ServerPorts, free_port, start_server, wait_ready
+from minions.deploy.server import ServerPorts, free_port, start_server, sweep_orphaned_shm, wait_ready
 
 
 def stop_process(proc: subprocess.Popen, sig: int, timeout: float) -> None:
@@ -88,6 +88,7 @@ class TritonProcess:
         if self.proc is None:
             return None
         stop_process(self.proc, signal.SIGINT, timeout)
+        sweep_orphaned_shm(min_age_s=0.0)  # this server's killed stubs left theirs; no process maps them now
         self._log.close()
         return self.proc.returncode
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -24,10 +25,13 @@ PROMPT = "Name three colors."
 def doomed_server(tmp_path_factory):
     build = tmp_path_factory.mktemp("triton-fault")
     with TritonProcess(ROOT / "deploy.torch.yaml", log_path=build / "tritonserver.log", build=build) as proc:
+        regions = [Path("/dev/shm") / stub.shm_region for stub in proc.stubs().values()]
         yield proc
     # Triton 2.51 waits for the dead stub's model until its 30 s exit timeout, then exits with 1 by
     # itself ("Exit timeout expired"): a Triton limitation, recorded here so a change shows up.
     assert proc.proc.returncode in (0, 1), f"tritonserver had to be killed:\n{proc.log_text()[-3000:]}"
+    # A killed stub cannot free its shared memory, and Triton does not: the stop path must.
+    assert regions and not [r.name for r in regions if r.exists()], "shared memory left in /dev/shm"
 
 
 def _stub_pid(server: TritonProcess, instance: str) -> int:

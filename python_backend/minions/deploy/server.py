@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -45,6 +46,32 @@ def prepare_backend_dir(build: Path) -> Path:
         if not dst.exists() or dst.stat().st_size != src.stat().st_size:
             shutil.copy2(src, dst)
     return build / "backends"
+
+
+SHM_PREFIX = "triton_python_backend_shm_region_"
+
+
+def sweep_orphaned_shm(min_age_s: float = 2.0) -> list[str]:
+    """Remove Python-backend shared-memory regions that no process maps any more, and return their
+    names: a stub that was killed or crashed cannot free its region, and tritonserver does not. A
+    region younger than `min_age_s` is left alone (a server may be creating it)."""
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(re.findall(rf"/dev/shm/({SHM_PREFIX}\S+)", maps.read_text()))
+        except OSError:  # the process has gone
+            continue
+    removed = []
+    for region in Path("/dev/shm").glob(SHM_PREFIX + "*"):
+        try:
+            if region.name not in mapped and time.time() - region.stat().st_mtime >= min_age_s:
+                region.unlink()
+                removed.append(region.name)
+        except OSError:
+            continue
+    if removed:
+        log.info("removed %d orphaned shared-memory region(s) from /dev/shm: %s", len(removed), ", ".join(removed))
+    return removed
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -136,6 +163,7 @@ def main() -> None:
         print(repo)
         return
     cmd = server_command(repo, backends, ports, int(dep.server.get("log_verbose", 0)))
+    sweep_orphaned_shm()  # an earlier server's killed stubs (tritonserver replaces this process: no stop path)
     log.info("HTTP %s:%d, gRPC %s:%d, metrics %s:%d", ports.host, ports.http, ports.host, ports.grpc, ports.host, ports.metrics)
     os.execve(cmd[0], cmd, server_env())
 
