@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minions.deploy.config import ROOT, load_deployment
-from minions.deploy.server import ServerPorts, free_port, start_server, sweep_orphaned_shm, wait_ready
+from minions.deploy.server import SHM_PREFIX, ServerPorts, free_port, start_server, sweep_orphaned_shm, wait_ready
 
 
 def stop_process(proc: subprocess.Popen, sig: int, timeout: float) -> None:
@@ -80,7 +80,7 @@ class TritonProcess:
                 continue
             pid, rss, *args = line.split()
             instance = next((a for a in reversed(args) if re.search(r"_\d+_\d+$", a)), args[-1])
-            region = next((a for a in args if "shm_region" in a), "")
+            region = next((a for a in args if SHM_PREFIX in a), "")
             stubs[instance] = Stub(int(pid), int(rss) * 1024, region.lstrip("/"))
         return stubs
 
