@@ -24,6 +24,13 @@ BAD_HTTP_BODIES = {
     "unknown mode": ({"text_input": "hi", "speculation": "magic"}, "unknown speculation 'magic'"),
     "too many draft tokens": ({"text_input": "hi", "num_draft_tokens": 99}, "'num_draft_tokens' must be in [0, 16]"),
     "prompt longer than context": ({"text_input": "word " * 3000}, "the context holds 2048"),
+    "no chat messages": ({"text_input": "[]", "chat": True}, "empty list of messages"),
+    "chat content null": ({"text_input": '[{"role": "user", "content": null}]', "chat": True},
+                          "content of type NoneType: content must be a string"),
+    "chat content a list": ({"text_input": '[{"role": "user", "content": [{"type": "text", "text": "hi"}]}]',
+                             "chat": True}, "content of type list"),
+    "end_id negative": ({"text_input": "hi", "end_id": -1}, "'end_id' must be a token id in [0, 49151], got -1"),
+    "end_id beyond the vocabulary": ({"text_input": "hi", "end_id": 999999}, "got 999999"),
 }
 
 
@@ -48,6 +55,24 @@ def test_wrong_json_type_is_rejected_by_triton_before_the_model(server):
     status, text = http_post(f"{server.http_url}/v2/models/minions/generate", {"text_input": "hi", "max_tokens": "ten"})
     assert status in (400, 500)
     assert "Unable to parse" in json.loads(text)["error"]
+    _good_request_works(server)
+
+
+def test_two_prompts_in_one_request_are_refused_by_triton(server):
+    """One prompt per request (tensorrt_llm_bls's shape); Triton refuses a list before the model."""
+    status, text = http_post(f"{server.http_url}/v2/models/minions/generate",
+                             {"text_input": ["a", "b"], "max_tokens": 4})
+    assert status == 400 and "batch size does not match" in json.loads(text)["error"], text
+    _good_request_works(server)
+
+
+def test_stream_true_on_generate_points_to_generate_stream(server):
+    """Triton's /generate takes exactly one response and cannot tell the model which endpoint was
+    called (its parameters and requested outputs are the same): the error comes from Triton, after the
+    generation, and names the endpoint to use (docs/api.md)."""
+    status, text = http_post(f"{server.http_url}/v2/models/minions/generate",
+                             {"text_input": "hi", "max_tokens": 4, "stream": True})
+    assert "use generate stream" in json.loads(text)["error"], (status, text)
     _good_request_works(server)
 
 

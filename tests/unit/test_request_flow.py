@@ -20,6 +20,7 @@ from minions.settings import OrchestratorSettings
 from minions.speculation.mode import Speculation, SpeculationMode
 from minions.speculation.rounds import Round
 from minions.speculation.sampling import GREEDY
+from minions.text.prompt import chat_messages
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .!$"
 EOS = ALPHABET.index("$")
@@ -36,6 +37,9 @@ class CharTokenizer:
 
     def apply_chat_template(self, messages: list[dict], **kwargs) -> str:
         return "".join(m["content"] for m in messages) + "!"
+
+    def __len__(self) -> int:
+        return len(ALPHABET)
 
 
 def ids(text: str) -> list[int]:
@@ -117,6 +121,38 @@ def test_decode_request_bounds_max_tokens_by_the_context_and_defaults_end_id_to_
 def test_decode_request_refuses_a_prompt_that_leaves_no_room():
     with pytest.raises(InvalidRequest, match="prompt is 10 tokens; the context holds 10"):
         decode_request(greq(text="abcdefghij"), CharTokenizer(), OrchestratorSettings(max_context=10))
+
+
+@pytest.mark.parametrize("end_id", [-1, len(ALPHABET), 999999])
+def test_decode_request_refuses_an_end_id_outside_the_vocabulary(end_id):
+    with pytest.raises(InvalidRequest, match=rf"'end_id' must be a token id in \[0, {len(ALPHABET) - 1}\], got {end_id}"):
+        decode_request(greq(end_id=end_id), CharTokenizer(), OrchestratorSettings())
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[]", "empty list of messages"),
+    ('[{"role": "user", "content": null}]', "chat message 0 has content of type NoneType"),
+    ('[{"role": "user", "content": [{"type": "text", "text": "hi"}]}]', "content of type list"),
+    ('[{"role": "user", "content": "hi"}, {"content": "hi"}]', "chat message 1 has role None"),
+    ('[{"role": "wizard", "content": "hi"}]', "role 'wizard': use one of system, user"),
+])
+def test_malformed_chat_messages_are_refused_with_what_to_change(text, message):
+    with pytest.raises(InvalidRequest, match=message):
+        decode_request(greq(text=text, chat=True), CharTokenizer(), OrchestratorSettings())
+
+
+@pytest.mark.parametrize("text", ["[a] is a list", "[1, 2]", "[ not json"])
+def test_chat_text_that_only_opens_with_a_bracket_is_the_users_message(text):
+    assert chat_messages(text) == [{"role": "user", "content": text}]
+
+
+def test_a_chat_template_error_is_an_invalid_request():
+    class StrictTemplate(CharTokenizer):
+        def apply_chat_template(self, messages, **kwargs):
+            raise ValueError("Conversation roles must alternate user/assistant/user/assistant")
+
+    with pytest.raises(InvalidRequest, match="chat template rejected the messages: Conversation roles must alternate"):
+        decode_request(greq(text="hi", chat=True), StrictTemplate(), OrchestratorSettings())
 
 
 def test_admission_reserves_the_worst_case_and_waits_in_order():

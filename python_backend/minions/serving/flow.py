@@ -35,10 +35,16 @@ class Tokenizer(Protocol):
 
     def apply_chat_template(self, messages: list[dict], **kwargs) -> str: ...
 
+    def __len__(self) -> int:
+        """The vocabulary's size, added tokens included."""
+        ...
+
 
 def decode_request(greq: GenerationRequest, tokenizer: Tokenizer, settings: OrchestratorSettings) -> DecodeRequest:
     """The decode loop's request: the prompt tokenised (InvalidRequest if it leaves no room to
     generate), max_tokens bounded by the context, end_id defaulting to the tokenizer's EOS."""
+    if greq.end_id is not None and not 0 <= greq.end_id < len(tokenizer):
+        raise InvalidRequest(f"'end_id' must be a token id in [0, {len(tokenizer) - 1}], got {greq.end_id}")
     prompt_ids = encode_prompt(tokenizer, greq.text, greq.chat)
     if len(prompt_ids) >= settings.max_context:
         raise InvalidRequest(
