@@ -8,7 +8,7 @@ DEPLOY ?= deploy.yaml
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv serve prepare test test-unit test-integration bench bench-peers soak distill clean
+.PHONY: venv serve prepare test test-unit test-integration bench bench-peers soak loadtest distill clean
 
 # The Triton stub links Debian's libpython3.11, so the venv must come from the system python3.11.
 $(STAMP): requirements.txt
@@ -51,6 +51,13 @@ bench-peers: $(STAMP)
 # or shared memory left behind (not in CI).
 soak: $(STAMP)
 	$(PY) -m benchmarks.soak --deploy $(DEPLOY)
+
+# Locust's HTTP SSE and gRPC streaming users against a fresh server: TTFT, ITL, E2E, goodput and a PNG in
+# bench_results/loadtest/ (loadtest/README.md). Options: LOADTEST_ARGS="--users 8 --time 60", or "--host URL"
+# for a running server; all of them: python -m loadtest.run --help. CI runs it short (tests/integration/test_loadtest.py).
+LOADTEST_ARGS ?=
+loadtest: $(STAMP)
+	$(PY) -m loadtest.run --deploy $(DEPLOY) $(LOADTEST_ARGS)
 
 # Train the distilled SSMs (about 50 minutes on 2 cores); deploy.torch.yaml serves them when present.
 distill: $(STAMP)

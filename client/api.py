@@ -43,7 +43,17 @@ LIST_OUTPUTS = ("draft_lengths",)
 
 
 class MinionsClientError(RuntimeError):
-    """The server answered with an error (its message is kept verbatim)."""
+    """The server answered with an error (its message is kept verbatim). `status` is the transport's
+    status where it carries one: the HTTP status code, or gRPC's (e.g. "StatusCode.UNAVAILABLE"); a
+    decoupled model's own error inside a gRPC stream arrives without one."""
+
+    def __init__(self, message: str, status: int | str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class SilentStreamError(MinionsClientError):
+    """The stream fell silent for longer than the client waits; the request was cancelled."""
 
 
 @dataclass
@@ -132,10 +142,10 @@ def _first(value):
     return value
 
 
-def _silent(model: str, timeout_s: float, completion: Completion) -> MinionsClientError:
+def _silent(model: str, timeout_s: float, completion: Completion) -> SilentStreamError:
     """The error for a stream that fell silent for longer than the client waits."""
-    return MinionsClientError(f"no response from {model} for {timeout_s:g} s ({len(completion.chunks)} chunks "
-                              "received); the request was cancelled")
+    return SilentStreamError(f"no response from {model} for {timeout_s:g} s ({len(completion.chunks)} chunks "
+                             "received); the request was cancelled")
 
 
 # -- gRPC -------------------------------------------------------------------------------------------
@@ -189,7 +199,7 @@ def generate_grpc(
                 client.stop_stream(cancel_requests=True)
                 raise _silent(model, timeout_s, completion) from None
             if error is not None:
-                raise MinionsClientError(str(error))
+                raise MinionsClientError(str(error), error.status())
             response = result.get_response()
             outputs = {o.name: result.as_numpy(o.name) if o.name in LIST_OUTPUTS else _first(result.as_numpy(o.name))
                        for o in response.outputs}
@@ -218,7 +228,7 @@ def _post(url: str, body: dict, timeout_s: float):
             detail = json.loads(detail).get("error", detail)
         except json.JSONDecodeError:
             pass
-        raise MinionsClientError(detail) from None
+        raise MinionsClientError(detail, exc.code) from None
     except urllib.error.URLError as exc:
         if isinstance(exc.reason, TimeoutError):  # timed out sending: the same as waiting too long for the answer
             raise exc.reason from None
