@@ -134,6 +134,17 @@ class OrchestratorSettings(_Settings):
     engine_stall_timeout_s: float = 60.0
     """An engine call, or a stream between two tokens, silent this long fails its request with an error
     instead of hanging it (a dead or stalled engine stub)."""
+    ssm_call_timeout_s: float = 10.0
+    """An SSM's draft not back in this long counts as the SSM's failure, and the round goes on without it."""
+    ssm_breaker_threshold: int = 3
+    """Failures in a row after which every request skips the SSM..."""
+    ssm_breaker_cooldown_s: float = 30.0
+    """...for this long (a dead stub's model is also reloaded: ssm_reload)."""
+    ssm_reload: bool = True
+    """Reload an SSM's model through Triton's repository API when its stub has died (the server must run
+    with --model-control-mode=explicit, as minions.deploy.server starts it)."""
+    model_poll_interval_s: float = 1.0
+    """How often the orchestrator asks Triton which SSM models are ready (unloaded or reloading: skipped)."""
     plain_stretch_tokens: int = 16
     """When the LLM streams (a decoupled in-flight engine), plain decoding chosen by the adaptive
     selector (s = 0) streams this many tokens from one engine call before the selector chooses again."""

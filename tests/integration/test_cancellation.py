@@ -1,26 +1,34 @@
-"""Cancelling a stream mid-generation ends the request promptly and frees the engines' state."""
+"""Cancelling a stream mid-generation ends the request and frees the engines' state.
+
+What is checked is the work the server does after the client has gone (tokens the LLM computes for
+the request, sequences it caches), not how fast a log line appears: on a CPU shared with other
+processes every step is slower, but a cancelled request still stops within a few steps.
+"""
 
 from __future__ import annotations
 
-import re
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from client.api import GenerationParams, MinionsClientError, generate_grpc, generate_http
+from tests.integration.helpers import metric_value
+
+LONG_PROMPT = "Write a very long story about a dragon."
+LONG = GenerationParams(max_tokens=600, chat=True, speculation="single:ssm_suffix")
+"""600 tokens take ~35 s on 2 quiet cores: a cancelled request must leave nearly all of them undone."""
 
 
-def _gauge(server, name: str, model: str) -> float:
-    with urllib.request.urlopen(server.metrics_url, timeout=30) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(name + "{") and f'model="{model}"' in line:
-                return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"metric {name} for {model} not found")
+def _llm_tokens(server) -> float:
+    return metric_value(server.metrics_url, "minions_engine_batch_total", model="llm", what="tokens")
 
 
-def _wait_for(predicate, timeout: float, what: str = "condition") -> float:
+def _cancelled(server) -> float:
+    return metric_value(server.metrics_url, "minions_requests", outcome="cancelled")
+
+
+def _wait_for(predicate, timeout: float, what: str) -> float:
     start = time.monotonic()
     while time.monotonic() - start < timeout:
         if predicate():
@@ -29,23 +37,31 @@ def _wait_for(predicate, timeout: float, what: str = "condition") -> float:
     raise AssertionError(f"{what} not met within {timeout} s")
 
 
+def _assert_work_stopped(server, tokens_before: float, cancelled_before: float, reached_model: bool = True) -> None:
+    """Once the LLM holds no sequence and computes nothing for a second, it has computed far fewer than
+    max_tokens for the request, which is counted cancelled (unless the client left before Triton
+    handed the request over)."""
+    deadline = time.monotonic() + 60
+    while True:
+        tokens = _llm_tokens(server)
+        idle = metric_value(server.metrics_url, "minions_engine_cached_sequences", model="llm") == 0
+        time.sleep(1.0)
+        if idle and _llm_tokens(server) == tokens:
+            break
+        assert time.monotonic() < deadline, "the LLM still works for a cancelled request after 60 s"
+    assert tokens - tokens_before < LONG.max_tokens / 2, f"{tokens - tokens_before:.0f} LLM tokens computed"
+    if reached_model:
+        _wait_for(lambda: _cancelled(server) > cancelled_before, timeout=10, what="the request counted cancelled")
+
+
 def test_cancel_mid_stream_ends_request_and_frees_caches(server):
-    before = server.log_text().count("cancelled by the client")
-    # 600 tokens of plain decoding take ~35 s: cancelling after 3 chunks leaves nearly all the work.
-    params = GenerationParams(max_tokens=600, chat=True, speculation="single:ssm_suffix")
-    cancelled = generate_grpc(server.grpc_url, "minions", "Write a very long story about a dragon.", params,
-                              cancel_after_chunks=3)
-    cancel_time = time.monotonic()
+    tokens, cancelled_before = _llm_tokens(server), _cancelled(server)
+    cancelled = generate_grpc(server.grpc_url, "minions", LONG_PROMPT, LONG, cancel_after_chunks=3)
     assert cancelled.finish_reason == "cancelled" and len(cancelled.chunks) == 3
-    waited = _wait_for(lambda: server.log_text().count("cancelled by the client") > before, timeout=20)
-    assert time.monotonic() - cancel_time < 10, "cancellation must stop the work well before it would end"
-    for model in ("llm", "ssm_suffix"):
-        _wait_for(lambda: _gauge(server, "minions_engine_cached_sequences", model) == 0, timeout=20,
-                  what=f"{model} caches nothing")
-    assert waited < 10
+    _assert_work_stopped(server, tokens, cancelled_before)
+    assert metric_value(server.metrics_url, "minions_engine_cached_sequences", model="ssm_suffix") == 0
     after = generate_grpc(server.grpc_url, "minions", "Say hi.", GenerationParams(max_tokens=4, chat=True))
     assert after.num_output_tokens > 0
-    assert re.search(r"cancelled by the client", server.log_text())
 
 
 def _shm_regions() -> dict[str, int]:
@@ -61,23 +77,19 @@ def test_cancellations_leak_no_shared_memory_regions(server):
     for _ in range(3):
         generate_grpc(server.grpc_url, "minions", "Tell me a long story.",
                       GenerationParams(max_tokens=300, chat=True), cancel_after_chunks=2)
-    _wait_for(lambda: _gauge(server, "minions_engine_cached_sequences", "llm") == 0, timeout=20)
+    _wait_for(lambda: metric_value(server.metrics_url, "minions_engine_cached_sequences", model="llm") == 0,
+              timeout=20, what="the LLM caches nothing")
     assert _shm_regions() == before
 
 
 def test_a_client_that_stops_waiting_cancels_its_request_with_a_clear_error(server):
     """A response that does not come within the client's timeout ends the call with an error that says
     so, and the request does not go on using the server (a stub that dies leaves streams silent)."""
-    before = server.log_text().count("cancelled by the client")
-    params = GenerationParams(max_tokens=600, chat=True, speculation="single:ssm_suffix")
-    with pytest.raises(MinionsClientError, match=r"no response from minions for 0\.001 s"):
-        generate_grpc(server.grpc_url, "minions", "Write a very long story about a dragon.", params, timeout_s=0.001)
-    _wait_for(lambda: server.log_text().count("cancelled by the client") > before, timeout=20,
-              what="the server sees the cancellation")
-    _wait_for(lambda: _gauge(server, "minions_engine_cached_sequences", "llm") == 0, timeout=20, what="llm caches nothing")
-    cancelled = server.log_text().count("cancelled by the client")
-    with pytest.raises(MinionsClientError, match="no response from minions"):
-        generate_http(server.http_url, "minions", "Write a very long story about a dragon.", params, timeout_s=0.001)
-    _wait_for(lambda: server.log_text().count("cancelled by the client") > cancelled, timeout=20,
-              what="the server sees the HTTP client hang up")
+    for protocol, generate, url in [("grpc", generate_grpc, server.grpc_url), ("http", generate_http, server.http_url)]:
+        tokens, cancelled_before = _llm_tokens(server), _cancelled(server)
+        with pytest.raises(MinionsClientError, match=r"no response from minions for 0\.001 s"):
+            generate(url, "minions", LONG_PROMPT, LONG, timeout_s=0.001)
+        # The client may leave before Triton hands the request to the model (then it never runs).
+        _assert_work_stopped(server, tokens, cancelled_before, reached_model=False)
     assert generate_grpc(server.grpc_url, "minions", "Say hi.", GenerationParams(max_tokens=4, chat=True)).num_output_tokens > 0
+

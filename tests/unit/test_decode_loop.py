@@ -172,6 +172,62 @@ def test_a_failing_ssm_never_fails_the_request(engines, tiny_llm):
     assert broken.calls == 5
 
 
+class HungClient(InProcessClient):
+    """An SSM that never answers a draft (a stalled stub); releasing it still works."""
+
+    def __init__(self, engines: dict, hung: str) -> None:
+        super().__init__(engines)
+        self.hung = hung
+        self.waiting = 0
+
+    async def generate(self, model: str, request):
+        if model == self.hung and not request.stop:
+            self.waiting += 1
+            await asyncio.Event().wait()
+        return await super().generate(model, request)
+
+
+@pytest.mark.parametrize("speculation", [
+    Speculation(SpeculationMode.SINGLE, ("self",)),
+    Speculation(SpeculationMode.VOTE, ("self", "other")),
+    Speculation(SpeculationMode.BANDIT, ("self", "other")),
+])
+def test_a_hung_ssm_costs_a_bounded_wait_and_the_output_stays_exact(engines, tiny_llm, speculation):
+    from minions.speculation.health import SsmHealth
+
+    client = HungClient(engines, hung="self")
+    health = SsmHealth(threshold=2, cooldown_s=3600, call_timeout_s=0.05)
+    prompt = PROMPTS[0]
+    tokens, _, rounds = decode(client, make_plan(prompt, 12, speculation, num_draft_tokens=2, health=health))
+    assert tokens == hf_greedy(tiny_llm, prompt, 12)
+    assert any("self" in r.failed for r in rounds), "each wait on the hung SSM ended as its failure"
+    assert ("self", "req") in client.released
+    assert_all_released(engines)
+
+
+def test_a_request_cancelled_while_an_ssm_hangs_releases_every_engine(engines):
+    """Cancellation reaches the request wherever it waits (here on an SSM that never answers)."""
+    client = HungClient(engines, hung="self")
+
+    async def cancel_while_drafting():
+        task = asyncio.ensure_future(decode_all(client, plan(PROMPTS[0], 30, "self", num_draft_tokens=2), "gone"))
+        while not client.waiting:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.05)  # the shielded clean-up finishes after the cancellation
+
+    asyncio.run(cancel_while_drafting())
+    assert {m for m, rid in client.released if rid == "gone"} == {"llm", "self"}
+    assert_all_released(engines)
+
+
+async def decode_all(client, p: Plan, request_id: str) -> list:
+    async with aclosing(rounds_of(client, p, request_id)) as rounds:
+        return [r async for r in rounds]
+
+
 def test_last_round_is_flagged_so_the_stream_can_end_before_clean_up(client):
     rounds = decode(client, plan([3, 7, 1, 9, 4], 9, ssm="self", num_draft_tokens=3))[2]
     assert [r.last for r in rounds] == [False] * (len(rounds) - 1) + [True]

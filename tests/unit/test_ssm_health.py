@@ -29,3 +29,33 @@ def test_a_success_resets_the_count():
     health.failed("a")
     health.succeeded("a")
     assert health.failed("a") is False and health.available("a")
+
+
+def test_an_ssm_not_ready_is_skipped_and_ready_again_gets_a_closed_breaker():
+    clock = Clock()
+    health = SsmHealth(threshold=1, cooldown_s=100, clock=clock)
+    health.failed("a")
+    health.set_ready("a", False)
+    assert not health.available("a")
+    clock.now = 200.0
+    assert not health.available("a"), "not ready outlasts the cooldown"
+    clock.now = 50.0
+    health.set_ready("a", True)
+    assert health.available("a"), "loaded again: tried at once, not after the cooldown"
+
+
+def test_ready_again_and_again_keeps_the_breaker():
+    health = SsmHealth(threshold=1, cooldown_s=100, clock=Clock())
+    health.failed("a")
+    health.set_ready("a", True)
+    assert not health.available("a"), "only a transition from not ready closes the breaker"
+
+
+def test_the_hook_hears_why_the_breaker_opened():
+    opened = []
+    health = SsmHealth(threshold=2, clock=Clock())
+    health.on_open = lambda ssm, reason: opened.append((ssm, reason))
+    health.failed("a", "Stub process 'a_0_0' is not healthy.")
+    assert opened == []
+    health.failed("a", "Stub process 'a_0_0' is not healthy.")
+    assert opened == [("a", "Stub process 'a_0_0' is not healthy.")]

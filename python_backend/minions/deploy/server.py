@@ -51,16 +51,22 @@ def prepare_backend_dir(build: Path) -> Path:
 SHM_PREFIX = "triton_python_backend_shm_region_"
 
 
-def sweep_orphaned_shm(min_age_s: float = 2.0) -> list[str]:
-    """Remove Python-backend shared-memory regions that no process maps any more, and return their
-    names: a stub that was killed or crashed cannot free its region, and tritonserver does not. A
-    region younger than `min_age_s` is left alone (a server may be creating it)."""
+def mapped_shm_regions() -> set[str]:
+    """Python-backend shared-memory regions some process maps (read from /proc/*/maps)."""
     mapped: set[str] = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
             mapped.update(re.findall(rf"/dev/shm/({SHM_PREFIX}\S+)", maps.read_text()))
         except OSError:  # the process has gone
             continue
+    return mapped
+
+
+def sweep_orphaned_shm(min_age_s: float = 2.0) -> list[str]:
+    """Remove Python-backend shared-memory regions that no process maps any more, and return their
+    names: a stub that was killed or crashed cannot free its region, and tritonserver does not. A
+    region younger than `min_age_s` is left alone (a server may be creating it)."""
+    mapped = mapped_shm_regions()
     removed = []
     for region in Path("/dev/shm").glob(SHM_PREFIX + "*"):
         try:
@@ -80,13 +86,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def repository_models(repo: Path) -> list[str]:
+    """The models of a rendered repository (folders with a config.pbtxt)."""
+    return sorted(d.name for d in repo.iterdir() if (d / "config.pbtxt").is_file())
+
+
 def server_command(repo: Path, backends: Path, ports: ServerPorts, log_verbose: int = 0) -> list[str]:
+    """tritonserver's command line: explicit model control with every model of the repository loaded
+    at start, so operators load and unload models through the repository API (docs/operations.md)."""
     return [
         str(triton_home() / "bin" / "tritonserver"),
         f"--model-repository={repo}",
         f"--backend-directory={backends}",
         f"--cache-directory={triton_home() / 'caches'}",
-        "--model-control-mode=none",
+        "--model-control-mode=explicit",
+        *(f"--load-model={name}" for name in repository_models(repo)),
         f"--http-address={ports.host}",
         f"--http-port={ports.http}",
         f"--grpc-address={ports.host}",

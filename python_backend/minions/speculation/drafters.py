@@ -87,7 +87,10 @@ class Drafter(Protocol):
 async def ask_one(client: EngineClient, health: SsmHealth, ssm: str, rnd: DraftRound, sampled: bool) -> Proposal:
     """One SSM's draft, or an empty proposal naming it as failed."""
     try:
-        result = await client.generate(ssm, rnd.engine_request(sampled))
+        result = await asyncio.wait_for(client.generate(ssm, rnd.engine_request(sampled)), health.call_timeout_s)
+    except TimeoutError:
+        _record_failure(health, ssm, rnd.request_id, f"no draft in {health.call_timeout_s:.0f} s")
+        return Proposal(failed=(ssm,))
     except Exception as exc:  # a request never fails because of an SSM
         _record_failure(health, ssm, rnd.request_id, exc)
         return Proposal(failed=(ssm,))
@@ -99,7 +102,7 @@ async def ask_one(client: EngineClient, health: SsmHealth, ssm: str, rnd: DraftR
 
 def _record_failure(health: SsmHealth, ssm: str, request_id: str, exc: BaseException | str) -> None:
     log.warning("%s: SSM %s failed: %s", request_id, ssm, exc)
-    if health.failed(ssm):
+    if health.failed(ssm, str(exc)):
         log.warning("SSM %s skipped by all requests for %.0f s", ssm, health.cooldown_s)
 
 

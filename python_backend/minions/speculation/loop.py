@@ -125,12 +125,18 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
                 return
     finally:
         services.length_stats.forget(request_id)
-        if source is not None:
-            await source.close()
-        # Every engine, even an SSM whose breaker is open: one that was only slow still holds state.
-        # Concurrently, so a dead stub's failing call (about 1 s) costs that once; this runs after
-        # the request's final response has gone out.
-        await asyncio.gather(*(client.release(m, request_id) for m in [services.llm, *(drafter.ssms if drafter else ())]))
+        # Shielded: a request cancelled while it cleans up still frees every engine's state.
+        await asyncio.shield(_release(client, services.llm, drafter.ssms if drafter else (), source, request_id))
+
+
+async def _release(client: EngineClient, llm: str, ssms: tuple[str, ...], source: DraftSource | None,
+                   request_id: str) -> None:
+    """Free a finished request's state in every engine, once its early drafts are done. Every SSM,
+    even one whose breaker is open (one that was only slow still holds state), and concurrently, so
+    a dead stub's failing call costs that once; this runs after the request's final response."""
+    if source is not None:
+        await source.close()
+    await asyncio.gather(*(client.release(m, request_id) for m in [llm, *ssms]))
 
 
 @dataclass

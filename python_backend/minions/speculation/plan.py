@@ -97,6 +97,7 @@ class Services:
         return cls(
             ssms=settings.ssm_model_names,
             llm=settings.llm_model_name,
+            health=SsmHealth(settings.ssm_breaker_threshold, settings.ssm_breaker_cooldown_s, settings.ssm_call_timeout_s),
             length_stats=SharedLengthStats(LengthPolicy(candidates=settings.draft_length_candidates)),
             pool=DraftPool(settings.draft_pool_size or EngineSettings().max_batch_size),
             load=load,

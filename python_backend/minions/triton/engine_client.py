@@ -50,8 +50,9 @@ class TritonEngineClient:
         self._streams: dict[str, _SharedStream] = {}
         self._calls = itertools.count()
 
-    def _stub(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
-        """Made on first use, so that the channel belongs to the event loop that runs the requests."""
+    def service(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
+        """Triton's gRPC service, made on first use so that the channel belongs to the event loop that runs
+        the requests."""
         if self._service is None:
             channel = grpc.aio.insecure_channel(self.url, options=CHANNEL_OPTIONS)
             self._service = service_pb2_grpc.GRPCInferenceServiceStub(channel)
@@ -60,7 +61,7 @@ class TritonEngineClient:
     def _stream_to(self, model: str) -> _SharedStream:
         stream = self._streams.get(model)
         if stream is None or stream.broken:
-            stream = self._streams[model] = _SharedStream(self._stub(), model)
+            stream = self._streams[model] = _SharedStream(self.service(), model)
         return stream
 
     async def generate(self, model: str, request: EngineRequest) -> EngineResult:
@@ -72,7 +73,7 @@ class TritonEngineClient:
             return results[0]
         message = _infer_request(model, request, self._call_id(request))
         try:
-            response = await self._within_timeout(model, self._stub().ModelInfer(message))
+            response = await self._within_timeout(model, self.service().ModelInfer(message))
         except grpc.aio.AioRpcError as exc:
             raise EngineCallError(model, exc.details() or str(exc.code())) from None
         return _decoded(request, response)

@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from contextlib import aclosing
+from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
@@ -28,18 +29,51 @@ from minions.speculation.plan import DecodeRequest, Services
 from .common import error, input_arrays, model_config, setup_logging, string_parameters
 from .engine_client import TritonEngineClient
 from .metrics import METRICS_FLUSH_INTERVAL_S, SpeculationMetrics
+from .model_control import ModelControl
 
 log = logging.getLogger("minions.bls")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 CANCEL_CHECK_INTERVAL_S = 0.05
-"""How often a decoding request asks Triton whether its client cancelled: the question is a round trip
-to tritonserver, too dear to ask for every streamed token."""
+"""How often a request asks Triton whether its client cancelled, whatever it is waiting for: the
+question is a round trip to tritonserver, too dear to ask for every streamed token."""
 
 
 class RequestCancelled(Exception):
     pass
+
+
+class _Reply:
+    """A request's response sender, which sends exactly one FINAL flag and counts the tokens sent."""
+
+    def __init__(self, sender) -> None:
+        self.sender = sender
+        self.tokens = 0
+        self.closed = False
+
+    def send(self, response, tokens: int, final: bool = False) -> None:
+        self.sender.send(response, flags=FINAL if final else 0)
+        self.tokens = tokens
+        self.closed = final
+
+    def cancelled(self) -> bool:
+        """Whether the client cancelled a stream still open (a round trip to tritonserver)."""
+        return not self.closed and self.sender.is_cancelled()
+
+    def finish(self, err=None) -> None:
+        """Close the stream with its FINAL flag (with the error, if any) unless it is closed already; a
+        vanished client is logged."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if err is None:
+                self.sender.send(flags=FINAL)
+            else:
+                self.sender.send(pb_utils.InferenceResponse(error=err), flags=FINAL)
+        except Exception as exc:
+            log.warning("could not send the final response: %s", exc)
 
 
 class TritonPythonModel:
@@ -57,18 +91,22 @@ class TritonPythonModel:
         self.metrics = SpeculationMetrics(self.name)
         self.active = 0
         self.services = Services.from_settings(self.settings, load=lambda: self.active)
+        self.models = ModelControl(self.client, Path(args["model_repository"]).parent, self.settings.ssm_model_names,
+                                   self.services.health, self.metrics.tally, self.settings.model_poll_interval_s,
+                                   self.settings.ssm_reload)
         budget = self.settings.kv_budget_tokens
         self.admission = KvAdmission(budget, self.settings.kv_chunk_tokens) if budget > 0 else None
         self.tasks: set[asyncio.Task] = set()
-        self._flushing = False
+        self._started = False
         log.info("%s: ready (llm=%s, ssms=%s, default speculation %s)", self.name, self.settings.llm_model_name,
                  ",".join(self.settings.ssm_model_names), self.settings.default_speculation)
 
     async def execute(self, requests):
         loop = asyncio.get_running_loop()
-        if not self._flushing:  # the stub's event loop runs from the first execute on
+        if not self._started:  # the stub's event loop runs from the first execute on
             self.tasks.add(loop.create_task(self.metrics.flush_every(METRICS_FLUSH_INTERVAL_S)))
-            self._flushing = True
+            self.tasks.add(loop.create_task(self.models.watch()))
+            self._started = True
         for request in requests:
             task = loop.create_task(self._serve(request))
             self.tasks.add(task)
@@ -76,82 +114,88 @@ class TritonPythonModel:
         return None
 
     async def _serve(self, request) -> None:
-        sender = request.get_response_sender()
+        reply = _Reply(request.get_response_sender())
         request_id = f"{request.request_id() or 'req'}-{uuid.uuid4().hex[:12]}"
-        mode = "invalid"
+        mode, outcome, detail, start = "invalid", "error", "", time.perf_counter()
         try:
             greq = parse_generation_request(input_arrays(request, self.input_names), self.settings)
             mode = greq.speculation.label
-            start = time.perf_counter()
-            await self._generate(greq, request_id, sender)
-            self.metrics.tally.observe_request(mode, "success", time.perf_counter() - start)
+            detail = await self._until_cancelled(reply, self._generate(greq, request_id, reply))
+            outcome = "success"
             self.metrics.tally.observe_weights(self.services.weights.snapshot())
         except InvalidRequest as exc:
-            log.info("%s: rejected: %s", request_id, exc)
-            self.metrics.tally.observe_request(mode, "invalid")
-            self._finish(sender, request_id, error(str(exc), pb_utils.TritonError.INVALID_ARG))
+            outcome, detail = "invalid", str(exc)
+            reply.finish(error(str(exc), pb_utils.TritonError.INVALID_ARG))
         except RequestCancelled:
-            log.info("%s: cancelled by the client", request_id)
-            self.metrics.tally.observe_request(mode, "cancelled")
-            self._finish(sender, request_id, None)
+            outcome = "cancelled"
+            reply.finish()
         except Exception as exc:
             log.exception("%s: failed", request_id)
-            self.metrics.tally.observe_request(mode, "error")
-            self._finish(sender, request_id, error(f"{type(exc).__name__}: {exc}"))
+            detail = f"{type(exc).__name__}: {exc}"
+            reply.finish(error(detail))
+        finally:
+            elapsed = time.perf_counter() - start
+            self.metrics.tally.observe_request(mode, outcome, elapsed if outcome == "success" else 0.0)
+            # One line per request, however it ended.
+            log.info("%s: %s, %s, %d tokens in %.2f s%s", request_id, outcome, mode, reply.tokens, elapsed,
+                     f"; {detail}" if detail else "")
 
     @staticmethod
-    def _finish(sender, request_id: str, err) -> None:
-        """Close the stream with its one FINAL flag (with the error, if any); a vanished client is logged."""
+    async def _until_cancelled(reply: _Reply, work):
+        """Run `work`, asking Triton every CANCEL_CHECK_INTERVAL_S whether the client cancelled; if it
+        did, cancel the work wherever it waits (for KV room, an SSM, the LLM) and raise RequestCancelled.
+        The work's cleanup (releasing engine state and its KV reservation) runs before this returns."""
+        task = asyncio.ensure_future(work)
         try:
-            if err is None:
-                sender.send(flags=FINAL)
-            else:
-                sender.send(pb_utils.InferenceResponse(error=err), flags=FINAL)
-        except Exception as exc:
-            log.warning("%s: could not send the final response: %s", request_id, exc)
+            while True:
+                done, _ = await asyncio.wait([task], timeout=CANCEL_CHECK_INTERVAL_S)
+                if done:
+                    return task.result()
+                if reply.cancelled():
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                    raise RequestCancelled()
+        finally:
+            if not task.done():  # the model is unloading: this coroutine itself was cancelled
+                task.cancel()
 
-    async def _generate(self, greq: GenerationRequest, request_id: str, sender) -> None:
+    async def _generate(self, greq: GenerationRequest, request_id: str, reply: _Reply) -> str:
         request = decode_request(greq, self.tokenizer, self.settings)
         reservation = await admit(self.admission, request, request_id)
         self.active += 1
         try:
-            await self._decode(greq, request, request_id, sender)
+            return await self._decode(greq, request, request_id, reply)
         finally:
             self.active -= 1
             if reservation is not None:
                 reservation.release()
 
-    async def _decode(self, greq: GenerationRequest, request: DecodeRequest, request_id: str, sender) -> None:
+    async def _decode(self, greq: GenerationRequest, request: DecodeRequest, request_id: str, reply: _Reply) -> str:
+        """Stream the request's text; returns what the request's log line says about its decoding."""
         text = TextStream(greq, self.tokenizer, request.end_id)
         start = time.perf_counter()
-        next_cancel_check = 0.0
         async with aclosing(speculative_decode(self.client, request, self.services, request_id)) as rounds:
             async for r in rounds:
                 done = text.add(r)
                 self.metrics.tally.observe_round(r, greq.speculation.label)
-                if time.monotonic() >= next_cancel_check:
-                    if sender.is_cancelled():
-                        raise RequestCancelled()
-                    next_cancel_check = time.monotonic() + CANCEL_CHECK_INTERVAL_S
                 if done:
                     break
                 if chunk := text.chunk():
-                    sender.send(self._response(greq, chunk, text, None))
+                    reply.send(self._response(greq, chunk, text, None), text.stats.emitted_tokens)
             # Still inside the block: the client gets its final response before the engines' caches
             # are released (aclose), so freeing state never delays the end of the stream. The rounds'
             # metrics are exported first, so a client that has its answer sees them counted.
             self.metrics.flush()
-            sender.send(self._response(greq, text.final(), text, text.finish_reason), flags=FINAL)
+            reply.send(self._response(greq, text.final(), text, text.finish_reason), text.stats.emitted_tokens,
+                       final=True)
         elapsed, stats = time.perf_counter() - start, text.stats
-        log.info(
-            "%s: %s, %d prompt + %d new tokens in %.2f s (%.1f tok/s; drafting %.2f s, verifying %.2f s, "
-            "control %.4f s), %d LLM calls, acceptance %.2f, draft length %s, pipeline %s (%d early drafts used, "
-            "%d discarded), finish %s",
-            request_id, greq.speculation, len(request.prompt_ids), stats.emitted_tokens, elapsed,
-            stats.emitted_tokens / max(elapsed, 1e-9), stats.draft_seconds, stats.verify_seconds, stats.control_seconds,
-            stats.verifications, stats.acceptance_rate,
-            "adaptive" if greq.num_draft_tokens is None else greq.num_draft_tokens, "on" if greq.pipeline else "off",
-            stats.pipelined_drafts, stats.discarded_early_drafts, text.finish_reason,
+        return (
+            f"{len(request.prompt_ids)} prompt tokens, {stats.emitted_tokens / max(elapsed, 1e-9):.1f} tok/s (drafting "
+            f"{stats.draft_seconds:.2f} s, verifying {stats.verify_seconds:.2f} s, control {stats.control_seconds:.4f} s), "
+            f"{stats.verifications} LLM calls, acceptance {stats.acceptance_rate:.2f}, draft length "
+            f"{'adaptive' if greq.num_draft_tokens is None else greq.num_draft_tokens}, pipeline "
+            f"{'on' if greq.pipeline else 'off'} ({stats.pipelined_drafts} early drafts used, "
+            f"{stats.discarded_early_drafts} discarded), finish {text.finish_reason}"
         )
 
     @staticmethod
