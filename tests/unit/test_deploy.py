@@ -87,3 +87,24 @@ def test_the_orchestrator_reaches_the_engines_through_the_servers_own_grpc_port(
     path.write_text(yaml.safe_dump(raw))
     repo = render_repository(load_deployment(path), tmp_path / "repo")
     assert param(repo, "minions", "engine_grpc_url") == "127.0.0.1:9001"
+
+
+def test_every_setting_is_rendered_and_read_back_unchanged(tmp_path, tiny_llm):
+    """Each rendered config.pbtxt parses as Triton's ModelConfig, and its string parameters give the
+    model exactly the settings the renderer computed: a setting added to settings.py reaches the
+    model with no template change (the derived admission limit included)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from minions.deploy.render import engine_settings, orchestrator_settings
+
+    dep = load_deployment(write_deploy(tmp_path, tiny_llm))
+    repo = render_repository(dep, tmp_path / "repo")
+    expected = {"minions": orchestrator_settings(dep)}
+    expected |= {m["name"]: engine_settings(m, dep, expected["minions"].max_context) for m in [dep.llm, dep.ssms[0]]}
+    assert expected["minions"].max_active_requests == EngineSettings.max_sequences
+    for model, settings in expected.items():
+        config = text_format.Parse((repo / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+        params = {k: v.string_value for k, v in config.parameters.items()}
+        assert set(params) == set(settings.params())
+        assert type(settings).from_params(params) == settings

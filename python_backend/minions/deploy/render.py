@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -77,16 +78,26 @@ def orchestrator_settings(dep: Deployment, grpc_url: str | None = None) -> Orche
         Speculation.parse(settings.default_speculation, settings.ssm_model_names)
     except InvalidRequest as exc:
         raise ValueError(f"{dep.path}: orchestrator.default_speculation: {exc}") from None
+    llm_settings = EngineSettings.from_yaml(llm)
     if not settings.draft_pool_size:  # at most one LLM batch of drafts waits
-        pool = EngineSettings.from_yaml(llm).max_batch_size
-        settings = dataclasses.replace(settings, draft_pool_size=pool)
+        settings = dataclasses.replace(settings, draft_pool_size=llm_settings.max_batch_size)
+    if not settings.max_active_requests:  # one live sequence per request in the LLM, never evicted
+        settings = dataclasses.replace(settings, max_active_requests=llm_settings.max_sequences)
     return settings
 
 
+def parameter_blocks(params: dict[str, str]) -> str:
+    """config.pbtxt `parameters` entries, one per setting (what the model's settings class reads back)."""
+    return "".join(f'parameters: {{\n  key: "{k}"\n  value: {{\n    string_value: {json.dumps(v, ensure_ascii=False)}\n  }}\n}}\n'
+                   for k, v in params.items())
+
+
 def _fill(template_dir: Path, out_dir: Path, params: dict[str, str]) -> None:
+    """Copy a model's template, its config.pbtxt filled in: placeholders from `params`, and every one of
+    them as a string parameter (`${parameters}`), so a new setting needs no template change."""
     shutil.copytree(template_dir, out_dir, ignore=shutil.ignore_patterns("__pycache__"))
     config = out_dir / "config.pbtxt"
-    config.write_text(string.Template(config.read_text()).substitute(params))
+    config.write_text(string.Template(config.read_text()).substitute(params, parameters=parameter_blocks(params)))
 
 
 def render_repository(dep: Deployment, out_dir: Path, grpc_url: str | None = None) -> Path:
