@@ -3,3 +3,7 @@
 
 class InvalidRequest(ValueError):
     """The request is malformed or out of bounds; the message says what to change."""
+
+
+class ServerBusy(RuntimeError):
+    """The server is at capacity and its wait queue is full (Triton's UNAVAILABLE); retry later."""

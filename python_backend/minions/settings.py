@@ -160,6 +160,11 @@ class OrchestratorSettings(_Settings):
     step every request shares (16 chat streams: 0.76x `off` with probes at every load)."""
     draft_pool_size: int = 0
     """Drafts waiting for the LLM at most (0: the LLM's max_batch_size)."""
+    max_active_requests: int = 0
+    """Requests decoding at once at most; later ones wait for a slot (0: the LLM's max_sequences, so that
+    no live sequence is evicted and recomputed)."""
+    max_queued_requests: int = 64
+    """Requests waiting for a slot at most; beyond, a request is refused at once with UNAVAILABLE (0: no bound)."""
     # Derived by the renderer from the rest of the deployment:
     llm_model_name: str = "llm"
     ssm_model_names: tuple[str, ...] = ()
@@ -169,7 +174,7 @@ class OrchestratorSettings(_Settings):
     (triton/engine_client.py says why not BLS)."""
     tokenizer_path: str = ""
     kv_budget_tokens: int = 0
-    """The LLM's KV budget in tokens (0: no admission control)."""
+    """The LLM's KV budget in tokens (0: none; admission counts sequences only)."""
     kv_chunk_tokens: int = 1
 
     @property

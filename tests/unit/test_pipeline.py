@@ -14,8 +14,6 @@ import pytest
 
 from decoding import PROMPTS, Plan, assert_all_released, collect, decode, make_plan, rounds_of
 from laws import goodness_of_fit
-from minions.errors import InvalidRequest
-from minions.serving.admission import KvAdmission
 from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.mode import OFF, Speculation, SpeculationMode
 from minions.speculation.pool import DraftPool
@@ -233,33 +231,5 @@ def test_pool_try_acquire_never_overtakes_and_cancelled_waiters_give_back():
         second.release()
         second.release()  # idempotent
         assert pool.held == 0
-
-    asyncio.run(scenario())
-
-
-def test_kv_admission_never_exceeds_its_budget_and_admits_in_order():
-    async def scenario():
-        admission = KvAdmission(capacity_tokens=1000, chunk=100)
-        order: list[int] = []
-
-        async def request(i: int, tokens: int, hold: float):
-            reservation = await admission.reserve(tokens)
-            order.append(i)
-            assert admission.in_use <= admission.capacity
-            await asyncio.sleep(hold)
-            reservation.release()
-
-        await asyncio.gather(*(request(i, t, 0.01) for i, t in enumerate([450, 450, 450, 90, 1000, 10])))
-        assert admission.peak <= 1000 and admission.in_use == 0
-        assert order == [0, 1, 2, 3, 4, 5], "first come, first served: no overtaking"
-        with pytest.raises(InvalidRequest, match="budget is 1000"):
-            await admission.reserve(1001)
-        first = await admission.reserve(1000)
-        waiting = asyncio.ensure_future(admission.reserve(500))
-        await asyncio.sleep(0)
-        waiting.cancel()
-        await asyncio.gather(waiting, return_exceptions=True)
-        first.release()
-        assert admission.in_use == 0 and admission.waiting == 0
 
     asyncio.run(scenario())

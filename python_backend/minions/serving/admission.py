@@ -1,9 +1,12 @@
-"""KV-cache admission: requests start decoding only while their worst case fits the LLM's KV budget.
+"""Admission: requests start decoding only while the LLM has room for one more sequence.
 
-A request reserves its worst case (prompt + max new tokens + one round's draft) before it starts
-decoding, and waits, first come first served, while the budget is taken. Nothing is dropped; a
-request that could never fit is refused at once with an error that says why. Plain asyncio; a
-reservation is released in a `finally` clause, so a cancelled request gives back what it held.
+Room is a sequence slot (the LLM engine's `max_sequences`: beyond it, engines evict live sequences
+and recompute them, and throughput collapses) and, where the deployment sets a KV budget, the
+request's worst case in KV tokens (prompt + max new tokens + one round's draft). A request without
+room waits, first come first served. Nothing is dropped, unless the wait queue is full: then the
+request is refused at once (ServerBusy, Triton's UNAVAILABLE), and a request that could never fit is
+refused with an error that says why. Plain asyncio; a reservation is released in a `finally` clause,
+so a cancelled request gives back what it held.
 """
 
 from __future__ import annotations
@@ -12,13 +15,13 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-from minions.errors import InvalidRequest
+from minions.errors import InvalidRequest, ServerBusy
 
 
 @dataclass
 class Reservation:
     tokens: int
-    admission: KvAdmission | None
+    admission: Admission | None
 
     def release(self) -> None:
         if self.admission is not None:
@@ -26,31 +29,38 @@ class Reservation:
             self.admission = None
 
 
-class KvAdmission:
-    """A budget of KV tokens in flight; requests reserve their worst case and wait for room in order."""
+class Admission:
+    """At most `max_sequences` requests decoding, holding at most `capacity_tokens` KV tokens (0: no
+    token budget); up to `max_queued` more wait in order (0: no bound)."""
 
-    def __init__(self, capacity_tokens: int, chunk: int = 1) -> None:
+    def __init__(self, max_sequences: int, capacity_tokens: int = 0, chunk: int = 1, max_queued: int = 0) -> None:
+        self.max_sequences = max_sequences
         self.capacity = capacity_tokens
         self.chunk = max(1, chunk)
+        self.max_queued = max_queued
+        self.running = 0
         self.in_use = 0
         self.peak = 0
         self._queue: deque[tuple[int, asyncio.Future]] = deque()
 
     def need(self, tokens: int) -> int:
         """Tokens rounded up to the engine's allocation chunk (what its cache will really hold)."""
-        return -(-tokens // self.chunk) * self.chunk
+        return -(-tokens // self.chunk) * self.chunk if self.capacity else 0
 
     @property
     def waiting(self) -> int:
         return len(self._queue)
 
+    def _room(self, need: int) -> bool:
+        return self.running < self.max_sequences and (not self.capacity or self.in_use + need <= self.capacity)
+
     def fits_now(self, tokens: int) -> bool:
         """Whether reserve(tokens) would be granted at once (room, and nobody queued before it)."""
-        return not self._queue and self.in_use + self.need(tokens) <= self.capacity
+        return not self._queue and self._room(self.need(tokens))
 
     async def reserve(self, tokens: int) -> Reservation:
         need = self.need(tokens)
-        if need > self.capacity:
+        if self.capacity and need > self.capacity:
             raise InvalidRequest(
                 f"the request needs up to {need} tokens of KV cache (prompt + max_tokens + draft); the "
                 f"deployment's budget is {self.capacity}: lower max_tokens or shorten the prompt"
@@ -58,6 +68,9 @@ class KvAdmission:
         if self.fits_now(tokens):
             self._take(need)
             return Reservation(need, self)
+        if self.max_queued and len(self._queue) >= self.max_queued:
+            raise ServerBusy(f"the server is at capacity ({self.running} requests decoding, {len(self._queue)} "
+                             "waiting, the most it queues): retry later")
         waiter = asyncio.get_running_loop().create_future()
         entry = (need, waiter)
         self._queue.append(entry)
@@ -73,16 +86,18 @@ class KvAdmission:
         return Reservation(need, self)
 
     def _take(self, need: int) -> None:
+        self.running += 1
         self.in_use += need
         self.peak = max(self.peak, self.in_use)
 
     def _give_back(self, tokens: int) -> None:
+        self.running -= 1
         self.in_use -= tokens
         self._admit()
 
     def _admit(self) -> None:
         """Admit queued requests in order while the first one fits (no overtaking: no starvation)."""
-        while self._queue and self.in_use + self._queue[0][0] <= self.capacity:
+        while self._queue and self._room(self._queue[0][0]):
             need, waiter = self._queue.popleft()
             if waiter.done():
                 continue

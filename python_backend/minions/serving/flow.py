@@ -1,5 +1,5 @@
 """One request's flow around the decode loop, free of Triton: from the parsed request to a
-DecodeRequest (prompt, limits, end_id, bad words), KV admission, and from rounds of tokens to the
+DecodeRequest (prompt, limits, end_id, bad words), admission, and from rounds of tokens to the
 text the client receives (end_id trimmed, detokenised, stop strings, finish_reason, stream chunks)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Protocol
 import numpy as np
 
 from minions.errors import InvalidRequest
-from minions.serving.admission import KvAdmission, Reservation
+from minions.serving.admission import Admission, Reservation
 from minions.serving.request import GenerationRequest
 from minions.settings import OrchestratorSettings
 from minions.speculation.plan import DecodeRequest
@@ -66,15 +66,14 @@ def decode_request(greq: GenerationRequest, tokenizer: Tokenizer, settings: Orch
     )
 
 
-async def admit(admission: KvAdmission | None, request: DecodeRequest, request_id: str) -> Reservation | None:
-    """Wait (in order) until the request's worst case fits the KV budget: prompt, every new token,
-    and one round's longest draft."""
-    if admission is None:
-        return None
+async def admit(admission: Admission, request: DecodeRequest, request_id: str) -> Reservation:
+    """Wait (in order) for a sequence slot and for the request's worst case to fit the KV budget:
+    prompt, every new token, and one round's longest draft."""
     worst = len(request.prompt_ids) + request.max_new_tokens + request.max_draft_tokens + 1
     if not admission.fits_now(worst):
-        log.info("%s: waiting for KV budget (%d tokens in use of %d, %d waiting)", request_id,
-                 admission.in_use, admission.capacity, admission.waiting)
+        log.info("%s: waiting for room (%d requests decoding of %d, %d KV tokens in use of %d, %d waiting)",
+                 request_id, admission.running, admission.max_sequences, admission.in_use, admission.capacity,
+                 admission.waiting)
     return await admission.reserve(worst)
 
 

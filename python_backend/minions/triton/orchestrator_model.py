@@ -18,8 +18,8 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from minions.errors import InvalidRequest
-from minions.serving.admission import KvAdmission
+from minions.errors import InvalidRequest, ServerBusy
+from minions.serving.admission import Admission
 from minions.serving.flow import TextStream, admit, decode_request, response_arrays
 from minions.serving.request import GenerationRequest, parse_generation_request
 from minions.settings import OrchestratorSettings
@@ -89,13 +89,12 @@ class TritonPythonModel:
         self.client = TritonEngineClient(self.settings.engine_grpc_url, frozenset(self.settings.decoupled_model_names),
                                          self.settings.engine_stall_timeout_s)
         self.metrics = SpeculationMetrics(self.name)
-        self.active = 0
-        self.services = Services.from_settings(self.settings, load=lambda: self.active)
+        self.admission = Admission(self.settings.max_active_requests, self.settings.kv_budget_tokens,
+                                   self.settings.kv_chunk_tokens, self.settings.max_queued_requests)
+        self.services = Services.from_settings(self.settings, load=lambda: self.admission.running)
         self.models = ModelControl(self.client, Path(args["model_repository"]).parent, self.settings.ssm_model_names,
                                    self.services.health, self.metrics.tally, self.settings.model_poll_interval_s,
                                    self.settings.ssm_reload)
-        budget = self.settings.kv_budget_tokens
-        self.admission = KvAdmission(budget, self.settings.kv_chunk_tokens) if budget > 0 else None
         self.tasks: set[asyncio.Task] = set()
         self._started = False
         log.info("%s: ready (llm=%s, ssms=%s, default speculation %s)", self.name, self.settings.llm_model_name,
@@ -126,6 +125,9 @@ class TritonPythonModel:
         except InvalidRequest as exc:
             outcome, detail = "invalid", str(exc)
             reply.finish(error(str(exc), pb_utils.TritonError.INVALID_ARG))
+        except ServerBusy as exc:
+            outcome, detail = "unavailable", str(exc)
+            reply.finish(error(str(exc), pb_utils.TritonError.UNAVAILABLE))
         except RequestCancelled:
             outcome = "cancelled"
             reply.finish()
@@ -162,13 +164,10 @@ class TritonPythonModel:
     async def _generate(self, greq: GenerationRequest, request_id: str, reply: _Reply) -> str:
         request = decode_request(greq, self.tokenizer, self.settings)
         reservation = await admit(self.admission, request, request_id)
-        self.active += 1
         try:
             return await self._decode(greq, request, request_id, reply)
         finally:
-            self.active -= 1
-            if reservation is not None:
-                reservation.release()
+            reservation.release()
 
     async def _decode(self, greq: GenerationRequest, request: DecodeRequest, request_id: str, reply: _Reply) -> str:
         """Stream the request's text; returns what the request's log line says about its decoding."""

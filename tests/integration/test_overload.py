@@ -1,0 +1,76 @@
+"""Load above capacity: requests beyond the LLM's `max_sequences` wait for a slot (no sequence is
+evicted and recomputed), requests beyond the wait queue are refused at once with UNAVAILABLE, and
+every request served is exact.
+
+Runs its own small server (the default deployment with max_sequences 2 and a queue of 2), so that
+capacity is reached with a few requests.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import yaml
+
+from benchmarks.server_process import ROOT, TritonProcess
+from client.api import GenerationParams, MinionsClientError, generate_grpc
+from tests.integration.helpers import NearTies, metric_above, metric_value
+
+PROMPT = "Name three animals that live in the sea."
+PARAMS = GenerationParams(max_tokens=16, chat=True, speculation="off")
+SEQUENCES, QUEUED, CLIENTS = 2, 2, 8
+
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory):
+    build = tmp_path_factory.mktemp("triton-small")
+    raw = yaml.safe_load((ROOT / "deploy.yaml").read_text())
+    raw["cache_dir"] = str(ROOT / raw["cache_dir"])
+    raw["llm"].update(max_sequences=SEQUENCES, max_batch_size=SEQUENCES)
+    raw["orchestrator"]["max_queued_requests"] = QUEUED
+    deploy = build / "deploy.small.yaml"
+    deploy.write_text(yaml.safe_dump(raw))
+    with TritonProcess(deploy, log_path=build / "tritonserver.log", build=build) as proc:
+        yield proc
+
+
+def _llm_tokens(server) -> float:
+    return metric_value(server.metrics_url, "minions_engine_batch_total", model="llm", what="tokens")
+
+
+def test_beyond_capacity_requests_wait_and_beyond_the_queue_are_refused(small_server):
+    server = small_server
+    before = _llm_tokens(server)
+    reference = generate_grpc(server.grpc_url, "minions", PROMPT, PARAMS).text
+    alone = _llm_tokens(server) - before  # what one request costs the LLM: its prompt and its tokens
+
+    results: list[object] = [None] * CLIENTS
+    start = threading.Barrier(CLIENTS)
+
+    def client(i: int) -> None:
+        start.wait()
+        try:
+            results[i] = generate_grpc(server.grpc_url, "minions", PROMPT, PARAMS).text
+        except MinionsClientError as exc:
+            results[i] = exc
+
+    before = _llm_tokens(server)
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    refused = [r for r in results if isinstance(r, MinionsClientError)]
+    served = [r for r in results if isinstance(r, str)]
+    assert len(served) + len(refused) == CLIENTS, f"a request neither served nor refused: {results}"
+    assert refused and all("the server is at capacity" in str(e) for e in refused), results
+    assert len(served) >= SEQUENCES + QUEUED, "requests within the queue wait for a slot"
+    ties = NearTies(server)
+    for text in served:
+        ties.assert_same_or_near_tie(PROMPT, reference, text, "a request served under overload")
+    computed = _llm_tokens(server) - before
+    assert computed <= 1.2 * alone * len(served), \
+        f"the LLM computed {computed:.0f} tokens for {len(served)} requests of {alone:.0f}: sequences were recomputed"
+    assert metric_above(server.metrics_url, "minions_requests", len(refused) - 1, outcome="unavailable") >= len(refused)
+    assert generate_grpc(server.grpc_url, "minions", PROMPT, PARAMS).text == reference, "the server serves on"

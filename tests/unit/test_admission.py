@@ -1,0 +1,75 @@
+"""minions.serving.admission: requests decode only while the LLM has a sequence slot and KV room for
+them; the rest wait in order, or are refused once the wait queue is full."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from minions.errors import InvalidRequest, ServerBusy
+from minions.serving.admission import Admission
+
+
+def test_kv_admission_never_exceeds_its_budget_and_admits_in_order():
+    async def scenario():
+        admission = Admission(max_sequences=100, capacity_tokens=1000, chunk=100)
+        order: list[int] = []
+
+        async def request(i: int, tokens: int, hold: float):
+            reservation = await admission.reserve(tokens)
+            order.append(i)
+            assert admission.in_use <= admission.capacity
+            await asyncio.sleep(hold)
+            reservation.release()
+
+        await asyncio.gather(*(request(i, t, 0.01) for i, t in enumerate([450, 450, 450, 90, 1000, 10])))
+        assert admission.peak <= 1000 and admission.in_use == 0
+        assert order == [0, 1, 2, 3, 4, 5], "first come, first served: no overtaking"
+        with pytest.raises(InvalidRequest, match="budget is 1000"):
+            await admission.reserve(1001)
+        first = await admission.reserve(1000)
+        waiting = asyncio.ensure_future(admission.reserve(500))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        first.release()
+        assert admission.in_use == 0 and admission.waiting == 0
+
+    asyncio.run(scenario())
+
+
+def test_no_more_requests_decode_than_the_llm_has_sequence_slots():
+    async def scenario():
+        admission = Admission(max_sequences=2)
+        running, most = 0, 0
+
+        async def request():
+            nonlocal running, most
+            reservation = await admission.reserve(10)
+            running += 1
+            most = max(most, running)
+            await asyncio.sleep(0.01)
+            running -= 1
+            reservation.release()
+
+        await asyncio.gather(*(request() for _ in range(7)))
+        assert most == 2 and admission.running == 0 and admission.in_use == 0
+
+    asyncio.run(scenario())
+
+
+def test_beyond_a_full_queue_a_request_is_refused_at_once():
+    async def scenario():
+        admission = Admission(max_sequences=1, max_queued=2)
+        held = await admission.reserve(1)
+        queued = [asyncio.ensure_future(admission.reserve(1)) for _ in range(2)]
+        await asyncio.sleep(0)
+        with pytest.raises(ServerBusy, match="1 requests decoding, 2 waiting"):
+            await admission.reserve(1)
+        held.release()
+        for q in queued:
+            (await q).release()
+        assert admission.running == 0 and admission.waiting == 0
+
+    asyncio.run(scenario())
