@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,9 +90,29 @@ class TritonProcess:
         if self.proc is None:
             return None
         stop_process(self.proc, signal.SIGINT, timeout)
+        self._kill_stubs()  # a server that died (or was killed) leaves its stubs running
         sweep_orphaned_shm(min_age_s=0.0)  # this server's killed stubs left theirs; no process maps them now
         self._log.close()
         return self.proc.returncode
 
+    def _kill_stubs(self) -> None:
+        """End this server's stubs still running, and wait until they are gone (then nothing maps their
+        shared memory)."""
+        pids = [stub.pid for stub in self.stubs().values()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10.0
+        while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a dead server's stubs are reparented, maybe to a parent that never reaps)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False

@@ -14,10 +14,8 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from benchmarks.server_process import ROOT, TritonProcess
@@ -87,25 +85,6 @@ def run_locust(args: argparse.Namespace, http_url: str, out: Path) -> None:
         raise RuntimeError(f"locust exited with {rc}")
 
 
-def kill_stubs(server: TritonProcess) -> None:
-    """A tritonserver that died leaves its stubs running (and holding their shared memory): end them."""
-    pids = [stub.pid for stub in server.stubs().values()]
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10.0  # gone before the server's shared memory is swept
-    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a dead server's stubs are reparented, maybe to a parent that never reaps)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-
-
 def settings(args: argparse.Namespace) -> dict:
     shared = {o.name: getattr(args, o.name) for o in OPTIONS if o.name not in ("records", "grpc_host")}
     return {"server": args.host or args.deploy, "users": args.users, "spawn_rate": args.spawn_rate,
@@ -128,8 +107,6 @@ def main(argv: list[str] | None = None) -> int:
         warm_up(http_url, args.grpc_host, args)
         run_locust(args, http_url, out)
         server_exit_code = None if server is None else server.proc.poll()
-        if server_exit_code is not None:
-            kill_stubs(server)
     records = read_records(out / RECORDS)
     if not records:
         raise RuntimeError(f"no request was recorded in {out / RECORDS}")

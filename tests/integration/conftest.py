@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.server_process import ROOT, TritonProcess
+from benchmarks.server_process import ROOT
+from tests.integration.helpers import served
 
 
 def pytest_collection_modifyitems(items):
@@ -16,10 +17,7 @@ def pytest_collection_modifyitems(items):
 
 
 def _serve(tmp_path_factory, deploy: str):
-    build = tmp_path_factory.mktemp("triton-build")
-    with TritonProcess(ROOT / deploy, log_path=build / "tritonserver.log", build=build) as proc:
-        yield proc
-    assert proc.proc.returncode == 0, f"tritonserver did not shut down cleanly:\n{proc.log_text()[-3000:]}"
+    yield from served(ROOT / deploy, tmp_path_factory.mktemp("triton-build"))
 
 
 @pytest.fixture(scope="session")

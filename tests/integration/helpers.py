@@ -1,5 +1,5 @@
-"""Small request helpers for the integration tests (raw tritonclient calls where the client library
-would hide what is under test)."""
+"""Small helpers for the integration tests: serving a deployment, raw tritonclient calls where the
+client library would hide what is under test, metrics, near ties."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import json
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+
+from benchmarks.server_process import TritonProcess
 
 COPY_PROMPT = ("Copy this Python code exactly:\n```python\ndef add(a, b):\n    return a + b\n\n"
                "def subtract(a, b):\n    return a - b\n```")
@@ -76,3 +79,12 @@ class NearTies:
         where = self._checker.divergence(prompt, reference, other)
         print(f"{what} diverged: {where}")
         assert where is not None and where.gap < NEAR_TIE, f"{what}: not a near tie: {where}"
+
+
+def served(deploy: Path, build: Path):
+    """A fixture's body: the real tritonserver with `deploy`, yielded while it runs; after, it must have
+    stopped cleanly, every stub included (no crash at unload)."""
+    with TritonProcess(deploy, log_path=build / "tritonserver.log", build=build) as proc:
+        yield proc
+    assert proc.proc.returncode == 0, f"tritonserver did not shut down cleanly:\n{proc.log_text()[-3000:]}"
+    assert "Fatal Python error" not in proc.log_text(), f"a stub crashed:\n{proc.log_text()[-3000:]}"

@@ -13,9 +13,9 @@ import threading
 import pytest
 import yaml
 
-from benchmarks.server_process import ROOT, TritonProcess
+from benchmarks.server_process import ROOT
 from client.api import GenerationParams, MinionsClientError, generate_grpc
-from tests.integration.helpers import NearTies, metric_above, metric_value
+from tests.integration.helpers import NearTies, metric_above, metric_value, served
 
 PROMPT = "Name three animals that live in the sea."
 PARAMS = GenerationParams(max_tokens=16, chat=True, speculation="off")
@@ -31,8 +31,7 @@ def small_server(tmp_path_factory):
     raw["orchestrator"]["max_queued_requests"] = QUEUED
     deploy = build / "deploy.small.yaml"
     deploy.write_text(yaml.safe_dump(raw))
-    with TritonProcess(deploy, log_path=build / "tritonserver.log", build=build) as proc:
-        yield proc
+    yield from served(deploy, build)
 
 
 def _llm_tokens(server) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faulthandler
+import gc
 import json
 import logging
 
@@ -55,3 +56,18 @@ def setup_logging() -> None:
         root.addHandler(TritonLogHandler())
         root.setLevel(logging.INFO)
         root.propagate = False
+
+
+def release_metrics(owner: object) -> None:
+    """Drop the pb_utils metrics and metric families an object holds, and collect them, while the stub
+    can still reach tritonserver: freed later, at the stub's exit, they crashed it (a segfault while
+    garbage-collecting, after "unloaded")."""
+    def is_metric(x: object) -> bool:  # pb_utils names MetricFamily only; Metric is the stub's own class
+        return type(x).__name__ in ("Metric", "MetricFamily")
+
+    for name, value in list(vars(owner).items()):
+        if isinstance(value, dict) and any(is_metric(x) for item in value.items() for x in item):
+            setattr(owner, name, {})
+        elif is_metric(value):
+            setattr(owner, name, None)
+    gc.collect()

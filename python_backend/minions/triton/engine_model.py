@@ -35,7 +35,7 @@ from minions.engines.tensors import encode_engine_outputs, parse_engine_inputs
 from minions.errors import InvalidRequest
 from minions.settings import EngineSettings
 
-from .common import error, input_arrays, model_config, setup_logging, string_parameters
+from .common import error, input_arrays, model_config, release_metrics, setup_logging, string_parameters
 from .metrics import METRICS_FLUSH_INTERVAL_S
 
 log = logging.getLogger("minions.engine")
@@ -196,6 +196,7 @@ class TritonPythonModel:
             self.engine.close()
         if self.outbox is not None:  # after the engine: its last answers go out first
             self.outbox.close()
+        release_metrics(self)
         log.info("%s: unloaded", self.name)
 
 

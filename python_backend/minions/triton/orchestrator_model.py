@@ -26,7 +26,7 @@ from minions.settings import OrchestratorSettings
 from minions.speculation.loop import speculative_decode
 from minions.speculation.plan import DecodeRequest, Services
 
-from .common import error, input_arrays, model_config, setup_logging, string_parameters
+from .common import error, input_arrays, model_config, release_metrics, setup_logging, string_parameters
 from .engine_client import TritonEngineClient
 from .metrics import METRICS_FLUSH_INTERVAL_S, SpeculationMetrics
 from .model_control import ModelControl
@@ -205,4 +205,5 @@ class TritonPythonModel:
     def finalize(self) -> None:
         for task in list(self.tasks):
             task.cancel()
+        release_metrics(self.metrics)
         log.info("%s: unloaded", self.name)
