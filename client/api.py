@@ -224,8 +224,8 @@ def _post(url: str, body: dict, timeout_s: float):
         return urllib.request.urlopen(request, timeout=timeout_s)
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode("utf-8", errors="replace")
-        try:
-            detail = json.loads(detail).get("error", detail)
+        try:  # a JSON body, or (generate_stream) one server-sent event
+            detail = json.loads(detail.strip().removeprefix("data:")).get("error", detail)
         except json.JSONDecodeError:
             pass
         raise MinionsClientError(detail, exc.code) from None

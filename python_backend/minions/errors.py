@@ -7,3 +7,7 @@ class InvalidRequest(ValueError):
 
 class ServerBusy(RuntimeError):
     """The server is at capacity and its wait queue is full (Triton's UNAVAILABLE); retry later."""
+
+    PREFIX = "the server is at capacity"
+    """How its message begins: a decoupled model's error reaches gRPC stream and SSE clients without a
+    status code, so clients (the load test) recognise a refusal by it."""

@@ -39,6 +39,9 @@ def test_itl_is_the_mean_gap_between_tokens_after_the_first():
     (MinionsClientError("[StatusCode.UNAVAILABLE] Stream removed (Socket closed)", "StatusCode.UNAVAILABLE"), ERROR),
     (MinionsClientError("'top_p' must be in (0, 1]", 400), ERROR),
     (MinionsClientError("in-stream error without a status"), ERROR),
+    # Minions' own refusal arrives inside a stream, without a status: told by its message
+    (MinionsClientError("the server is at capacity (16 requests decoding, 64 waiting, the most it queues): "
+                        "retry later"), UNAVAILABLE),
     (ConnectionRefusedError(111, "Connection refused"), ERROR),
 ])
 def test_failures_are_told_apart(exc, outcome):

@@ -69,8 +69,8 @@ class Admission:
             self._take(need)
             return Reservation(need, self)
         if self.max_queued and len(self._queue) >= self.max_queued:
-            raise ServerBusy(f"the server is at capacity ({self.running} requests decoding, {len(self._queue)} "
-                             "waiting, the most it queues): retry later")
+            raise ServerBusy(f"{ServerBusy.PREFIX} ({self.running} requests decoding, {len(self._queue)} waiting, "
+                             "the most it queues): retry later")
         waiter = asyncio.get_running_loop().create_future()
         entry = (need, waiter)
         self._queue.append(entry)
