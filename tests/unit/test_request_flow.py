@@ -8,13 +8,14 @@ test_detokenizer.py and the integration tests."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
 
 from minions.errors import InvalidRequest
 from minions.serving.admission import Admission
-from minions.serving.flow import TextStream, admit, decode_request, response_arrays
+from minions.serving.flow import RequestPerf, TextStream, admit, decode_request, response_arrays
 from minions.serving.request import GenerationRequest
 from minions.settings import OrchestratorSettings
 from minions.speculation.mode import Speculation, SpeculationMode
@@ -173,13 +174,20 @@ def test_admission_reserves_the_worst_case_and_waits_in_order():
 
 
 def test_response_arrays_carry_perf_metrics_only_when_asked():
-    stream = TextStream(greq(), CharTokenizer(), EOS)
+    perf = RequestPerf(arrival_ns=time.time_ns(), prompt_tokens=200, block_tokens=128)
+    perf.scheduled_ns = time.time_ns()
+    stream = TextStream(greq(), CharTokenizer(), EOS, perf)
     stream.add(Round(tokens=ids("ab"), ssm="s", drafted=3, accepted=1, draft_seconds=0.0, verify_seconds=0.0,
                      planned=3))
-    plain = response_arrays(greq(), "ab", stream.stats, None)
-    assert set(plain) == {"text_output", "num_output_tokens"} and plain["text_output"][0] == b"ab"
-    full = response_arrays(greq(return_perf_metrics=True), "ab", stream.stats, "stop")
+    plain = response_arrays(greq(), "ab", stream, None)
+    assert set(plain) == {"text_output", "num_output_tokens", "batch_index", "sequence_index"}
+    assert plain["text_output"][0] == b"ab" and plain["batch_index"][0] == plain["sequence_index"][0] == 0
+    full = response_arrays(greq(return_perf_metrics=True), "ab", stream, "stop")
     assert full["finish_reason"][0] == b"stop"
     assert full["total_draft_tokens"][0] == 3 and full["total_accepted_draft_tokens"][0] == 1
     np.testing.assert_allclose(full["acceptance_rate"], [1 / 3], rtol=1e-6)
     assert list(full["draft_lengths"]) == [3]
+    assert (full["arrival_time_ns"][0] <= full["first_scheduled_time_ns"][0] <= full["first_token_time_ns"][0]
+            <= full["last_token_time_ns"][0])
+    assert full["kv_cache_alloc_total_blocks"][0] == full["kv_cache_alloc_new_blocks"][0] == 2  # 202 tokens
+    assert full["kv_cache_reused_blocks"][0] == 0

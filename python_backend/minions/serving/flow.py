@@ -5,7 +5,9 @@ text the client receives (end_id trimmed, detokenised, stop strings, finish_reas
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -77,13 +79,39 @@ async def admit(admission: Admission, request: DecodeRequest, request_id: str) -
     return await admission.reserve(worst)
 
 
+@dataclass
+class RequestPerf:
+    """What tensorrt_llm's per-request perf outputs report: wall-clock moments (time.time_ns) and the
+    request's KV blocks in the LLM."""
+
+    arrival_ns: int
+    scheduled_ns: int = 0
+    """When admission let the request start decoding."""
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+    prompt_tokens: int = 0
+    block_tokens: int = 1
+    """Tokens per KV block: the LLM engine's allocation chunk (kv_chunk_tokens)."""
+
+    def token_arrived(self) -> None:
+        self.last_token_ns = time.time_ns()
+        self.first_token_ns = self.first_token_ns or self.last_token_ns
+
+    def blocks(self, generated: int) -> int:
+        """Blocks the request's sequence spans in the LLM. All are its own: engines keep no prefix
+        cache across requests, so none is reused."""
+        return -(-(self.prompt_tokens + generated) // max(1, self.block_tokens))
+
+
 class TextStream:
     """Rounds of tokens in, the client's text out: end_id ends the text, stop strings end it (and are
     not sent), streamed requests get each round's new text as a chunk, others all of it at the end."""
 
-    def __init__(self, greq: GenerationRequest, tokenizer: Tokenizer, end_id: int | None) -> None:
+    def __init__(self, greq: GenerationRequest, tokenizer: Tokenizer, end_id: int | None,
+                 perf: RequestPerf | None = None) -> None:
         self.greq = greq
         self.end_id = end_id
+        self.perf = perf or RequestPerf(time.time_ns())
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = StopStringMatcher(greq.stop_words)
         self.stats = DecodeStats()
@@ -93,6 +121,7 @@ class TextStream:
     def add(self, r: Round) -> bool:
         """Take a round's tokens; True when the request is done (last round, end_id or a stop string)."""
         self.stats.add(r)
+        self.perf.token_arrived()
         tokens = r.tokens
         if self.end_id in tokens:
             tokens = tokens[: tokens.index(self.end_id)]
@@ -120,16 +149,21 @@ class TextStream:
         return text
 
 
-def response_arrays(greq: GenerationRequest, text: str, stats: DecodeStats,
+def response_arrays(greq: GenerationRequest, text: str, stream: TextStream,
                     finish_reason: str | None) -> dict[str, np.ndarray]:
-    """A response's output tensors (tensorrt_llm_bls names, plus finish_reason and speculation metrics)."""
+    """A response's output tensors: tensorrt_llm_bls's (one sequence, so batch and sequence index 0;
+    the perf outputs when asked), plus finish_reason and the speculation metrics."""
+    stats, perf = stream.stats, stream.perf
     out = {
         "text_output": np.array([text.encode("utf-8")], dtype=np.object_),
         "num_output_tokens": np.array([stats.emitted_tokens], dtype=np.int32),
+        "batch_index": np.array([0], dtype=np.int32),
+        "sequence_index": np.array([0], dtype=np.int32),
     }
     if finish_reason is not None:
         out["finish_reason"] = np.array([finish_reason.encode()], dtype=np.object_)
     if greq.return_perf_metrics:
+        blocks = perf.blocks(stats.emitted_tokens)
         out |= {
             "acceptance_rate": np.array([stats.acceptance_rate], dtype=np.float32),
             "total_accepted_draft_tokens": np.array([stats.accepted_tokens], dtype=np.int32),
@@ -137,5 +171,12 @@ def response_arrays(greq: GenerationRequest, text: str, stats: DecodeStats,
             "num_verifications": np.array([stats.verifications], dtype=np.int32),
             "draft_lengths": np.array(stats.planned_lengths, dtype=np.int32),
             "num_pipelined_drafts": np.array([stats.pipelined_drafts], dtype=np.int32),
+            "kv_cache_alloc_new_blocks": np.array([blocks], dtype=np.int32),
+            "kv_cache_reused_blocks": np.array([0], dtype=np.int32),
+            "kv_cache_alloc_total_blocks": np.array([blocks], dtype=np.int32),
+            "arrival_time_ns": np.array([perf.arrival_ns], dtype=np.int64),
+            "first_scheduled_time_ns": np.array([perf.scheduled_ns], dtype=np.int64),
+            "first_token_time_ns": np.array([perf.first_token_ns], dtype=np.int64),
+            "last_token_time_ns": np.array([perf.last_token_ns], dtype=np.int64),
         }
     return out

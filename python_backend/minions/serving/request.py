@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minions.errors import InvalidRequest
+from minions.serving.compat import check_unsupported
 from minions.settings import OrchestratorSettings
 from minions.speculation.mode import OFF, Speculation
 from minions.speculation.sampling import SamplingParams
@@ -75,6 +76,7 @@ def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Orchestra
     """Validate raw input tensors into a GenerationRequest (token-level checks come later)."""
     if "text_input" not in inputs:
         raise InvalidRequest("input 'text_input' is required")
+    check_unsupported(inputs)
     text = _scalar(inputs, "text_input", str, "")
     if not text.strip():
         raise InvalidRequest("'text_input' is empty")

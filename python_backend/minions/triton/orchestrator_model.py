@@ -20,7 +20,7 @@ import triton_python_backend_utils as pb_utils
 
 from minions.errors import InvalidRequest, ServerBusy
 from minions.serving.admission import Admission
-from minions.serving.flow import TextStream, admit, decode_request, response_arrays
+from minions.serving.flow import RequestPerf, TextStream, admit, decode_request, response_arrays
 from minions.serving.request import GenerationRequest, parse_generation_request
 from minions.settings import OrchestratorSettings
 from minions.speculation.loop import speculative_decode
@@ -113,13 +113,14 @@ class TritonPythonModel:
         return None
 
     async def _serve(self, request) -> None:
+        arrival_ns = time.time_ns()
         reply = _Reply(request.get_response_sender())
         request_id = f"{request.request_id() or 'req'}-{uuid.uuid4().hex[:12]}"
         mode, outcome, detail, start = "invalid", "error", "", time.perf_counter()
         try:
             greq = parse_generation_request(input_arrays(request, self.input_names), self.settings)
             mode = greq.speculation.label
-            detail = await self._until_cancelled(reply, self._generate(greq, request_id, reply))
+            detail = await self._until_cancelled(reply, self._generate(greq, request_id, reply, arrival_ns))
             outcome = "success"
             self.metrics.tally.observe_weights(self.services.weights.snapshot())
         except InvalidRequest as exc:
@@ -161,17 +162,20 @@ class TritonPythonModel:
             if not task.done():  # the model is unloading: this coroutine itself was cancelled
                 task.cancel()
 
-    async def _generate(self, greq: GenerationRequest, request_id: str, reply: _Reply) -> str:
+    async def _generate(self, greq: GenerationRequest, request_id: str, reply: _Reply, arrival_ns: int) -> str:
         request = decode_request(greq, self.tokenizer, self.settings)
         reservation = await admit(self.admission, request, request_id)
+        perf = RequestPerf(arrival_ns, time.time_ns(), prompt_tokens=len(request.prompt_ids),
+                           block_tokens=self.settings.kv_chunk_tokens)
         try:
-            return await self._decode(greq, request, request_id, reply)
+            return await self._decode(greq, request, request_id, reply, perf)
         finally:
             reservation.release()
 
-    async def _decode(self, greq: GenerationRequest, request: DecodeRequest, request_id: str, reply: _Reply) -> str:
+    async def _decode(self, greq: GenerationRequest, request: DecodeRequest, request_id: str, reply: _Reply,
+                      perf: RequestPerf) -> str:
         """Stream the request's text; returns what the request's log line says about its decoding."""
-        text = TextStream(greq, self.tokenizer, request.end_id)
+        text = TextStream(greq, self.tokenizer, request.end_id, perf)
         start = time.perf_counter()
         async with aclosing(speculative_decode(self.client, request, self.services, request_id)) as rounds:
             async for r in rounds:
@@ -199,7 +203,7 @@ class TritonPythonModel:
 
     @staticmethod
     def _response(greq: GenerationRequest, chunk: str, text: TextStream, finish_reason: str | None):
-        arrays = response_arrays(greq, chunk, text.stats, finish_reason)
+        arrays = response_arrays(greq, chunk, text, finish_reason)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in arrays.items()])
 
     def finalize(self) -> None:

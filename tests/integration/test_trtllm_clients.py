@@ -1,0 +1,89 @@
+"""Requests shaped as tensorrtllm_backend's end-to-end gRPC client sends them to `tensorrt_llm_bls`
+(its inputs with their shapes and dtypes, the outputs it asks for) reach `minions` unchanged: served
+exactly as `off` when greedy, refused with a clear error for what Minions does not do."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from client.api import GenerationParams, generate_grpc
+
+PROMPT = "What is the capital of France?"
+PERF_OUTPUTS = ["kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
+                "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
+                "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"]
+
+
+def _inputs(streaming: bool, temperature: float = 0.0, perf: bool = True, **extra) -> list[grpcclient.InferInput]:
+    """What end_to_end_grpc_client.prepare_inputs builds with its defaults (and --return-perf-metrics)."""
+    arrays = {
+        "text_input": np.array([[PROMPT]]).astype(object),
+        "max_tokens": np.ones((1, 1), dtype=np.int32) * 24,
+        "stream": np.array([[streaming]], dtype=bool),
+        "beam_width": np.array([[1]], dtype=np.int32),
+        "temperature": np.array([[temperature]], dtype=np.float32),
+        "num_return_sequences": np.array([[1]], dtype=np.int32),
+        "exclude_input_in_output": np.array([[False]], dtype=bool),
+        **({"return_perf_metrics": np.array([[True]], dtype=bool)} if perf else {}),
+        **extra,
+    }
+    tensors = []
+    for name, array in arrays.items():
+        dtype = "BYTES" if array.dtype == object else grpcclient.np_to_triton_dtype(array.dtype)
+        tensor = grpcclient.InferInput(name, list(array.shape), dtype)
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    return tensors
+
+
+def _outputs(perf: bool = True) -> list[grpcclient.InferRequestedOutput]:
+    names = ["text_output", "sequence_index", "batch_index"] + (PERF_OUTPUTS if perf else [])
+    return [grpcclient.InferRequestedOutput(n) for n in names]
+
+
+def _stream(server, inputs, outputs) -> tuple[list, list]:
+    results, errors = [], []
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: (errors if error else results).append(error or result))
+    try:
+        client.async_stream_infer("minions", inputs, outputs=outputs, request_id="e2e-1")
+    finally:
+        client.stop_stream()
+        client.close()
+    return results, errors
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_the_end_to_end_clients_request_is_served_exactly(server, streaming):
+    off = generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(max_tokens=24, speculation="off"))
+    results, errors = _stream(server, _inputs(streaming), _outputs())
+    assert not errors, errors
+    texts = [r.as_numpy("text_output").reshape(-1)[0].decode() for r in results]
+    text = "".join(texts)
+    assert text == (off.text if streaming else PROMPT + off.text)
+    last = results[-1]
+    assert last.as_numpy("batch_index").reshape(-1)[0] == 0 and last.as_numpy("sequence_index").reshape(-1)[0] == 0
+    times = [int(last.as_numpy(n).reshape(-1)[0]) for n in
+             ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")]
+    assert times == sorted(times) and times[0] > 0
+    assert last.as_numpy("kv_cache_alloc_total_blocks").reshape(-1)[0] >= 1
+
+
+def test_its_default_sampling_request_is_served(server):
+    """The client's default temperature is 1.0 (sampling)."""
+    results, errors = _stream(server, _inputs(True, temperature=1.0, perf=False), _outputs(perf=False))
+    assert not errors and results
+
+
+@pytest.mark.parametrize("name, array, message", [
+    ("beam_width", np.array([[2]], dtype=np.int32), "beam search is not supported"),
+    ("return_log_probs", np.array([[True]], dtype=bool), "log probs are not returned"),
+    ("repetition_penalty", np.array([[1.3]], dtype=np.float32), "send repetition_penalty 1.0"),
+    ("lora_task_id", np.array([[7]], dtype=np.uint64), "LoRA adapters are not supported"),
+])
+def test_what_minions_does_not_do_is_refused_with_a_clear_error(server, name, array, message):
+    results, errors = _stream(server, _inputs(True, **{name: array}), _outputs())
+    assert errors and message in str(errors[0]), (results, errors)
+    assert "unexpected inference input" not in str(errors[0])
