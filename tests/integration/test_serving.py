@@ -157,3 +157,17 @@ def test_sampled_drafts_with_draft_logits_work_and_reproduce(torch_server, ssm):
     if ssm == "ssm_q4":
         assert a.total_draft_tokens > 0 and a.total_accepted_draft_tokens > 0
     assert metric_value(server.metrics_url, "minions_ssm_failures", ssm=ssm) == failures_before
+
+
+def test_latency_histograms_count_each_request_once(server):
+    """vLLM's TTFT, time-per-output-token and end-to-end histograms, per speculation mode."""
+    names = ("minions_time_to_first_token_seconds", "minions_time_per_output_token_seconds",
+             "minions_e2e_request_latency_seconds")
+    before = {n: metric_value(server.metrics_url, f"{n}_count", speculation="off") for n in names}
+    done = generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(max_tokens=16, chat=True, speculation="off"))
+    for n in names:
+        assert metric_above(server.metrics_url, f"{n}_count", before[n], speculation="off") == before[n] + 1
+        assert metric_value(server.metrics_url, f"{n}_bucket", speculation="off", le="+Inf") == before[n] + 1
+    ttft = metric_value(server.metrics_url, "minions_time_to_first_token_seconds_sum", speculation="off")
+    e2e = metric_value(server.metrics_url, "minions_e2e_request_latency_seconds_sum", speculation="off")
+    assert 0 < ttft < e2e and done.num_output_tokens > 1

@@ -16,7 +16,7 @@ def test_rounds_sum_per_series_until_drained():
     tally = MetricTally()
     tally.observe_round(_round(), "vote")
     tally.observe_round(_round(failed=("ssm_b",)), "vote")
-    counters, gauges = tally.drain()
+    counters, gauges, _ = tally.drain()
     assert gauges == {}
     assert counters[series("minions_num_verifications", speculation="vote")] == 2
     assert counters[series("minions_spec_decode_num_emitted_tokens", ssm="ssm_a")] == 6
@@ -27,13 +27,13 @@ def test_rounds_sum_per_series_until_drained():
     assert counters[series("minions_ssm_matched_tokens", ssm="ssm_b")] == 0  # the series exists, at 0
     assert counters[series("minions_ssm_failures", ssm="ssm_b")] == 1
     assert abs(counters[series("minions_control_seconds", speculation="vote")] - 0.002) < 1e-12
-    assert not tally and tally.drain() == ({}, {})
+    assert not tally and tally.drain() == ({}, {}, {})
 
 
 def test_a_plain_token_counts_as_an_undrafted_round():
     tally = MetricTally()
     tally.observe_round(_round(tokens=[1], ssm=None, drafted=0, accepted=0, drafts={}, control_seconds=0.0), "off")
-    counters, _ = tally.drain()
+    counters, _, _ = tally.drain()
     assert counters == {series("minions_num_verifications", speculation="off"): 1,
                         series("minions_spec_decode_num_emitted_tokens", ssm="none"): 1}
 
@@ -45,8 +45,22 @@ def test_requests_and_latest_weights():
     tally.observe_request("vote", "invalid")
     tally.observe_weights({"ssm_a": 0.3})
     tally.observe_weights({"ssm_a": 0.7})
-    counters, gauges = tally.drain()
+    counters, gauges, _ = tally.drain()
     assert counters[series("minions_requests", speculation="vote", outcome="success")] == 2
     assert counters[series("minions_requests", speculation="vote", outcome="invalid")] == 1
     assert counters[series("minions_request_seconds", speculation="vote")] == 2.0
     assert gauges == {series("minions_ssm_weight", ssm="ssm_a"): 0.7}
+
+
+def test_latencies_are_observed_per_request_as_vllms_histograms():
+    tally = MetricTally()
+    tally.observe_latency("vote", 0.12, 0.03, 1.5)
+    tally.observe_latency("vote", 0.20, None, 0.2)  # one token: no time per output token
+    assert tally
+    _, _, observations = tally.drain()
+    assert observations == {
+        series("minions_time_to_first_token_seconds", speculation="vote"): [0.12, 0.20],
+        series("minions_time_per_output_token_seconds", speculation="vote"): [0.03],
+        series("minions_e2e_request_latency_seconds", speculation="vote"): [1.5, 0.2],
+    }
+    assert not tally

@@ -191,3 +191,12 @@ def test_response_arrays_carry_perf_metrics_only_when_asked():
             <= full["last_token_time_ns"][0])
     assert full["kv_cache_alloc_total_blocks"][0] == full["kv_cache_alloc_new_blocks"][0] == 2  # 202 tokens
     assert full["kv_cache_reused_blocks"][0] == 0
+
+
+def test_request_latencies_from_arrival_first_and_last_tokens():
+    perf = RequestPerf(arrival_ns=1_000_000_000)
+    assert perf.latencies(0)[:2] == (None, None)
+    perf.first_token_ns, perf.last_token_ns = 1_250_000_000, 2_250_000_000
+    ttft, itl, e2e = perf.latencies(11)
+    assert (ttft, itl) == (0.25, 0.1) and e2e > 1.0
+    assert perf.latencies(1)[1] is None, "one token: no time per output token"

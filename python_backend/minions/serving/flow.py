@@ -97,6 +97,16 @@ class RequestPerf:
         self.last_token_ns = time.time_ns()
         self.first_token_ns = self.first_token_ns or self.last_token_ns
 
+    def latencies(self, tokens: int) -> tuple[float | None, float | None, float]:
+        """Time to first token, mean time per output token after it, and end to end so far, in seconds
+        (None where the request has no first token, or no second)."""
+        e2e = (time.time_ns() - self.arrival_ns) / 1e9
+        if not self.first_token_ns:
+            return None, None, e2e
+        ttft = (self.first_token_ns - self.arrival_ns) / 1e9
+        itl = (self.last_token_ns - self.first_token_ns) / 1e9 / (tokens - 1) if tokens > 1 else None
+        return ttft, itl, e2e
+
     def blocks(self, generated: int) -> int:
         """Blocks the request's sequence spans in the LLM. All are its own: engines keep no prefix
         cache across requests, so none is reused."""

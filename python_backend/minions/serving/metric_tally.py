@@ -20,11 +20,13 @@ def series(name: str, **labels: str) -> Key:
 
 
 class MetricTally:
-    """Counter increments summed per series since the last `drain`, and the latest value of each gauge."""
+    """Counter increments summed per series since the last `drain`, the latest value of each gauge, and
+    each histogram's observations."""
 
     def __init__(self) -> None:
         self._counters: dict[Key, float] = {}
         self._gauges: dict[Key, float] = {}
+        self._observations: dict[Key, list[float]] = {}
 
     def add(self, name: str, value: float, **labels: str) -> None:
         key = series(name, **labels)
@@ -33,14 +35,18 @@ class MetricTally:
     def set(self, name: str, value: float, **labels: str) -> None:
         self._gauges[series(name, **labels)] = value
 
-    def drain(self) -> tuple[dict[Key, float], dict[Key, float]]:
-        """The counter increments and gauge values gathered since the last drain; the tally is empty after."""
-        counters, gauges = self._counters, self._gauges
-        self._counters, self._gauges = {}, {}
-        return counters, gauges
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        self._observations.setdefault(series(name, **labels), []).append(value)
+
+    def drain(self) -> tuple[dict[Key, float], dict[Key, float], dict[Key, list[float]]]:
+        """The counter increments, gauge values and histogram observations gathered since the last
+        drain; the tally is empty after."""
+        drained = self._counters, self._gauges, self._observations
+        self._counters, self._gauges, self._observations = {}, {}, {}
+        return drained
 
     def __bool__(self) -> bool:
-        return bool(self._counters or self._gauges)
+        return bool(self._counters or self._gauges or self._observations)
 
     def observe_round(self, r: Round, mode: str) -> None:
         """What one verification round (or one streamed plain token) adds to the vLLM-style counters."""
@@ -68,6 +74,16 @@ class MetricTally:
         self.add("minions_requests", 1, speculation=mode, outcome=outcome)
         if seconds:
             self.add("minions_request_seconds", seconds, speculation=mode)
+
+    def observe_latency(self, mode: str, ttft_s: float | None, itl_s: float | None, e2e_s: float) -> None:
+        """A finished request's latencies, vLLM's histograms: time to first token, time per output token
+        after the first (the request's mean: a verified draft arrives as several tokens at once), and
+        end to end."""
+        if ttft_s is not None:
+            self.observe("minions_time_to_first_token_seconds", ttft_s, speculation=mode)
+        if itl_s is not None:
+            self.observe("minions_time_per_output_token_seconds", itl_s, speculation=mode)
+        self.observe("minions_e2e_request_latency_seconds", e2e_s, speculation=mode)
 
     def observe_weights(self, weights: dict[str, float]) -> None:
         for name, weight in weights.items():

@@ -33,6 +33,21 @@ GAUGES = {
     "minions_ssm_ready": "1 while Triton reports the SSM's model ready and the orchestrator drafts with it, else 0",
 }
 
+HISTOGRAMS = {
+    "minions_time_to_first_token_seconds": (
+        "Time from a request's arrival to its first generated tokens (vLLM's time_to_first_token_seconds)",
+        [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+         80.0, 160.0, 640.0]),
+    "minions_time_per_output_token_seconds": (
+        "A request's mean time per output token after the first (vLLM's time_per_output_token_seconds)",
+        [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]),
+    "minions_e2e_request_latency_seconds": (
+        "Time from a request's arrival to its last response (vLLM's e2e_request_latency_seconds)",
+        [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+         960.0, 1920.0]),
+}
+"""Buckets as vLLM's."""
+
 
 class SpeculationMetrics:
     """Exports a MetricTally's batches as Triton custom metrics (one pb_utils update per changed series)."""
@@ -47,6 +62,9 @@ class SpeculationMetrics:
         } | {
             name: pb_utils.MetricFamily(name=name, description=doc, kind=pb_utils.MetricFamily.GAUGE)
             for name, doc in GAUGES.items()
+        } | {
+            name: pb_utils.MetricFamily(name=name, description=doc, kind=pb_utils.MetricFamily.HISTOGRAM)
+            for name, (doc, _) in HISTOGRAMS.items()
         }
         self._metrics: dict[Key, object] = {}
 
@@ -54,18 +72,23 @@ class SpeculationMetrics:
         metric = self._metrics.get(key)
         if metric is None:
             name, labels = key
-            metric = self.families[name].Metric(labels={"model": self.model, **dict(labels)})
+            buckets = HISTOGRAMS[name][1] if name in HISTOGRAMS else None
+            metric = self.families[name].Metric(labels={"model": self.model, **dict(labels)}, buckets=buckets)
             self._metrics[key] = metric
         return metric
 
     def flush(self) -> None:
         """Hand what the tally gathered to Triton; a series is created the first time it is seen."""
-        counters, gauges = self.tally.drain()
+        counters, gauges, observations = self.tally.drain()
         for key, value in counters.items():
             if value or key not in self._metrics:
                 self._metric(key).increment(value)
         for key, value in gauges.items():
             self._metric(key).set(value)
+        for key, values in observations.items():
+            metric = self._metric(key)
+            for value in values:
+                metric.observe(value)
 
     async def flush_every(self, seconds: float) -> None:
         """Flush the tally every `seconds` while the model is loaded (a task on the stub's event loop)."""

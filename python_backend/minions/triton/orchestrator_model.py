@@ -113,15 +113,16 @@ class TritonPythonModel:
         return None
 
     async def _serve(self, request) -> None:
-        arrival_ns = time.time_ns()
+        perf = RequestPerf(time.time_ns(), block_tokens=self.settings.kv_chunk_tokens)
         reply = _Reply(request.get_response_sender())
         request_id = f"{request.request_id() or 'req'}-{uuid.uuid4().hex[:12]}"
         mode, outcome, detail, start = "invalid", "error", "", time.perf_counter()
         try:
             greq = parse_generation_request(input_arrays(request, self.input_names), self.settings)
             mode = greq.speculation.label
-            detail = await self._until_cancelled(reply, self._generate(greq, request_id, reply, arrival_ns))
+            detail = await self._until_cancelled(reply, self._generate(greq, request_id, reply, perf))
             outcome = "success"
+            self.metrics.tally.observe_latency(mode, *perf.latencies(reply.tokens))
             self.metrics.tally.observe_weights(self.services.weights.snapshot())
         except InvalidRequest as exc:
             outcome, detail = "invalid", str(exc)
@@ -162,11 +163,10 @@ class TritonPythonModel:
             if not task.done():  # the model is unloading: this coroutine itself was cancelled
                 task.cancel()
 
-    async def _generate(self, greq: GenerationRequest, request_id: str, reply: _Reply, arrival_ns: int) -> str:
+    async def _generate(self, greq: GenerationRequest, request_id: str, reply: _Reply, perf: RequestPerf) -> str:
         request = decode_request(greq, self.tokenizer, self.settings)
         reservation = await admit(self.admission, request, request_id)
-        perf = RequestPerf(arrival_ns, time.time_ns(), prompt_tokens=len(request.prompt_ids),
-                           block_tokens=self.settings.kv_chunk_tokens)
+        perf.scheduled_ns, perf.prompt_tokens = time.time_ns(), len(request.prompt_ids)
         try:
             return await self._decode(greq, request, request_id, reply, perf)
         finally:
