@@ -98,9 +98,10 @@ class RequestPerf:
         self.first_token_ns = self.first_token_ns or self.last_token_ns
 
     def latencies(self, tokens: int) -> tuple[float | None, float | None, float]:
-        """Time to first token, mean time per output token after it, and end to end so far, in seconds
-        (None where the request has no first token, or no second)."""
-        e2e = (time.time_ns() - self.arrival_ns) / 1e9
+        """Time to first token, mean time per output token after it, and end to end (to the last
+        tokens, which the final response carries; not the engines' clean-up after it), in seconds (None
+        where the request has no first token, or no second)."""
+        e2e = ((self.last_token_ns or time.time_ns()) - self.arrival_ns) / 1e9
         if not self.first_token_ns:
             return None, None, e2e
         ttft = (self.first_token_ns - self.arrival_ns) / 1e9
