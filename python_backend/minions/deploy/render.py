@@ -40,6 +40,8 @@ from minions.speculation.mode import Speculation
 log = logging.getLogger(__name__)
 
 TEMPLATES = ROOT / "model_repository"
+TENSORRT_LLM_IO = TEMPLATES / "tensorrt_llm_io.pbtxt"
+"""The engine models' shared input and output blocks."""
 
 
 def engine_settings(model: dict, dep: Deployment, max_context: int) -> EngineSettings:
@@ -93,11 +95,21 @@ def parameter_blocks(params: dict[str, str]) -> str:
 
 
 def _fill(template_dir: Path, out_dir: Path, params: dict[str, str]) -> None:
-    """Copy a model's template, its config.pbtxt filled in: placeholders from `params`, and every one of
-    them as a string parameter (`${parameters}`), so a new setting needs no template change."""
+    """Copy a model's template, its config.pbtxt filled in: placeholders from `params`, every one of them
+    as a string parameter (`${parameters}`), so a new setting needs no template change, and the engine
+    models' shared tensorrt_llm inputs and outputs (`${tensorrt_llm_io}`)."""
     shutil.copytree(template_dir, out_dir, ignore=shutil.ignore_patterns("__pycache__"))
     config = out_dir / "config.pbtxt"
-    config.write_text(string.Template(config.read_text()).substitute(params, parameters=parameter_blocks(params)))
+    config.write_text(string.Template(config.read_text()).substitute(
+        params, parameters=parameter_blocks(params), tensorrt_llm_io=_tensorrt_llm_io()))
+
+
+def _tensorrt_llm_io() -> str:
+    """The shared input and output blocks, without the file's opening comment."""
+    lines = TENSORRT_LLM_IO.read_text().splitlines(keepends=True)
+    while lines and lines[0].startswith("#"):
+        lines.pop(0)
+    return "".join(lines).rstrip("\n")
 
 
 def render_repository(dep: Deployment, out_dir: Path, grpc_url: str | None = None) -> Path:
