@@ -46,6 +46,16 @@ def metric_value(metrics_url: str, name: str, **labels: str) -> float:
     return total
 
 
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.05) -> float:
+    """Poll `predicate` until it holds; the seconds waited, or an AssertionError saying `what` did not
+    happen within `timeout` s."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout, f"{what} not met within {timeout} s"
+        time.sleep(interval)
+    return time.monotonic() - start
+
+
 def metric_above(metrics_url: str, name: str, floor: float = 0.0, timeout: float = 10.0, **labels: str) -> float:
     """A metric's value once it exceeds `floor`: what a request adds once it has ended is exported
     within the server's metrics flush interval, not with its last response."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from client.api import GenerationParams, MinionsClientError, generate_grpc, generate_http
-from tests.integration.helpers import metric_value
+from tests.integration.helpers import metric_value, wait_until
 
 LONG_PROMPT = "Write a very long story about a dragon."
 LONG = GenerationParams(max_tokens=600, chat=True, speculation="single:ssm_suffix")
@@ -27,15 +27,6 @@ def _llm_tokens(server) -> float:
 
 def _cancelled(server) -> float:
     return metric_value(server.metrics_url, "minions_requests", outcome="cancelled")
-
-
-def _wait_for(predicate, timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not met within {timeout} s")
 
 
 def _assert_work_stopped(server, tokens_before: float, cancelled_before: float, reached_model: bool = True) -> None:
@@ -56,7 +47,7 @@ def _assert_work_stopped(server, tokens_before: float, cancelled_before: float, 
         assert time.monotonic() < deadline, "the LLM still works for a cancelled request after 60 s"
     print(f"LLM tokens computed for the cancelled request: {tokens - tokens_before:.0f} of up to {LONG.max_tokens}")
     if reached_model:
-        _wait_for(lambda: _cancelled(server) > cancelled_before, timeout=10, what="the request counted cancelled")
+        wait_until(lambda: _cancelled(server) > cancelled_before, timeout=10, what="the request counted cancelled")
 
 
 def test_cancel_mid_stream_ends_request_and_frees_caches(server):
@@ -82,7 +73,7 @@ def test_cancellations_leak_no_shared_memory_regions(server):
     for _ in range(3):
         generate_grpc(server.grpc_url, "minions", "Tell me a long story.",
                       GenerationParams(max_tokens=300, chat=True), cancel_after_chunks=2)
-    _wait_for(lambda: metric_value(server.metrics_url, "minions_engine_cached_sequences", model="llm") == 0,
+    wait_until(lambda: metric_value(server.metrics_url, "minions_engine_cached_sequences", model="llm") == 0,
               timeout=20, what="the LLM caches nothing")
     assert _shm_regions() == before
 

@@ -11,7 +11,7 @@ import urllib.request
 import tritonclient.grpc as grpcclient
 
 from client.api import GenerationParams, generate_grpc
-from tests.integration.helpers import COPY_PROMPT, NearTies, metric_value
+from tests.integration.helpers import COPY_PROMPT, NearTies, metric_above, metric_value, wait_until
 
 SSM = "ssm_suffix"
 PROMPTS = [COPY_PROMPT, "Repeat exactly: the quick brown fox jumps over the lazy dog. The quick brown fox",
@@ -19,17 +19,15 @@ PROMPTS = [COPY_PROMPT, "Repeat exactly: the quick brown fox jumps over the lazy
 PARAMS = {"max_tokens": 48, "chat": True}
 
 
-def _wait_for_metric(server, value: float, timeout: float = 20.0, **labels) -> None:
-    deadline = time.monotonic() + timeout
-    while metric_value(server.metrics_url, "minions_ssm_ready", **labels) != value:
-        assert time.monotonic() < deadline, f"minions_ssm_ready{labels} did not become {value} in {timeout} s"
-        time.sleep(0.1)
+def _wait_for_ready(server, value: float) -> None:
+    wait_until(lambda: metric_value(server.metrics_url, "minions_ssm_ready", ssm=SSM) == value, 20,
+               f"minions_ssm_ready{{ssm={SSM}}} == {value}", interval=0.1)
 
 
 def test_an_ssm_unloaded_and_loaded_back_while_requests_stream(server):
     reference = {p: generate_grpc(server.grpc_url, "minions", p, GenerationParams(speculation="off", **PARAMS)).text
                  for p in PROMPTS}
-    _wait_for_metric(server, 1.0, ssm=SSM)
+    _wait_for_ready(server, 1.0)
     outputs: list[tuple[str, str]] = []
     errors: list[Exception] = []
     stop = threading.Event()
@@ -52,20 +50,16 @@ def test_an_ssm_unloaded_and_loaded_back_while_requests_stream(server):
     try:
         time.sleep(1.0)
         operator.unload_model(SSM)
-        _wait_for_metric(server, 0.0, ssm=SSM)
+        _wait_for_ready(server, 0.0)
         unloaded_at = len(outputs)
-        deadline = time.monotonic() + 30
-        while len(outputs) < unloaded_at + 3:  # requests served while the SSM is away
-            assert time.monotonic() < deadline and not errors, f"no request served without {SSM}: {errors}"
-            time.sleep(0.1)
+        wait_until(lambda: len(outputs) >= unloaded_at + 3 or errors, 30, f"requests served without {SSM}")
+        assert not errors, errors
         assert not operator.is_model_ready(SSM)
         operator.load_model(SSM)
-        _wait_for_metric(server, 1.0, ssm=SSM)
+        _wait_for_ready(server, 1.0)
         drafts = metric_value(server.metrics_url, "minions_ssm_drafts", ssm=SSM)
-        deadline = time.monotonic() + 30
-        while metric_value(server.metrics_url, "minions_ssm_drafts", ssm=SSM) <= drafts:
-            assert time.monotonic() < deadline, f"{SSM} loaded back drafts no more"
-            time.sleep(0.2)
+        assert metric_above(server.metrics_url, "minions_ssm_drafts", drafts, timeout=30, ssm=SSM) > drafts, \
+            f"{SSM} loaded back drafts no more"
     finally:
         stop.set()
         for c in clients:

@@ -20,7 +20,7 @@ import pytest
 from benchmarks.server_process import ROOT, TritonProcess
 from client.api import GenerationParams, generate_grpc
 from minions.deploy.server import mapped_shm_regions
-from tests.integration.helpers import metric_above, metric_value
+from tests.integration.helpers import metric_above, metric_value, wait_until
 
 PROMPT = "Explain in a few sentences why the sky is blue."
 PARAMS = {"max_tokens": 64, "chat": True}
@@ -62,15 +62,10 @@ def _assert_clean(server: TritonProcess) -> None:
     (every one is mapped by a live process: a killed stub's region is freed once tritonserver lets
     go of it; Triton 2.51 holds a dead decoupled stub's instance until it stops, docs/operations.md)."""
     for model in ("llm", VICTIM, "ssm_ngram"):
-        deadline = time.monotonic() + 20
-        while metric_value(server.metrics_url, "minions_engine_cached_sequences", model=model) > 0:
-            assert time.monotonic() < deadline, f"{model} still caches a sequence"
-            time.sleep(0.1)
+        wait_until(lambda: metric_value(server.metrics_url, "minions_engine_cached_sequences", model=model) == 0, 20,
+                   f"{model} caching no sequence", interval=0.1)
     _live_regions(server)
-    deadline = time.monotonic() + 20
-    while (orphaned := _regions(server) - mapped_shm_regions()):
-        assert time.monotonic() < deadline, f"orphaned regions left in /dev/shm: {orphaned}"
-        time.sleep(0.2)
+    wait_until(lambda: not _regions(server) - mapped_shm_regions(), 20, "no orphaned region in /dev/shm", interval=0.2)
 
 
 @pytest.fixture(scope="module")
