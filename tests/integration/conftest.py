@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.server_process import ROOT
-from tests.integration.helpers import served
+from tests.integration.helpers import openai_frontend, served
 
 
 def pytest_collection_modifyitems(items):
@@ -30,3 +30,9 @@ def server(tmp_path_factory):
 def torch_server(tmp_path_factory):
     """deploy.torch.yaml: the LLM on torch fp32, ssm_q4 (llama.cpp, drafts with logits) and prompt lookup."""
     yield from _serve(tmp_path_factory, "deploy.torch.yaml")
+
+
+@pytest.fixture(scope="session")
+def openai_url(server):
+    """The OpenAI-compatible frontend (python -m minions.frontend) in front of `server`: its /v1 URL."""
+    yield from openai_frontend(server)

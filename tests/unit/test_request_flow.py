@@ -180,8 +180,9 @@ def test_response_arrays_carry_perf_metrics_only_when_asked():
     stream.add(Round(tokens=ids("ab"), ssm="s", drafted=3, accepted=1, draft_seconds=0.0, verify_seconds=0.0,
                      planned=3))
     plain = response_arrays(greq(), "ab", stream, None)
-    assert set(plain) == {"text_output", "num_output_tokens", "batch_index", "sequence_index"}
+    assert set(plain) == {"text_output", "num_output_tokens", "num_input_tokens", "batch_index", "sequence_index"}
     assert plain["text_output"][0] == b"ab" and plain["batch_index"][0] == plain["sequence_index"][0] == 0
+    assert plain["num_input_tokens"][0] == 200
     full = response_arrays(greq(return_perf_metrics=True), "ab", stream, "stop")
     assert full["finish_reason"][0] == b"stop"
     assert full["total_draft_tokens"][0] == 3 and full["total_accepted_draft_tokens"][0] == 1

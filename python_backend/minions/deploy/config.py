@@ -25,13 +25,16 @@ class ServerPorts:
     http: int
     grpc: int
     metrics: int
+    openai: int = 0
+    """The OpenAI-compatible frontend's port (minions.frontend); 0: no frontend."""
 
     @classmethod
     def of(cls, dep: Deployment) -> ServerPorts:
-        """The ports deploy.yaml's `server` section names (Triton's defaults where it names none)."""
+        """The ports deploy.yaml's `server` section names (Triton's defaults where it names none; the
+        OpenAI frontend on 9000)."""
         s = dep.server
         return cls(s.get("host", "127.0.0.1"), int(s.get("http_port", 8000)), int(s.get("grpc_port", 8001)),
-                   int(s.get("metrics_port", 8002)))
+                   int(s.get("metrics_port", 8002)), int(s.get("openai_port", 9000)))
 
     @property
     def loopback_grpc_url(self) -> str:

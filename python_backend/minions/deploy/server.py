@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -162,6 +163,40 @@ def wait_ready(ports: ServerPorts, proc: subprocess.Popen, timeout: float = 300.
     raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s")
 
 
+def frontend_command(grpc_url: str, host: str, port: int, model: str) -> list[str]:
+    """The OpenAI-compatible frontend's command line (python -m minions.frontend)."""
+    return [sys.executable, "-m", "minions.frontend", f"--grpc-url={grpc_url}", f"--host={host}", f"--port={port}",
+            f"--model={model}"]
+
+
+def serve(cmd: list[str], ports: ServerPorts, model: str) -> int:
+    """Run tritonserver and, once it is ready, the OpenAI frontend beside it, until either exits or
+    this process is told to stop (Ctrl-C, SIGTERM); then stop both. Returns tritonserver's exit code."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop as on Ctrl-C: through the finally below
+    triton = subprocess.Popen(cmd, env=server_env())
+    frontend = None
+    try:
+        wait_ready(ports, triton, timeout=3600)
+        if ports.openai:
+            frontend = subprocess.Popen(frontend_command(ports.loopback_grpc_url, ports.host, ports.openai, model),
+                                        env=server_env())
+        while triton.poll() is None and (frontend is None or frontend.poll() is None):
+            time.sleep(0.5)
+        if frontend is not None and frontend.poll() is not None:
+            log.error("the OpenAI frontend exited with code %d; stopping tritonserver", frontend.returncode)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for proc, sig in ((frontend, signal.SIGTERM), (triton, signal.SIGINT)):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(sig)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    return triton.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Serve the Minions deployment with tritonserver")
     parser.add_argument("--deploy", default=os.environ.get("DEPLOY", str(ROOT / "deploy.yaml")))
@@ -177,9 +212,10 @@ def main() -> None:
         print(repo)
         return
     cmd = server_command(repo, backends, ports, int(dep.server.get("log_verbose", 0)))
-    sweep_orphaned_shm()  # an earlier server's killed stubs (tritonserver replaces this process: no stop path)
-    log.info("HTTP %s:%d, gRPC %s:%d, metrics %s:%d", ports.host, ports.http, ports.host, ports.grpc, ports.host, ports.metrics)
-    os.execve(cmd[0], cmd, server_env())
+    sweep_orphaned_shm()  # an earlier server's killed stubs
+    log.info("HTTP %s:%d, gRPC %s:%d, metrics %s:%d, OpenAI %s", ports.host, ports.http, ports.host, ports.grpc,
+             ports.host, ports.metrics, f"http://{ports.host}:{ports.openai}/v1" if ports.openai else "off")
+    sys.exit(serve(cmd, ports, dep.orchestrator["name"]))
 
 
 if __name__ == "__main__":

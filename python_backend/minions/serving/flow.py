@@ -163,11 +163,13 @@ class TextStream:
 def response_arrays(greq: GenerationRequest, text: str, stream: TextStream,
                     finish_reason: str | None) -> dict[str, np.ndarray]:
     """A response's output tensors: tensorrt_llm_bls's (one sequence, so batch and sequence index 0;
-    the perf outputs when asked), plus finish_reason and the speculation metrics."""
+    the perf outputs when asked), plus the prompt's token count (an OpenAI answer's usage), finish_reason
+    and the speculation metrics."""
     stats, perf = stream.stats, stream.perf
     out = {
         "text_output": np.array([text.encode("utf-8")], dtype=np.object_),
         "num_output_tokens": np.array([stats.emitted_tokens], dtype=np.int32),
+        "num_input_tokens": np.array([perf.prompt_tokens], dtype=np.int32),
         "batch_index": np.array([0], dtype=np.int32),
         "sequence_index": np.array([0], dtype=np.int32),
     }

@@ -1,0 +1,194 @@
+"""The OpenAI-compatible HTTP service (FastAPI): /v1/models, /v1/completions, /v1/chat/completions.
+
+Every request becomes one generation on the `minions` model over Triton's gRPC streaming endpoint
+(triton_stream.py). A streamed answer is sent as server-sent events ending with `data: [DONE]`; a
+client that disconnects cancels its stream, and Triton cancels the request in the model. Errors are
+OpenAI's error JSON: 400 for a request to change, 404 for an unknown model, 503 when the server is at
+capacity, 500 otherwise. A stream that fails after it started sends the error as an event, then [DONE].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from minions.frontend.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
+from minions.frontend.translate import Generation, chat_inputs, completion_inputs, sse
+from minions.frontend.triton_stream import TritonError, TritonStream
+
+log = logging.getLogger("minions.frontend")
+
+HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.NOT_FOUND: 404,
+               grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.RESOURCE_EXHAUSTED: 503,
+               grpc.StatusCode.CANCELLED: 499}
+"""Triton's status for a failed request -> the HTTP status answered (500 for any other)."""
+
+DISCONNECT_POLL_S = 0.1
+"""How often a non-streamed request checks whether its client is still there."""
+
+
+def openai_error(exc: TritonError) -> OpenAIError:
+    status = HTTP_STATUS.get(exc.code, 500)
+    return OpenAIError(status, str(exc), code="server_busy" if status == 503 else None)
+
+
+def create_app(triton: TritonStream, model: str) -> FastAPI:
+    """The service for `model` (the name clients send, and /v1/models lists) served through `triton`."""
+    app = FastAPI(title="Minions OpenAI-compatible API")
+    started = int(time.time())
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        message = first.get("msg", "invalid request").removeprefix("Value error, ")
+        return JSONResponse(OpenAIError(400, f"{param}: {message}" if param else message, param).body(),
+                            status_code=400)
+
+    def card() -> dict[str, Any]:
+        return {"id": model, "object": "model", "created": started, "owned_by": "minions"}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ready = await triton.ready()
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{name}")
+    async def model_card(name: str) -> dict[str, Any]:
+        if name != model:
+            raise _unknown_model(name)
+        return card()
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await _serve(request, body, completion_inputs(body), Generation("text_completion", model),
+                            body.prompt if body.echo else "")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await _serve(request, body, chat_inputs(body), Generation("chat.completion", model))
+
+    def _unknown_model(name: str) -> OpenAIError:
+        return OpenAIError(404, f"the model {name!r} does not exist; this server serves {model!r}", "model",
+                           "model_not_found")
+
+    async def _serve(request: Request, body, inputs: dict[str, Any], gen: Generation, prefix: str = ""):
+        if body.model != model:
+            raise _unknown_model(body.model)
+        responses = _Logged(triton.generate(inputs, gen.id), gen, request.url.path)
+        if not body.stream:
+            await _until_disconnected(request, _gather(responses, gen))
+            return gen.body(prefix)
+        try:  # the first response before the headers: a refused request gets its status, not a broken stream
+            first = await anext(responses, None)
+        except TritonError as exc:
+            raise openai_error(exc) from None
+        return StreamingResponse(_events(responses, first, gen, prefix, body.include_usage),
+                                 media_type="text/event-stream")
+
+    return app
+
+
+async def _gather(responses: AsyncIterator[dict[str, Any]], gen: Generation) -> None:
+    try:
+        async for outputs in responses:
+            gen.add(outputs)
+    except TritonError as exc:
+        raise openai_error(exc) from None
+
+
+async def _until_disconnected(request: Request, work) -> None:
+    """Run `work`; if the client disconnects first, cancel it (which cancels the request in Triton)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            await asyncio.wait([task], timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                raise OpenAIError(499, "the client disconnected")
+        return task.result()
+    finally:
+        task.cancel()
+
+
+async def _events(responses: AsyncIterator[dict[str, Any]], first: dict[str, Any] | None, gen: Generation,
+                  prefix: str, include_usage: bool) -> AsyncIterator[bytes]:
+    """The SSE body: chunks of new text, one with the finish reason, usage if asked, then [DONE].
+    Starlette cancels this generator when the client disconnects; closing `responses` then cancels
+    the request in Triton."""
+    try:
+        if gen.chat:
+            yield sse(gen.chunk("", first=True))
+        elif prefix:  # a completion's echo
+            yield sse(gen.chunk(prefix))
+        pending = [first] if first is not None else []
+        async for outputs in _chain(pending, responses):
+            if text := gen.add(outputs):
+                yield sse(gen.chunk(text))
+        yield sse(gen.chunk(finish_reason=gen.finish_reason))
+        if include_usage:
+            yield sse(gen.usage_chunk())
+    except TritonError as exc:
+        yield sse(openai_error(exc).body())
+    finally:
+        await responses.aclose()
+    yield sse("[DONE]")
+
+
+async def _chain(first: list[dict[str, Any]], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    for outputs in first:
+        yield outputs
+    async for outputs in rest:
+        yield outputs
+
+
+class _Logged:
+    """A generation's responses, with one log line when it ends: its id, endpoint, outcome, tokens, time."""
+
+    def __init__(self, responses: AsyncIterator[dict[str, Any]], gen: Generation, endpoint: str) -> None:
+        self.responses, self.gen, self.endpoint = responses, gen, endpoint
+        self.start = time.perf_counter()
+        self.outcome: str | None = None
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        try:
+            return await anext(self.responses)
+        except StopAsyncIteration:
+            self._end("finished")
+            raise
+        except TritonError as exc:
+            self._end(f"failed ({exc.code.name}: {exc})")
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            self._end("cancelled (the client left)")
+            raise
+
+    async def aclose(self) -> None:
+        if self.outcome is None:
+            self._end("cancelled (the client left)")
+        await self.responses.aclose()
+
+    def _end(self, outcome: str) -> None:
+        if self.outcome is None:
+            self.outcome = outcome
+            log.info("%s %s: %s, %d prompt + %d completion tokens in %.2f s", self.gen.id, self.endpoint, outcome,
+                     self.gen.prompt_tokens, self.gen.completion_tokens, time.perf_counter() - self.start)

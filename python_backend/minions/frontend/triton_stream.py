@@ -1,0 +1,146 @@
+"""One generation on the `minions` model over Triton's gRPC streaming endpoint, as an async iterator.
+
+Each generation has a gRPC stream of its own, so leaving the iterator early (the HTTP client went
+away) cancels that stream, and Triton cancels the request in the model. The `triton_grpc_error`
+header makes Triton end a stream whose request failed with the error's own status (INVALID_ARGUMENT,
+UNAVAILABLE, ...) rather than an untyped message, so the frontend can answer 400 or 503 as it should.
+Input tensors take their datatypes from the served model's own config, read once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
+from tritonclient.utils import serialize_byte_tensor, triton_to_np_dtype
+
+GRPC_ERROR_HEADER = (("triton_grpc_error", "true"),)
+
+
+class TritonError(RuntimeError):
+    """Triton refused or failed a request; `code` is the gRPC status it ended the stream with."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """The served model's inputs, by name: Triton datatype, and whether its dims are a list ([-1])."""
+
+    datatypes: dict[str, str]
+    lists: frozenset[str]
+
+    @classmethod
+    def of(cls, config: service_pb2.ModelConfigResponse) -> ModelInputs:
+        from tritonclient.grpc import model_config_pb2
+
+        names = model_config_pb2.DataType.Name
+        inputs = config.config.input
+        return cls({i.name: names(i.data_type).removeprefix("TYPE_").replace("STRING", "BYTES") for i in inputs},
+                   frozenset(i.name for i in inputs if list(i.dims) == [-1] and i.name != "text_input"))
+
+    def tensor(self, name: str, value: Any) -> tuple[service_pb2.ModelInferRequest.InferInputTensor, bytes]:
+        """One input as its gRPC tensor and raw contents, with the model's batch dimension of 1."""
+        datatype = self.datatypes.get(name)
+        if datatype is None:
+            raise KeyError(f"the model has no input {name!r}")
+        items = list(value) if name in self.lists else [value]
+        if datatype == "BYTES":
+            array = np.array([[v.encode("utf-8") if isinstance(v, str) else v for v in items]], dtype=np.object_)
+            raw = serialize_byte_tensor(array).item() if array.size else b""
+        else:
+            array = np.array([items], dtype=triton_to_np_dtype(datatype))
+            raw = array.tobytes()
+        tensor = service_pb2.ModelInferRequest.InferInputTensor(name=name, datatype=datatype, shape=array.shape)
+        return tensor, raw
+
+
+class TritonStream:
+    """The `minions` model behind Triton's gRPC endpoint, one stream per generation."""
+
+    def __init__(self, url: str, model: str) -> None:
+        self.url = url
+        self.model = model
+        self._service: service_pb2_grpc.GRPCInferenceServiceStub | None = None
+        self._inputs: ModelInputs | None = None
+
+    def service(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
+        """Made on first use, so that the channel belongs to the server's event loop."""
+        if self._service is None:
+            self._service = service_pb2_grpc.GRPCInferenceServiceStub(grpc.aio.insecure_channel(self.url))
+        return self._service
+
+    async def ready(self) -> bool:
+        """Whether Triton says the model is ready."""
+        try:
+            answer = await self.service().ModelReady(service_pb2.ModelReadyRequest(name=self.model), timeout=5)
+        except grpc.aio.AioRpcError:
+            return False
+        return answer.ready
+
+    async def inputs(self) -> ModelInputs:
+        if self._inputs is None:
+            try:
+                config = await self.service().ModelConfig(service_pb2.ModelConfigRequest(name=self.model), timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                raise TritonError(exc.code(), exc.details() or str(exc.code())) from None
+            self._inputs = ModelInputs.of(config)
+        return self._inputs
+
+    async def generate(self, inputs: Mapping[str, Any], request_id: str) -> AsyncIterator[dict[str, Any]]:
+        """Each response's outputs (name -> value: a str, number or list) until the final one.
+        Raises TritonError for a request Triton or the model refused or failed."""
+        message = await self._message(inputs, request_id)
+        sent = asyncio.Event()
+
+        async def requests():
+            yield message
+            await sent.wait()  # keep our side open: closing it early would end the stream
+
+        call = self.service().ModelStreamInfer(requests(), metadata=GRPC_ERROR_HEADER)
+        finished = False
+        try:
+            async for response in call:
+                if response.error_message:  # without the header's effect (an older Triton)
+                    raise TritonError(grpc.StatusCode.UNKNOWN, response.error_message)
+                answer = response.infer_response
+                finished = answer.parameters["triton_final_response"].bool_param
+                if answer.outputs:
+                    yield _outputs(answer)
+                if finished:
+                    return
+            raise TritonError(grpc.StatusCode.UNAVAILABLE, "the stream ended before the final response")
+        except grpc.aio.AioRpcError as exc:
+            finished = True  # the stream is over already
+            raise TritonError(exc.code(), exc.details() or str(exc.code())) from None
+        finally:
+            sent.set()  # closes our side: the stream ends
+            if not finished:  # left early: Triton cancels the request in the model
+                call.cancel()
+
+    async def _message(self, inputs: Mapping[str, Any], request_id: str) -> service_pb2.ModelInferRequest:
+        spec = await self.inputs()
+        message = service_pb2.ModelInferRequest(model_name=self.model, id=request_id)
+        message.parameters["triton_enable_empty_final_response"].bool_param = True
+        for name, value in inputs.items():
+            tensor, raw = spec.tensor(name, value)
+            message.inputs.append(tensor)
+            message.raw_input_contents.append(raw)
+        return message
+
+
+def _outputs(answer: service_pb2.ModelInferResponse) -> dict[str, Any]:
+    result = InferResult(answer)
+    out: dict[str, Any] = {}
+    for tensor in answer.outputs:
+        values = [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v.item()
+                  for v in np.asarray(result.as_numpy(tensor.name)).reshape(-1)]
+        out[tensor.name] = values[0] if len(values) == 1 else values
+    return out

@@ -1,0 +1,98 @@
+"""The OpenAI-compatible frontend, driven by the real `openai` client: chat completions and completions,
+streamed and not, with usage; greedy answers equal `off` over Triton's own gRPC; a client that leaves
+cancels its request in the model; errors are OpenAI's."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from client.api import GenerationParams, generate_grpc
+from tests.integration.helpers import COPY_PROMPT, metric_value, wait_until
+
+CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+
+
+@pytest.fixture(scope="module")
+def api(openai_url):
+    return openai.OpenAI(base_url=openai_url, api_key="unused", max_retries=0, timeout=120)
+
+
+def _off(server, prompt: str, max_tokens: int, chat: bool):
+    return generate_grpc(server.grpc_url, "minions", prompt,
+                         GenerationParams(max_tokens=max_tokens, speculation="off", chat=chat, temperature=0.0))
+
+
+def test_models_lists_the_orchestrator(api):
+    assert [m.id for m in api.models.list().data] == ["minions"]
+
+
+def test_a_streamed_chat_completion_with_usage_equals_off(server, api):
+    off = _off(server, json.dumps(CHAT), 32, chat=True)
+    stream = api.chat.completions.create(model="minions", messages=CHAT, max_tokens=32, temperature=0, stream=True,
+                                         stream_options={"include_usage": True}, extra_body={"speculation": "vote"})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    usage = chunks[-1].usage
+    assert text == off.text and finish == [off.finish_reason]
+    assert usage.completion_tokens == off.num_output_tokens and usage.prompt_tokens > 10
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+@pytest.mark.parametrize("speculation", ["vote", "single:ssm_suffix"])
+def test_a_completion_equals_off_streamed_or_not(server, api, speculation):
+    off = _off(server, COPY_PROMPT, 40, chat=False)
+    whole = api.completions.create(model="minions", prompt=COPY_PROMPT, max_tokens=40, temperature=0,
+                                   extra_body={"speculation": speculation})
+    assert whole.choices[0].text == off.text and whole.choices[0].finish_reason == off.finish_reason
+    assert whole.usage.completion_tokens == off.num_output_tokens and whole.usage.prompt_tokens > 20
+    chunks = list(api.completions.create(model="minions", prompt=COPY_PROMPT, max_tokens=40, temperature=0,
+                                         stream=True, stream_options={"include_usage": True},
+                                         extra_body={"speculation": speculation}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == off.text
+    assert chunks[-1].usage.completion_tokens == off.num_output_tokens
+
+
+def test_chat_max_completion_tokens_stop_and_seed(api):
+    short = api.chat.completions.create(model="minions", messages=CHAT, max_completion_tokens=3, temperature=0)
+    assert short.usage.completion_tokens == 3 and short.choices[0].finish_reason == "length"
+    stopped = api.completions.create(model="minions", prompt=COPY_PROMPT, max_tokens=60, temperature=0, stop=["return"])
+    assert "return" not in stopped.choices[0].text and stopped.choices[0].finish_reason == "stop"
+    sampled = [api.chat.completions.create(model="minions", messages=CHAT, max_tokens=24, temperature=0.9, top_p=0.95,
+                                           seed=7, extra_body={"speculation": "off"}).choices[0].message.content
+               for _ in range(2)]
+    assert sampled[0] == sampled[1] and sampled[0]
+
+
+def test_a_client_that_leaves_a_stream_cancels_its_request(server, api):
+    cancelled = metric_value(server.metrics_url, "minions_requests", outcome="cancelled")
+    stream = api.chat.completions.create(model="minions", max_tokens=600, temperature=0, stream=True,
+                                         messages=[{"role": "user", "content": "Write a very long story about a dragon."}])
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    wait_until(lambda: metric_value(server.metrics_url, "minions_requests", outcome="cancelled") > cancelled,
+               timeout=30, what="the request counted cancelled")
+    wait_until(lambda: metric_value(server.metrics_url, "minions_engine_cached_sequences", model="llm") == 0,
+               timeout=30, what="the LLM caches nothing")
+
+
+def test_errors_are_openai_errors(api):
+    with pytest.raises(openai.BadRequestError) as frontend_refusal:
+        api.chat.completions.create(model="minions", messages=CHAT, n=2)
+    assert frontend_refusal.value.body["type"] == "invalid_request_error" and "n 1" in frontend_refusal.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as model_refusal:  # refused by the minions model, over gRPC
+        api.completions.create(model="minions", prompt="Hi", extra_body={"speculation": "bogus"})
+    assert "speculation" in model_refusal.value.body["message"]
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        api.completions.create(model="minions", prompt="Hi", temperature=-1)
+    with pytest.raises(openai.NotFoundError) as unknown:
+        api.chat.completions.create(model="gpt-4o", messages=CHAT)
+    assert unknown.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError):  # refused before the stream starts: a status, not a broken stream
+        api.chat.completions.create(model="minions", messages=[{"role": "wizard", "content": "Hi"}], stream=True)
