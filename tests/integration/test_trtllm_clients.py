@@ -29,6 +29,10 @@ def _inputs(streaming: bool, temperature: float = 0.0, perf: bool = True, **extr
         **({"return_perf_metrics": np.array([[True]], dtype=bool)} if perf else {}),
         **extra,
     }
+    return _tensors(arrays)
+
+
+def _tensors(arrays: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
     tensors = []
     for name, array in arrays.items():
         dtype = "BYTES" if array.dtype == object else grpcclient.np_to_triton_dtype(array.dtype)
@@ -43,12 +47,12 @@ def _outputs(perf: bool = True) -> list[grpcclient.InferRequestedOutput]:
     return [grpcclient.InferRequestedOutput(n) for n in names]
 
 
-def _stream(server, inputs, outputs) -> tuple[list, list]:
+def _stream(server, inputs, outputs, model: str = "minions") -> tuple[list, list]:
     results, errors = [], []
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: (errors if error else results).append(error or result))
     try:
-        client.async_stream_infer("minions", inputs, outputs=outputs, request_id="e2e-1")
+        client.async_stream_infer(model, inputs, outputs=outputs, request_id="e2e-1")
     finally:
         client.stop_stream()
         client.close()
@@ -80,10 +84,101 @@ def test_its_default_sampling_request_is_served(server):
 @pytest.mark.parametrize("name, array, message", [
     ("beam_width", np.array([[2]], dtype=np.int32), "beam search is not supported"),
     ("return_log_probs", np.array([[True]], dtype=bool), "log probs are not returned"),
-    ("repetition_penalty", np.array([[1.3]], dtype=np.float32), "send repetition_penalty 1.0"),
+    ("repetition_penalty", np.array([[0.0]], dtype=np.float32), "'repetition_penalty' must be > 0"),
     ("lora_task_id", np.array([[7]], dtype=np.uint64), "LoRA adapters are not supported"),
 ])
 def test_what_minions_does_not_do_is_refused_with_a_clear_error(server, name, array, message):
     results, errors = _stream(server, _inputs(True, **{name: array}), _outputs())
     assert errors and message in str(errors[0]), (results, errors)
     assert "unexpected inference input" not in str(errors[0])
+
+
+# -- inflight_batcher_llm_client.py against the `llm` engine model, as against a tensorrt_llm model ------
+
+IFB_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs", "context_logits",
+               "generation_logits", "batch_index", "sequence_index"]
+"""Every output the in-flight batcher client may ask for (--requested-outputs) that has no perf flag."""
+
+
+def _ifb_inputs(ids: list[int], streaming: bool, end_id: int, **extra) -> list[grpcclient.InferInput]:
+    """What inflight_batcher_llm_client.prepare_inputs builds with its defaults (top_k 1: greedy)."""
+    return _tensors({
+        "input_ids": np.array([ids], dtype=np.int32),
+        "input_lengths": np.array([[len(ids)]], dtype=np.int32),
+        "request_output_len": np.array([[16]], dtype=np.int32),
+        "beam_width": np.array([[1]], dtype=np.int32),
+        "temperature": np.array([[1.0]], dtype=np.float32),
+        "streaming": np.array([[streaming]], dtype=bool),
+        "end_id": np.array([[end_id]], dtype=np.int32),
+        "pad_id": np.array([[end_id]], dtype=np.int32),
+        "runtime_top_k": np.array([[1]], dtype=np.int32),
+        "runtime_top_p": np.array([[0.0]], dtype=np.float32),
+        "return_log_probs": np.array([[False]], dtype=bool),
+        "return_context_logits": np.array([[False]], dtype=bool),
+        "return_generation_logits": np.array([[False]], dtype=bool),
+        "exclude_input_in_output": np.array([[True]], dtype=bool),
+        **extra,
+    })
+
+
+@pytest.fixture(scope="module")
+def tokenizer(server):
+    from transformers import AutoTokenizer
+
+    from minions.deploy.artifacts import tokenizer_dir_for
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir_for(server.deployment.llm["source"], server.deployment),
+                                         local_files_only=True)
+
+
+def _ifb_tokens(server, tokenizer, streaming: bool, **extra) -> list[int]:
+    ids = tokenizer.encode(PROMPT, add_special_tokens=False)
+    outputs = [grpcclient.InferRequestedOutput(n) for n in IFB_OUTPUTS]
+    results, errors = _stream(server, _ifb_inputs(ids, streaming, tokenizer.eos_token_id, **extra), outputs, "llm")
+    assert not errors, errors
+    tokens = []
+    for r in results:
+        n = int(r.as_numpy("sequence_length").reshape(-1)[0])
+        tokens += r.as_numpy("output_ids").reshape(-1)[:n].tolist()
+        assert r.as_numpy("batch_index").reshape(-1)[0] == 0 and r.as_numpy("sequence_index").reshape(-1)[0] == 0
+    assert len(results) == (len(tokens) if streaming else 1)
+    return tokens
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_the_inflight_batcher_clients_request_to_llm_is_greedy_decoding(server, tokenizer, streaming):
+    """Its default request, over the gRPC stream a decoupled tensorrt_llm model takes, streaming or not:
+    the llm's greedy tokens are those `minions` decodes with speculation off."""
+    off = generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(max_tokens=16, speculation="off"))
+    tokens = _ifb_tokens(server, tokenizer, streaming)
+    assert tokenizer.decode(tokens, skip_special_tokens=True) == off.text
+
+
+def test_penalties_sent_to_llm_and_to_minions_decode_alike(server, tokenizer):
+    """repetition, presence and frequency penalties and min_tokens are applied by the llm: the in-flight
+    batcher client's request and `minions` (off, and speculating) give the same text, which they change."""
+    penalties = {"repetition_penalty": 1.3, "presence_penalty": 0.4, "frequency_penalty": 0.3}
+    extra = {name: np.array([[v]], dtype=np.float32) for name, v in penalties.items()}
+    tokens = _ifb_tokens(server, tokenizer, True, **extra, min_tokens=np.array([[16]], dtype=np.int32))
+    plain = _ifb_tokens(server, tokenizer, True)
+    assert tokens != plain and len(tokens) == 16
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    for speculation in ("off", "vote"):
+        inputs = _inputs(True, perf=False, max_tokens=np.array([[16]], dtype=np.int32),
+                         exclude_input_in_output=np.array([[True]], dtype=bool),
+                         min_tokens=np.array([[16]], dtype=np.int32),
+                         speculation=np.array([[speculation]]).astype(object), **extra)
+        results, errors = _stream(server, inputs, _outputs(perf=False))
+        assert not errors, errors
+        assert "".join(r.as_numpy("text_output").reshape(-1)[0].decode() for r in results) == text, speculation
+
+
+@pytest.mark.parametrize("name, array, message", [
+    ("beam_width", np.array([[2]], dtype=np.int32), "beam search is not supported: send beam_width 1"),
+    ("return_perf_metrics", np.array([[True]], dtype=bool), "send return_perf_metrics false"),
+    ("lora_task_id", np.array([[7]], dtype=np.uint64), "LoRA adapters are not supported"),
+])
+def test_what_the_llm_does_not_do_is_refused_with_a_clear_error(server, tokenizer, name, array, message):
+    ids = tokenizer.encode(PROMPT, add_special_tokens=False)
+    results, errors = _stream(server, _ifb_inputs(ids, True, tokenizer.eos_token_id, **{name: array}), None, "llm")
+    assert errors and message in str(errors[0]), (results, errors)

@@ -37,10 +37,6 @@ def test_what_an_end_to_end_client_sends_by_default_is_accepted():
 @pytest.mark.parametrize("name, value, dtype, message", [
     ("beam_width", 4, np.int32, "input 'beam_width' is 4: beam search is not supported: send beam_width 1"),
     ("num_return_sequences", 2, np.int32, "send num_return_sequences 1"),
-    ("min_tokens", 8, np.int32, "min_tokens above 1 is not supported"),
-    ("repetition_penalty", 1.2, np.float32, "send repetition_penalty 1.0"),
-    ("presence_penalty", 0.5, np.float32, "send presence_penalty 0"),
-    ("frequency_penalty", -0.5, np.float32, "send frequency_penalty 0"),
     ("return_log_probs", True, bool, "log probs are not returned"),
     ("return_context_logits", True, bool, "context logits are not returned"),
     ("return_generation_logits", True, bool, "generation logits are not returned"),
@@ -71,3 +67,20 @@ def test_every_refusal_names_a_declared_input():
     config = (Path(__file__).resolve().parents[2] / "model_repository" / "minions" / "config.pbtxt").read_text()
     for name in [*UNSUPPORTED_FEATURES, *NEUTRAL_ONLY, "length_penalty"]:
         assert f'name: "{name}"' in config, name
+
+
+def test_penalties_and_min_tokens_are_applied_not_refused():
+    req = parse(repetition_penalty=one(1.2, np.float32), presence_penalty=one(0.5, np.float32),
+                frequency_penalty=one(-0.5, np.float32), min_tokens=one(8, np.int32))
+    p = req.penalties
+    assert (p.repetition, p.presence, p.frequency, p.min_tokens) == pytest.approx((1.2, 0.5, -0.5, 8))
+
+
+@pytest.mark.parametrize("name, value, dtype, message", [
+    ("repetition_penalty", 0.0, np.float32, "'repetition_penalty' must be > 0"),
+    ("presence_penalty", np.inf, np.float32, "'presence_penalty' must be a finite number"),
+    ("min_tokens", -1, np.int32, "'min_tokens' must be >= 0"),
+])
+def test_out_of_range_penalties_are_refused(name, value, dtype, message):
+    with pytest.raises(InvalidRequest, match=message):
+        parse(**{name: one(value, dtype)})

@@ -13,9 +13,10 @@ from decoding import PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_re
 from minions.engines.torch_engine import TorchEngine
 from minions.errors import InvalidRequest
 from minions.speculation.mode import OFF, Speculation, SpeculationMode
+from minions.speculation.penalties import NO_PENALTIES, Penalties
 from minions.speculation.rounds import DecodeStats
 from minions.speculation.sampling import SamplingParams, round_seed
-from tiny_models import hf_greedy
+from tiny_models import hf_greedy, next_logits
 
 SSMS = ("self", "other", "ngram")
 
@@ -32,6 +33,32 @@ def test_greedy_speculation_equals_plain_decoding(client, engines, tiny_llm, pro
     assert off == want
     for ssm in SSMS:
         tokens, _, _ = decode(client, plan(prompt, 14, ssm, num_draft_tokens=3))
+        assert tokens == want, f"speculation single:{ssm}"
+    assert_all_released(engines)
+
+
+def _greedy_with(model, prompt: list[int], n: int, penalties: Penalties, end_id: int | None) -> list[int]:
+    """The reference: greedy decoding from from-scratch logits with `penalties` applied at each step."""
+    sequence, out = list(prompt), []
+    while len(out) < n and (not out or out[-1] != end_id):
+        token = int(np.argmax(penalties.apply(next_logits(model, sequence), sequence, end_id)))
+        out.append(token)
+        sequence.append(token)
+    return out
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_speculation_with_penalties_equals_plain_decoding_with_them(client, engines, tiny_llm, prompt):
+    """Penalties and min_tokens reach the LLM through the engine tensors and apply to plain tokens and to
+    every verified position alike: every SSM gives plain decoding's output, which the penalties change."""
+    end_id = hf_greedy(tiny_llm, prompt, 3)[2]  # ends plain greedy decoding early unless min_tokens holds it off
+    penalties = Penalties(repetition=1.5, presence=0.4, frequency=0.3, min_tokens=8, prompt_length=len(prompt))
+    want = _greedy_with(tiny_llm, prompt, 14, penalties, end_id)
+    assert want != _greedy_with(tiny_llm, prompt, 14, NO_PENALTIES, end_id)
+    off, _, _ = decode(client, plan(prompt, 14, penalties=penalties, end_id=end_id))
+    assert off == want
+    for ssm in SSMS:
+        tokens, _, _ = decode(client, plan(prompt, 14, ssm, num_draft_tokens=3, penalties=penalties, end_id=end_id))
         assert tokens == want, f"speculation single:{ssm}"
     assert_all_released(engines)
 

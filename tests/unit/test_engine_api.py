@@ -10,6 +10,8 @@ import pytest
 from minions.engines.api import EngineRequest, EngineResult
 from minions.engines.tensors import ENGINE_INPUTS, build_engine_inputs, encode_engine_outputs, parse_engine_inputs
 from minions.errors import InvalidRequest
+from minions.serving.compat import ENGINE_NEUTRAL_ONLY, ENGINE_NO_EFFECT, ENGINE_UNSUPPORTED
+from minions.speculation.penalties import Penalties
 from minions.speculation.sampling import SamplingParams
 from minions.text.bad_words import BadWords
 
@@ -35,6 +37,7 @@ FULL = EngineRequest(
     end_id=2,
     pad_id=11,
     bad_words=BadWords([[4, 5], [6]]),
+    penalties=Penalties(repetition=1.25, presence=0.5, frequency=-0.25, min_tokens=3, prompt_length=2),
     return_generation_logits=True,
     exclude_input_in_output=True,
 )
@@ -181,4 +184,37 @@ def test_engine_configs_declare_exactly_the_interface_the_code_speaks():
         for name, dtype, dims in re.findall(r'name: "(\w+)"\s+data_type: TYPE_(\w+)\s+dims: \[([^\]]*)\]', inputs_block)
     }
     numpy_of = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_}
-    assert {n: (numpy_of[t], d) for n, (t, d) in declared.items()} == ENGINE_INPUTS
+    assert {n: (numpy_of[t], d) for n, (t, d) in declared.items() if n in ENGINE_INPUTS} == ENGINE_INPUTS
+    handled = {*ENGINE_INPUTS, *ENGINE_UNSUPPORTED, *ENGINE_NEUTRAL_ONLY, *ENGINE_NO_EFFECT}
+    assert set(declared) == handled, "every declared input is used, refused or accepted as having no effect"
+    assert len(declared) == 62, "tensorrt_llm's 60 inputs (c2e65b8) plus random_seed and prompt_length"
+
+
+def test_what_a_tensorrt_llm_client_sends_by_default_is_accepted_and_the_rest_refused():
+    """inflight_batcher_llm_client.py's defaults reach the engine; what it cannot honour says what to send."""
+    one = lambda v, dtype: np.array([[v]], dtype=dtype)  # noqa: E731
+    base = {"input_ids": np.array([[1, 2, 3]], dtype=np.int32), "input_lengths": one(3, np.int32),
+            "request_output_len": one(4, np.int32), "beam_width": one(1, np.int32), "temperature": one(1.0, np.float32),
+            "streaming": one(False, bool), "end_id": one(2, np.int32), "pad_id": one(2, np.int32),
+            "runtime_top_k": one(1, np.int32), "runtime_top_p": one(0.0, np.float32),
+            "len_penalty": one(1.2, np.float32),
+            "return_log_probs": one(False, bool), "return_context_logits": one(False, bool),
+            "retention_decode_priority": one(50, np.int32)}
+    [request] = parse_engine_inputs(base, "r")
+    assert request.input_ids == [1, 2, 3] and request.sampling.greedy
+    for name, value, message in [("beam_width", one(2, np.int32), "beam search is not supported: send beam_width 1"),
+                                 ("num_return_sequences", one(3, np.int32), "send num_return_sequences 1"),
+                                 ("return_perf_metrics", one(True, bool), "send return_perf_metrics false"),
+                                 ("lora_task_id", one(4, np.uint64), "LoRA adapters are not supported"),
+                                 ("stop_words_list", np.array([[[5], [1]]], dtype=np.int32), "stop words"),
+                                 ("repetition_penalty", one(0.0, np.float32), "must be > 0")]:
+        with pytest.raises(InvalidRequest, match=message):
+            parse_engine_inputs({**base, name: value}, "r")
+
+
+def test_a_batch_of_neutral_values_is_accepted():
+    ids = np.array([[1, 2], [3, 4]], dtype=np.int32)
+    requests = parse_engine_inputs({"input_ids": ids, "beam_width": np.array([[1], [1]], dtype=np.int32)}, "r")
+    assert [r.input_ids for r in requests] == [[1, 2], [3, 4]]
+    with pytest.raises(InvalidRequest, match="is 2"):
+        parse_engine_inputs({"input_ids": ids, "beam_width": np.array([[1], [2]], dtype=np.int32)}, "r")

@@ -18,6 +18,7 @@ from laws import goodness_of_fit
 from minions.engines.api import EngineRequest
 from minions.engines.sequence_cache import common_prefix_len
 from minions.engines.torch_engine import TorchEngine
+from minions.speculation.penalties import NO_PENALTIES, Penalties
 from minions.speculation.sampling import GREEDY, SamplingParams, draw, target_probs
 from minions.speculation.verification import Verdict, verify_draft
 from minions.text.bad_words import BadWords
@@ -196,28 +197,43 @@ class NextLogits:
         return np.stack([self(context + draft[:i]) for i in range(len(draft) + 1)])
 
 
-def exact_two_token_law(next_logits: NextLogits, params: SamplingParams) -> np.ndarray:
-    """P(t1, t2) = p(t1 | prompt) * p(t2 | prompt, t1) as a flat [VOCAB * VOCAB] vector."""
-    p1 = target_probs(next_logits(PROMPT), params)
+PENALTIES = Penalties(repetition=2.0, presence=1.5, frequency=1.0, prompt_length=len(PROMPT))
+"""Penalties that move the law: the prompt's tokens and t1 are penalised when t2 is drawn."""
+
+
+def exact_two_token_law(next_logits: NextLogits, params: SamplingParams, penalties: Penalties = NO_PENALTIES
+                        ) -> np.ndarray:
+    """P(t1, t2) = p(t1 | prompt) * p(t2 | prompt, t1) as a flat [VOCAB * VOCAB] vector, each p as plain
+    decoding with `penalties` makes it."""
+    def p(context: list[int]) -> np.ndarray:
+        return target_probs(penalties.apply(next_logits(context), context, None), params)
+
+    p1 = p(PROMPT)
     law = np.zeros((VOCAB, VOCAB))
     for t1 in np.flatnonzero(p1):
-        law[t1] = p1[t1] * target_probs(next_logits(PROMPT + [int(t1)]), params)
+        law[t1] = p1[t1] * p(PROMPT + [int(t1)])
     assert law.sum() == pytest.approx(1.0)
     return law.reshape(-1)
 
 
-def sample_two_tokens(next_logits: NextLogits, verifier, draft: list[int], params, rng) -> int:
+def sample_two_tokens(next_logits: NextLogits, verifier, draft: list[int], params, rng,
+                      penalties: Penalties | None = None) -> int:
     """One 2-token continuation as the decode loop makes it: verify `draft`, keep at most the 2 first
-    tokens, then (after an early rejection) one plain step; returns the flat index t1 * VOCAB + t2."""
-    out = verifier(next_logits.rows(PROMPT, draft), draft, params, rng).tokens[:2]
+    tokens, then (after an early rejection) one plain step; returns the flat index t1 * VOCAB + t2.
+    `penalties` go to the verifier with each call's context (for verifiers that take them)."""
+    def verify(context: list[int], proposal: list[int]):
+        extra = {} if penalties is None else {"context": context, "penalties": penalties}
+        return verifier(next_logits.rows(context, proposal), proposal, params, rng, **extra).tokens
+
+    out = verify(PROMPT, draft)[:2]
     if len(out) < 2:
-        out += verifier(next_logits.rows(PROMPT + out, []), [], params, rng).tokens
+        out += verify(PROMPT + out, [])
     return out[0] * VOCAB + out[1]
 
 
-def run_sampler(next_logits, verifier, draft, params, seed: int) -> np.ndarray:
+def run_sampler(next_logits, verifier, draft, params, seed: int, penalties: Penalties | None = None) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    outcomes = [sample_two_tokens(next_logits, verifier, draft, params, rng) for _ in range(N_SAMPLES)]
+    outcomes = [sample_two_tokens(next_logits, verifier, draft, params, rng, penalties) for _ in range(N_SAMPLES)]
     return np.bincount(outcomes, minlength=VOCAB * VOCAB)
 
 
@@ -298,6 +314,23 @@ def test_verification_preserves_the_llm_distribution(next_logits, setting):
         counts = run_sampler(next_logits, verify_draft, draft, params, seed=100 + i)
         pvalue = goodness_of_fit(counts, law)
         assert pvalue > 1e-3, f"draft {name} {draft}: p-value {pvalue:.3g}"
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_verification_with_penalties_preserves_the_penalised_distribution(next_logits, setting):
+    """Penalties keep sampling lossless: the verifier applies them to each row as plain decoding would
+    at that position (the draft is judged against the penalised law), and the test tells the penalised
+    law from the plain one (a verifier that ignores the penalties is rejected)."""
+    params = SETTINGS[setting]
+    law = exact_two_token_law(next_logits, params, PENALTIES)
+    plain_law = exact_two_token_law(next_logits, params)
+    drafts = named_drafts(next_logits, params)
+    for i, (name, draft) in enumerate(drafts.items()):
+        counts = run_sampler(next_logits, verify_draft, draft, params, seed=300 + i, penalties=PENALTIES)
+        pvalue = goodness_of_fit(counts, law)
+        assert pvalue > 1e-3, f"draft {name} {draft}: p-value {pvalue:.3g}"
+    ignoring = run_sampler(next_logits, verify_draft, drafts["greedy"], params, seed=400)
+    assert goodness_of_fit(ignoring, law) < 1e-6 and goodness_of_fit(ignoring, plain_law) > 1e-3
 
 
 @pytest.mark.parametrize("setting", SETTINGS)

@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from minions.engines.sequence_cache import SequenceCache
+from minions.speculation.penalties import NO_PENALTIES, Penalties
 from minions.speculation.sampling import SamplingParams, pick_token
 from minions.text.bad_words import BadWords
 
@@ -43,6 +44,7 @@ class EngineRequest:
     end_id: int | None = None
     pad_id: int = 0
     bad_words: BadWords = field(default_factory=lambda: BadWords([]))
+    penalties: Penalties = NO_PENALTIES
     return_generation_logits: bool = False
     exclude_input_in_output: bool = False
     streaming: bool = False
@@ -55,9 +57,10 @@ class EngineRequest:
         return cls(request_id, [0], 1, stop=True, exclude_input_in_output=True)
 
     def next_token(self, logits: np.ndarray, sequence: list[int], rng: np.random.Generator) -> int:
-        """The next generated token after `sequence`: drawn with the request's sampling, bad words banned."""
+        """The next generated token after `sequence`: drawn with the request's sampling and penalties, bad
+        words banned."""
         banned = self.bad_words.banned_next(sequence) if self.bad_words else None
-        return pick_token(logits, self.sampling, rng, banned)
+        return pick_token(self.penalties.apply(logits, sequence, self.end_id), self.sampling, rng, banned)
 
     def generation_done(self, tokens: list[int]) -> bool:
         """Whether a generation that has produced `tokens` is over: request_output_len reached, or end_id."""

@@ -223,7 +223,7 @@ class LlamaCppStepper:
         request = job.request
         try:
             verdict = verify_draft(logits, job.draft, request.sampling, job.rng, request.input_ids,
-                                   request.bad_words, request.end_id, request.draft_logits)
+                                   request.bad_words, request.end_id, request.draft_logits, request.penalties)
         except ValueError as exc:  # draft_logits that do not fit the draft or the vocabulary
             job.error = InvalidRequest(str(exc))
             return True

@@ -17,10 +17,13 @@ import numpy as np
 
 from minions.engines.api import EngineRequest, EngineResult
 from minions.errors import InvalidRequest
+from minions.serving.compat import ENGINE_NEUTRAL_ONLY, ENGINE_UNSUPPORTED, check_unsupported
+from minions.speculation.penalties import NO_PENALTIES, Penalties
 from minions.speculation.sampling import SamplingParams
 from minions.text.bad_words import BadWords
 
-# name -> (numpy dtype, dims without the batch dimension); mirrors tensorrt_llm/config.pbtxt.
+# name -> (numpy dtype, dims without the batch dimension): the inputs of tensorrt_llm/config.pbtxt the
+# engines use (the others are serving/compat.py's), plus Minions' prompt_length.
 ENGINE_INPUTS: dict[str, tuple[type, list[int]]] = {
     "input_ids": (np.int32, [-1]),
     "input_lengths": (np.int32, [1]),
@@ -35,6 +38,11 @@ ENGINE_INPUTS: dict[str, tuple[type, list[int]]] = {
     "random_seed": (np.uint64, [1]),
     "seed": (np.uint64, [1]),
     "bad_words_list": (np.int32, [2, -1]),
+    "repetition_penalty": (np.float32, [1]),
+    "presence_penalty": (np.float32, [1]),
+    "frequency_penalty": (np.float32, [1]),
+    "min_tokens": (np.int32, [1]),
+    "prompt_length": (np.int32, [1]),  # ours: where the prompt ends in input_ids (penalties count the rest)
     "return_generation_logits": (np.bool_, [1]),
     "exclude_input_in_output": (np.bool_, [1]),
     "streaming": (np.bool_, [1]),  # one response per token (in-flight engines' generations)
@@ -57,6 +65,7 @@ def _row_scalar(inputs: Mapping[str, np.ndarray], name: str, b: int, default):
 
 def parse_engine_inputs(inputs: Mapping[str, np.ndarray], request_id: str) -> list[EngineRequest]:
     """One EngineRequest per batch row of a tensorrt_llm-style request."""
+    check_unsupported(inputs, ENGINE_UNSUPPORTED, ENGINE_NEUTRAL_ONLY)
     ids = inputs.get("input_ids")
     if ids is None:
         raise InvalidRequest("input 'input_ids' is required")
@@ -99,6 +108,7 @@ def parse_engine_inputs(inputs: Mapping[str, np.ndarray], request_id: str) -> li
                 end_id=None if end_id is None else int(end_id),
                 pad_id=int(_row_scalar(inputs, "pad_id", b, 0)),
                 bad_words=BadWords.from_tensor(_row(inputs, "bad_words_list", b)),
+                penalties=_penalties(inputs, b, length),
                 return_generation_logits=bool(_row_scalar(inputs, "return_generation_logits", b, False)),
                 exclude_input_in_output=bool(_row_scalar(inputs, "exclude_input_in_output", b, False)),
                 streaming=bool(_row_scalar(inputs, "streaming", b, False)),
@@ -106,6 +116,22 @@ def parse_engine_inputs(inputs: Mapping[str, np.ndarray], request_id: str) -> li
             )
         )
     return requests
+
+
+def _penalties(inputs: Mapping[str, np.ndarray], b: int, length: int) -> Penalties:
+    """Row b's penalties; without prompt_length all of its input_ids is the prompt."""
+    penalties = Penalties(
+        repetition=float(_row_scalar(inputs, "repetition_penalty", b, 1.0)),
+        presence=float(_row_scalar(inputs, "presence_penalty", b, 0.0)),
+        frequency=float(_row_scalar(inputs, "frequency_penalty", b, 0.0)),
+        min_tokens=int(_row_scalar(inputs, "min_tokens", b, 0)),
+        prompt_length=int(_row_scalar(inputs, "prompt_length", b, length)),
+    )
+    values = [penalties.repetition, penalties.presence, penalties.frequency]
+    if penalties.repetition <= 0 or not np.isfinite(values).all():
+        raise InvalidRequest("'repetition_penalty' must be > 0 and presence/frequency penalties finite, got "
+                             f"{penalties.repetition}, {penalties.presence}, {penalties.frequency}")
+    return NO_PENALTIES if penalties.neutral else penalties
 
 
 def encode_engine_outputs(requests: list[EngineRequest], results: list[EngineResult]) -> dict[str, np.ndarray]:
@@ -121,6 +147,9 @@ def encode_engine_outputs(requests: list[EngineRequest], results: list[EngineRes
     out = {
         "output_ids": output_ids,
         "sequence_length": np.array([[len(r)] for r in rows], dtype=np.int32),
+        # one beam per row: the row's index in the request's batch, and sequence 0
+        "batch_index": np.arange(len(rows), dtype=np.int32).reshape(-1, 1),
+        "sequence_index": np.zeros((len(rows), 1), dtype=np.int32),
     }
     if any(q.return_generation_logits for q in requests):
         vocab = max((r.logits.shape[-1] for r in results if r.logits is not None), default=0)
@@ -156,6 +185,15 @@ def build_engine_inputs(request: EngineRequest) -> dict[str, np.ndarray]:
         tensors["end_id"] = np.array([[request.end_id]], dtype=np.int32)
     if request.bad_words:
         tensors["bad_words_list"] = request.bad_words.to_tensor()[None]
+    if not request.penalties.neutral:
+        p = request.penalties
+        tensors |= {
+            "repetition_penalty": np.array([[p.repetition]], dtype=np.float32),
+            "presence_penalty": np.array([[p.presence]], dtype=np.float32),
+            "frequency_penalty": np.array([[p.frequency]], dtype=np.float32),
+            "min_tokens": np.array([[p.min_tokens]], dtype=np.int32),
+            "prompt_length": np.array([[p.prompt_length]], dtype=np.int32),
+        }
     if request.return_generation_logits:
         tensors["return_generation_logits"] = np.array([[True]], dtype=np.bool_)
     if request.streaming:

@@ -194,7 +194,7 @@ class TorchEngine(SplitBatchEngine):
             try:
                 verdict = verify_draft(
                     logits, draft, request.sampling, job.rng, request.input_ids, request.bad_words, request.end_id,
-                    request.draft_logits,
+                    request.draft_logits, request.penalties,
                 )
             except ValueError as exc:  # draft_logits that do not fit the draft or the vocabulary
                 raise InvalidRequest(str(exc)) from None

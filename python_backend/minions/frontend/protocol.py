@@ -12,7 +12,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 499: "request_cancelled",
                503: "service_unavailable", 500: "server_error"}
 """An error's HTTP status -> its `type` in OpenAI's error JSON."""

@@ -1,9 +1,11 @@
-"""tensorrt_llm_bls inputs for what Minions does not do: accepted at their neutral values (what
-tensorrtllm_backend's clients send by default), refused otherwise with a message that says what to change.
+"""Inputs for what Minions does not do, on both interfaces it speaks: tensorrt_llm_bls's (the `minions`
+model) and tensorrt_llm's (every engine model). They are accepted at their neutral values (what
+tensorrtllm_backend's clients send by default) and refused otherwise with a message that says what
+to change.
 
-Declaring every input of tensorrt_llm_bls (model_repository/minions/config.pbtxt) lets its clients
-talk to Minions unchanged; this module keeps that from silently ignoring a request for beam search,
-a penalty, log probs, LoRA and the like, which speculative decoding here does not apply.
+Declaring every input of those models (model_repository/minions/config.pbtxt,
+model_repository/tensorrt_llm_io.pbtxt) lets their clients talk to Minions unchanged; this module
+keeps that from silently ignoring a request for beam search, log probs, LoRA and the like.
 """
 
 from __future__ import annotations
@@ -14,47 +16,91 @@ import numpy as np
 
 from minions.errors import InvalidRequest
 
+Neutral = dict[str, tuple[type, Callable[[object], bool], str]]
+"""Input name -> (its kind, whether a value is neutral, what to send instead)."""
+
+_PROMPT_TUNING = {"prompt_embedding_table": "prompt tuning", "prompt_vocab_size": "prompt tuning"}
+_LORA = {"lora_task_id": "LoRA adapters", "lora_weights": "LoRA adapters", "lora_config": "LoRA adapters"}
+_GUIDED = {"guided_decoding_guide_type": "guided decoding", "guided_decoding_guide": "guided decoding"}
+
 UNSUPPORTED_FEATURES: dict[str, str] = {
     "decoder_text_input": "encoder-decoder models",
     "image_input": "image input", "image_bytes_input": "image input", "image_url_input": "image input",
     "video_bytes_input": "video input",
-    "prompt_embedding_table": "prompt tuning", "prompt_vocab_size": "prompt tuning",
-    "prompt_table_extra_id": "prompt tuning",
+    **_PROMPT_TUNING, "prompt_table_extra_id": "prompt tuning",
     "embedding_bias_words": "embedding bias", "embedding_bias_weights": "embedding bias",
-    "lora_task_id": "LoRA adapters", "lora_weights": "LoRA adapters", "lora_config": "LoRA adapters",
-    "guided_decoding_guide_type": "guided decoding", "guided_decoding_guide": "guided decoding",
+    **_LORA, **_GUIDED,
 }
-"""Inputs for features Minions does not have: refused when given with a value (an empty one is absent)."""
+"""tensorrt_llm_bls inputs for features Minions does not have: refused when given with a value (an
+empty one is absent)."""
 
-NEUTRAL_ONLY: dict[str, tuple[type, Callable[[object], bool], str]] = {
+_ONE_SEQUENCE: Neutral = {
     "beam_width": (int, lambda v: v == 1, "beam search is not supported: send beam_width 1"),
     "num_return_sequences": (int, lambda v: v == 1, "one sequence per request: send num_return_sequences 1"),
-    "min_tokens": (int, lambda v: v <= 1, "min_tokens above 1 is not supported: leave it out"),
-    "repetition_penalty": (float, lambda v: v == 1.0, "penalties are not supported: send repetition_penalty 1.0"),
-    "presence_penalty": (float, lambda v: v == 0.0, "penalties are not supported: send presence_penalty 0"),
-    "frequency_penalty": (float, lambda v: v == 0.0, "penalties are not supported: send frequency_penalty 0"),
-    "return_log_probs": (bool, lambda v: not v, "log probs are not returned: send return_log_probs false"),
     "return_context_logits": (bool, lambda v: not v,
                               "context logits are not returned: send return_context_logits false"),
+}
+
+NEUTRAL_ONLY: Neutral = {
+    **_ONE_SEQUENCE,
+    "return_log_probs": (bool, lambda v: not v, "log probs are not returned: send return_log_probs false"),
     "return_generation_logits": (bool, lambda v: not v,
                                  "generation logits are not returned: send return_generation_logits false"),
 }
-"""Inputs accepted only at a neutral value (tensorrt_llm's defaults). `length_penalty` is accepted as
-any value: it applies to beam search only, as in TensorRT-LLM."""
+"""tensorrt_llm_bls inputs accepted only at a neutral value (tensorrt_llm's defaults). `length_penalty`
+is accepted as any value: it applies to beam search only, as in TensorRT-LLM."""
+
+ENGINE_UNSUPPORTED: dict[str, str] = {
+    "encoder_input_features": "encoder-decoder models", "encoder_output_lengths": "encoder-decoder models",
+    "decoder_input_ids": "encoder-decoder models", "decoder_input_lengths": "encoder-decoder models",
+    "cross_attention_mask": "encoder-decoder models",
+    **_PROMPT_TUNING, "prompt_table_extra_ids": "prompt tuning",
+    "embedding_bias": "embedding bias",
+    "mrope_rotary_cos_sin": "multimodal rotary embeddings", "mrope_position_deltas": "multimodal rotary embeddings",
+    **_LORA, **_GUIDED,
+    "context_phase_params": "disaggregated context and generation phases",
+    "lookahead_window_size": "lookahead decoding", "lookahead_ngram_size": "lookahead decoding",
+    "lookahead_verification_set_size": "lookahead decoding",
+    "stop_words_list": "stop words in engine models (the minions model applies `stop_words`)",
+    "draft_acceptance_threshold": "threshold acceptance of drafts (verification is exact)",
+}
+"""tensorrt_llm inputs for features the engine models do not have: refused when given with a value."""
+
+ENGINE_NEUTRAL_ONLY: Neutral = {
+    **_ONE_SEQUENCE,
+    "return_log_probs": NEUTRAL_ONLY["return_log_probs"],
+    "runtime_top_p_decay": (float, lambda v: v == 1.0, "top-p decay is not supported: send runtime_top_p_decay 1"),
+    "return_perf_metrics": (bool, lambda v: not v, "engine models report no per-request perf metrics (the "
+                            "minions model does): send return_perf_metrics false"),
+    "skip_cross_attn_blocks": (bool, lambda v: not v, "encoder-decoder models are not supported: send false"),
+}
+"""tensorrt_llm inputs engine models accept only at a neutral value."""
+
+ENGINE_NO_EFFECT = frozenset({
+    "len_penalty", "early_stopping", "beam_search_diversity_rate",  # beam search only
+    "runtime_top_p_min", "runtime_top_p_reset_ids",  # top-p decay only
+    "retention_token_range_starts", "retention_token_range_ends", "retention_token_range_priorities",
+    "retention_token_range_durations_ms", "retention_decode_priority", "retention_decode_duration_ms",
+})
+"""tensorrt_llm inputs engine models accept as any value, with no effect: what they tune (beam search,
+top-p decay, KV-cache retention across requests) the engines do not do."""
 
 
-def check_unsupported(inputs: Mapping[str, np.ndarray]) -> None:
-    """InvalidRequest for the first input asking for what Minions does not do."""
-    for name, feature in UNSUPPORTED_FEATURES.items():
+def check_unsupported(inputs: Mapping[str, np.ndarray], unsupported: Mapping[str, str] = UNSUPPORTED_FEATURES,
+                      neutral: Neutral = NEUTRAL_ONLY) -> None:
+    """InvalidRequest for the first input asking for what Minions does not do (by default, among
+    tensorrt_llm_bls's; the engine models pass ENGINE_UNSUPPORTED and ENGINE_NEUTRAL_ONLY). A batch of
+    values is neutral when every value in it is."""
+    for name, feature in unsupported.items():
         if name in inputs and _given(inputs[name]):
             raise InvalidRequest(f"input {name!r}: {feature} are not supported by Minions; leave it out")
-    for name, (kind, neutral, message) in NEUTRAL_ONLY.items():
+    for name, (kind, is_neutral, message) in neutral.items():
         value = inputs.get(name)
-        if value is None or np.asarray(value).size == 0:
+        if value is None:
             continue
-        item = kind(np.asarray(value).reshape(-1)[0])
-        if np.asarray(value).size != 1 or not neutral(item):
-            raise InvalidRequest(f"input {name!r} is {item}: {message}")
+        for item in np.asarray(value).reshape(-1):
+            if not is_neutral(kind(item)):
+                raise InvalidRequest(f"input {name!r} is {kind(item)}: {message}")
 
 
 def _given(value: np.ndarray) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -57,6 +57,7 @@ def decode_request(greq: GenerationRequest, tokenizer: Tokenizer, settings: Orch
         prompt_ids=prompt_ids,
         max_new_tokens=min(greq.max_tokens, settings.max_context - len(prompt_ids)),
         sampling=greq.sampling,
+        penalties=replace(greq.penalties, prompt_length=len(prompt_ids)),
         seed=greq.seed,
         end_id=greq.end_id if greq.end_id is not None else tokenizer.eos_token_id,
         bad_words=BadWords([tokenizer.encode(w, add_special_tokens=False) for w in greq.bad_words]),

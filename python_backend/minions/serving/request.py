@@ -16,6 +16,7 @@ from minions.errors import InvalidRequest
 from minions.serving.compat import check_unsupported
 from minions.settings import OrchestratorSettings
 from minions.speculation.mode import OFF, Speculation
+from minions.speculation.penalties import NO_PENALTIES, Penalties
 from minions.speculation.sampling import SamplingParams
 
 
@@ -26,6 +27,8 @@ class GenerationRequest:
     stream: bool
     sampling: SamplingParams
     seed: int | None
+    penalties: Penalties = NO_PENALTIES
+    """Without the prompt's length, which is known once the text is tokenised (serving/flow.py)."""
     stop_words: tuple[str, ...] = ()
     bad_words: tuple[str, ...] = ()
     end_id: int | None = None
@@ -92,6 +95,7 @@ def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Orchestra
     top_k = _scalar(inputs, "top_k", int, 0)
     if top_k < 0:
         raise InvalidRequest(f"'top_k' must be >= 0, got {top_k}")
+    penalties = _penalties(inputs)
     seed = _scalar(inputs, "seed", int, None)
     if seed is None:
         seed = _scalar(inputs, "random_seed", int, None)
@@ -107,6 +111,7 @@ def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Orchestra
         stream=_scalar(inputs, "stream", bool, False),
         sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p),
         seed=seed,
+        penalties=penalties,
         stop_words=_strings(inputs, "stop_words"),
         bad_words=_strings(inputs, "bad_words"),
         end_id=_scalar(inputs, "end_id", int, None),
@@ -118,3 +123,18 @@ def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Orchestra
         use_draft_logits=_scalar(inputs, "use_draft_logits", bool, limits.default_use_draft_logits),
         pipeline=_scalar(inputs, "pipeline", bool, limits.pipeline),
     )
+
+
+def _penalties(inputs: Mapping[str, np.ndarray]) -> Penalties:
+    repetition = _scalar(inputs, "repetition_penalty", float, 1.0)
+    if not np.isfinite(repetition) or repetition <= 0:
+        raise InvalidRequest(f"'repetition_penalty' must be > 0 (1 = none), got {repetition}")
+    presence = _scalar(inputs, "presence_penalty", float, 0.0)
+    frequency = _scalar(inputs, "frequency_penalty", float, 0.0)
+    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+        if not np.isfinite(value):
+            raise InvalidRequest(f"{name!r} must be a finite number (0 = none), got {value}")
+    min_tokens = _scalar(inputs, "min_tokens", int, 0)
+    if min_tokens < 0:
+        raise InvalidRequest(f"'min_tokens' must be >= 0, got {min_tokens}")
+    return Penalties(repetition, presence, frequency, min_tokens)

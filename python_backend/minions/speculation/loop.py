@@ -179,7 +179,7 @@ async def _stream_plain(client: EngineClient, services: Services, length: DraftL
     """Up to n plain tokens streamed from one LLM call, a round each (timed from the one before)."""
     call = EngineRequest(request_id, list(sequence), n, sampling=request.sampling,
                          seed=round_seed(seed, len(sequence)), end_id=request.end_id, bad_words=request.bad_words,
-                         exclude_input_in_output=True, streaming=True)
+                         penalties=request.penalties, exclude_input_in_output=True, streaming=True)
     t = time.perf_counter()
     async with aclosing(client.stream(services.llm, call)) as stream:
         async for result in stream:
@@ -197,5 +197,5 @@ def _verify_call(request: DecodeRequest, request_id: str, sequence: list[int], p
         request_id, list(sequence), len(proposal.draft) + 1, draft=proposal.draft,
         draft_logits=proposal.logits if proposal.draft else None, sampling=request.sampling,
         seed=round_seed(seed, len(sequence)), end_id=request.end_id, bad_words=request.bad_words,
-        exclude_input_in_output=True,
+        penalties=request.penalties, exclude_input_in_output=True,
     )

@@ -13,6 +13,7 @@ from minions.speculation.drafters import Drafter, SingleDrafter
 from minions.speculation.health import SsmHealth
 from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.mode import OFF, Speculation, SpeculationMode
+from minions.speculation.penalties import NO_PENALTIES, Penalties
 from minions.speculation.pool import DraftPool
 from minions.speculation.sampling import GREEDY, SamplingParams
 from minions.speculation.vote import VoteDrafter
@@ -27,6 +28,8 @@ class DecodeRequest:
     prompt_ids: list[int]
     max_new_tokens: int
     sampling: SamplingParams = GREEDY
+    penalties: Penalties = NO_PENALTIES
+    """Applied by the LLM alone, to plain tokens and every verified position (speculation/penalties.py)."""
     seed: int | None = None
     end_id: int | None = None
     bad_words: BadWords = field(default_factory=lambda: BadWords([]))

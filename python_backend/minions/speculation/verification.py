@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minions.speculation.penalties import NO_PENALTIES, Penalties
 from minions.speculation.sampling import SamplingParams, draw, greedy_token, target_probs
 from minions.text.bad_words import BadWords
 
@@ -47,13 +48,15 @@ def verify_draft(
     bad_words: BadWords | None = None,
     end_id: int | None = None,
     draft_logits: np.ndarray | None = None,
+    penalties: Penalties = NO_PENALTIES,
 ) -> Verdict:
     """Apply the accept/resample rule row by row.
 
     logits: shape [len(draft) + 1, vocab]; row i is the LLM's prediction for draft position i (row
     len(draft) predicts the token after a fully accepted draft). context: the tokens before the draft,
-    needed only for multi-token bad words. draft_logits: [len(draft), vocab], the SSM's logits when it
-    sampled its draft (ignored for greedy decoding, where the draft is judged by argmax alone).
+    needed only for multi-token bad words and penalties. draft_logits: [len(draft), vocab], the SSM's
+    logits when it sampled its draft (ignored for greedy decoding, where the draft is judged by argmax
+    alone). penalties change each row as plain decoding would at that position; never the draft's rows.
     """
     if logits.shape[0] != len(draft) + 1:
         raise ValueError(f"need {len(draft) + 1} logit rows for a draft of {len(draft)}, got {logits.shape[0]}")
@@ -62,19 +65,21 @@ def verify_draft(
     if draft_logits is not None and (draft_logits.shape[0] < len(draft) or draft_logits.shape[-1] != logits.shape[-1]):
         raise ValueError(f"draft_logits of shape {list(draft_logits.shape)} do not fit {len(draft)} tokens "
                          f"over a vocabulary of {logits.shape[-1]}")
-    history = list(context) if bad_words else []  # whole context: a bad word can be any length
+    track = bool(bad_words) or not penalties.neutral
+    history = list(context) if track else []  # whole context: a bad word can be any length
     tokens: list[int] = []
     for i in range(len(draft) + 1):
         banned = bad_words.banned_next(history) if bad_words else None
         proposal = int(draft[i]) if i < len(draft) else None
         q_row = draft_logits[i] if draft_logits is not None and proposal is not None else None
-        token, accepted = _judge(logits[i], proposal, params, rng, banned, q_row)
+        row = penalties.apply(logits[i], history, end_id)
+        token, accepted = _judge(row, proposal, params, rng, banned, q_row)
         tokens.append(token)
         if end_id is not None and token == end_id:
             return Verdict(tokens, i + int(accepted))
         if not accepted:
             return Verdict(tokens, i)
-        if bad_words:
+        if track:
             history.append(token)
     return Verdict(tokens, len(draft))
 
