@@ -9,6 +9,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from client.api import GenerationParams, generate_grpc
+from tests.integration.helpers import COPY_PROMPT
 
 PROMPT = "What is the capital of France?"
 PERF_OUTPUTS = ["kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
@@ -83,7 +84,6 @@ def test_its_default_sampling_request_is_served(server):
 
 @pytest.mark.parametrize("name, array, message", [
     ("beam_width", np.array([[2]], dtype=np.int32), "beam search is not supported"),
-    ("return_log_probs", np.array([[True]], dtype=bool), "log probs are not returned"),
     ("repetition_penalty", np.array([[0.0]], dtype=np.float32), "'repetition_penalty' must be > 0"),
     ("lora_task_id", np.array([[7]], dtype=np.uint64), "LoRA adapters are not supported"),
 ])
@@ -182,3 +182,29 @@ def test_what_the_llm_does_not_do_is_refused_with_a_clear_error(server, tokenize
     ids = tokenizer.encode(PROMPT, add_special_tokens=False)
     results, errors = _stream(server, _ifb_inputs(ids, True, tokenizer.eos_token_id, **{name: array}), None, "llm")
     assert errors and message in str(errors[0]), (results, errors)
+
+
+def test_log_probs_from_minions_and_from_llm_are_the_llms_own(server, tokenizer):
+    """return_log_probs: `minions` answers cum_log_probs and output_log_probs, the same under speculation
+    as without (the LLM's raw log probabilities at each emitted token), and `llm` answers them to the
+    in-flight batcher client for the same tokens."""
+    streams = {}
+    for speculation in ("off", "vote"):
+        inputs = _inputs(False, perf=False, max_tokens=np.array([[16]], dtype=np.int32),
+                         return_log_probs=np.array([[True]], dtype=bool), text_input=np.array([[COPY_PROMPT]], object),
+                         speculation=np.array([[speculation]]).astype(object))
+        names = ("text_output", "num_output_tokens", "cum_log_probs", "output_log_probs")
+        results, errors = _stream(server, inputs, [grpcclient.InferRequestedOutput(n) for n in names])
+        assert not errors and len(results) == 1, errors
+        assert results[0].as_numpy("num_output_tokens").reshape(-1)[0] == 16
+        streams[speculation] = (results[0].as_numpy("output_log_probs").reshape(-1),
+                                float(results[0].as_numpy("cum_log_probs").reshape(-1)[0]))
+    (off, off_cum), (vote, vote_cum) = streams["off"], streams["vote"]
+    assert len(off) == 16 and np.all(off <= 0) and off_cum == pytest.approx(off.sum(), abs=1e-3)
+    np.testing.assert_allclose(vote, off, atol=2e-3)
+    ids = tokenizer.encode(COPY_PROMPT, add_special_tokens=False)
+    results, errors = _stream(server, _ifb_inputs(ids, False, tokenizer.eos_token_id,
+                                                  return_log_probs=np.array([[True]], dtype=bool)), None, "llm")
+    assert not errors, errors
+    np.testing.assert_allclose(results[0].as_numpy("output_log_probs").reshape(-1), off, atol=2e-3)
+    assert results[0].as_numpy("cum_log_probs").reshape(-1)[0] == pytest.approx(off_cum, abs=1e-2)

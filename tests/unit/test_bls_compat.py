@@ -37,7 +37,6 @@ def test_what_an_end_to_end_client_sends_by_default_is_accepted():
 @pytest.mark.parametrize("name, value, dtype, message", [
     ("beam_width", 4, np.int32, "input 'beam_width' is 4: beam search is not supported: send beam_width 1"),
     ("num_return_sequences", 2, np.int32, "send num_return_sequences 1"),
-    ("return_log_probs", True, bool, "log probs are not returned"),
     ("return_context_logits", True, bool, "context logits are not returned"),
     ("return_generation_logits", True, bool, "generation logits are not returned"),
 ])
@@ -67,6 +66,10 @@ def test_every_refusal_names_a_declared_input():
     config = (Path(__file__).resolve().parents[2] / "model_repository" / "minions" / "config.pbtxt").read_text()
     for name in [*UNSUPPORTED_FEATURES, *NEUTRAL_ONLY, "length_penalty"]:
         assert f'name: "{name}"' in config, name
+
+
+def test_log_probs_are_returned_when_asked():
+    assert parse(return_log_probs=one(True, bool)).return_log_probs and not parse().return_log_probs
 
 
 def test_penalties_and_min_tokens_are_applied_not_refused():

@@ -15,7 +15,7 @@ from minions.errors import InvalidRequest
 from minions.speculation.mode import OFF, Speculation, SpeculationMode
 from minions.speculation.penalties import NO_PENALTIES, Penalties
 from minions.speculation.rounds import DecodeStats
-from minions.speculation.sampling import SamplingParams, round_seed
+from minions.speculation.sampling import SamplingParams, log_prob, round_seed
 from tiny_models import hf_greedy, next_logits
 
 SSMS = ("self", "other", "ngram")
@@ -61,6 +61,22 @@ def test_greedy_speculation_with_penalties_equals_plain_decoding_with_them(clien
         tokens, _, _ = decode(client, plan(prompt, 14, ssm, num_draft_tokens=3, penalties=penalties, end_id=end_id))
         assert tokens == want, f"speculation single:{ssm}"
     assert_all_released(engines)
+
+
+def test_log_probs_are_the_llms_own_for_every_emitted_token_whatever_the_mode(client, tiny_llm):
+    """Each emitted token's log probability, from the LLM's raw logits at its position: the same under
+    speculation as in plain decoding (computed on the verification rows, not the SSM's)."""
+    prompt = PROMPTS[0]
+    off_tokens, _, off_rounds = decode(client, plan(prompt, 12, return_log_probs=True))
+    off = [lp for r in off_rounds for lp in r.log_probs]
+    assert len(off) == len(off_tokens) == 12
+    want = [log_prob(next_logits(tiny_llm, prompt + off_tokens[:i]), t) for i, t in enumerate(off_tokens)]
+    np.testing.assert_allclose(off, want, atol=1e-4)
+    for ssm in SSMS:
+        tokens, _, rounds = decode(client, plan(prompt, 12, ssm, num_draft_tokens=3, return_log_probs=True))
+        assert tokens == off_tokens
+        np.testing.assert_allclose([lp for r in rounds for lp in r.log_probs], want, atol=1e-4, err_msg=ssm)
+    assert all(r.log_probs is None for r in decode(client, plan(prompt, 4))[2]), "only when asked"
 
 
 def test_the_noisy_drafter_is_both_accepted_and_rejected(client):

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from minions.engines.api import EngineRequest, EngineResult
-from minions.engines.tensors import ENGINE_INPUTS, build_engine_inputs, encode_engine_outputs, parse_engine_inputs
+from minions.engines.tensors import (
+    ENGINE_INPUTS,
+    build_engine_inputs,
+    decode_engine_outputs,
+    encode_engine_outputs,
+    parse_engine_inputs,
+)
 from minions.errors import InvalidRequest
 from minions.serving.compat import ENGINE_NEUTRAL_ONLY, ENGINE_NO_EFFECT, ENGINE_UNSUPPORTED
 from minions.speculation.penalties import Penalties
@@ -38,6 +44,7 @@ FULL = EngineRequest(
     pad_id=11,
     bad_words=BadWords([[4, 5], [6]]),
     penalties=Penalties(repetition=1.25, presence=0.5, frequency=-0.25, min_tokens=3, prompt_length=2),
+    return_log_probs=True,
     return_generation_logits=True,
     exclude_input_in_output=True,
 )
@@ -218,3 +225,14 @@ def test_a_batch_of_neutral_values_is_accepted():
     assert [r.input_ids for r in requests] == [[1, 2], [3, 4]]
     with pytest.raises(InvalidRequest, match="is 2"):
         parse_engine_inputs({"input_ids": ids, "beam_width": np.array([[1], [2]], dtype=np.int32)}, "r")
+
+
+def test_log_probs_travel_as_cum_and_output_log_probs():
+    requests = [EngineRequest("a", [1], 3, return_log_probs=True), EngineRequest("b", [1], 3, return_log_probs=True)]
+    out = encode_engine_outputs(requests, [EngineResult([4, 5], log_probs=[-0.5, -1.0]),
+                                           EngineResult([6], log_probs=[-2.0])])
+    assert out["output_log_probs"].shape == (2, 1, 2) and out["cum_log_probs"].shape == (2, 1)
+    np.testing.assert_allclose(out["cum_log_probs"], [[-1.5], [-2.0]])
+    assert decode_engine_outputs(requests[1], {k: v[1:] for k, v in out.items()}).log_probs == [-2.0]
+    with pytest.raises(InvalidRequest, match="no log probabilities"):
+        encode_engine_outputs(requests[:1], [EngineResult([4])])  # an n-gram engine has no logits

@@ -201,3 +201,17 @@ def test_request_latencies_from_arrival_first_and_last_tokens():
     ttft, itl, e2e = perf.latencies(11)
     assert (ttft, itl, e2e) == (0.25, 0.1, 1.25)
     assert perf.latencies(1)[1] is None, "one token: no time per output token"
+
+
+def test_log_probs_go_out_with_the_response_that_follows_their_tokens():
+    stream = TextStream(greq(return_log_probs=True, stream=True), CharTokenizer(), EOS)
+    stream.add(Round(tokens=ids("ab"), ssm=None, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.0,
+                     log_probs=[-0.5, -0.25]))
+    first = response_arrays(greq(return_log_probs=True), "ab", stream, None)
+    np.testing.assert_allclose(first["output_log_probs"], [[[-0.5, -0.25]]])
+    stream.add(Round(tokens=ids("c"), ssm=None, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.0,
+                     log_probs=[-1.0]))
+    second = response_arrays(greq(return_log_probs=True), "c", stream, "length")
+    np.testing.assert_allclose(second["output_log_probs"], [[[-1.0]]])
+    np.testing.assert_allclose(second["cum_log_probs"], [[-1.75]])
+    assert "cum_log_probs" not in response_arrays(greq(), "c", stream, None)

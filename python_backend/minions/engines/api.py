@@ -27,7 +27,7 @@ import numpy as np
 
 from minions.engines.sequence_cache import SequenceCache
 from minions.speculation.penalties import NO_PENALTIES, Penalties
-from minions.speculation.sampling import SamplingParams, pick_token
+from minions.speculation.sampling import SamplingParams, log_prob, pick_token
 from minions.text.bad_words import BadWords
 
 
@@ -45,6 +45,7 @@ class EngineRequest:
     pad_id: int = 0
     bad_words: BadWords = field(default_factory=lambda: BadWords([]))
     penalties: Penalties = NO_PENALTIES
+    return_log_probs: bool = False
     return_generation_logits: bool = False
     exclude_input_in_output: bool = False
     streaming: bool = False
@@ -62,6 +63,10 @@ class EngineRequest:
         banned = self.bad_words.banned_next(sequence) if self.bad_words else None
         return pick_token(self.penalties.apply(logits, sequence, self.end_id), self.sampling, rng, banned)
 
+    def log_probs(self, rows, tokens: list[int]) -> list[float] | None:
+        """The tokens' log probabilities from their logit rows, when the request asks for them."""
+        return [log_prob(row, t) for row, t in zip(rows, tokens)] if self.return_log_probs else None
+
     def generation_done(self, tokens: list[int]) -> bool:
         """Whether a generation that has produced `tokens` is over: request_output_len reached, or end_id."""
         return len(tokens) >= self.request_output_len or (
@@ -74,6 +79,8 @@ class EngineResult:
     """New tokens only (accepted draft tokens + the engine's own, or the generated ones)."""
     logits: np.ndarray | None = None
     """[len(tokens), vocab] generation logits when asked for."""
+    log_probs: list[float] | None = None
+    """Each token's log probability (sampling.log_prob) when asked for; None from engines without logits."""
     final: bool = True
     """False for the partial results of a streaming generation: more follow."""
 

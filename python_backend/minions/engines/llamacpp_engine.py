@@ -41,6 +41,7 @@ class _Job:
     """A verification's draft (the last len(draft) pending tokens of its one step)."""
     tokens: list[int] = field(default_factory=list)
     rows: list[np.ndarray] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
     streamed: int = 0
     """Tokens already reported by `partial`."""
     error: Exception | None = None
@@ -153,8 +154,9 @@ class LlamaCppStepper:
         if not new:
             return None
         rows = np.stack(job.rows[job.streamed:]) if job.rows else None
+        result = EngineResult(new, logits=rows, log_probs=self._log_probs(job), final=False)
         job.streamed = len(job.tokens)
-        return EngineResult(new, logits=rows, final=False)
+        return result
 
     def result(self, job: _Job) -> EngineResult:
         """What is left to answer: every token, or for a streaming job those not yet reported."""
@@ -162,7 +164,12 @@ class LlamaCppStepper:
         if job.error is not None:
             raise job.error
         rows = job.rows[job.streamed:]
-        return EngineResult(job.tokens[job.streamed:], logits=np.stack(rows) if rows else None)
+        return EngineResult(job.tokens[job.streamed:], logits=np.stack(rows) if rows else None,
+                            log_probs=self._log_probs(job))
+
+    @staticmethod
+    def _log_probs(job: _Job) -> list[float] | None:
+        return job.log_probs[job.streamed:] if job.request.return_log_probs else None
 
     def release(self, request_id: str) -> None:
         self._stepping.discard(request_id)
@@ -213,6 +220,7 @@ class LlamaCppStepper:
         job.sequence.append(token)
         if request.return_generation_logits:
             job.rows.append(logits)
+        job.log_probs += request.log_probs([logits], [token]) or []
         done = request.generation_done(job.tokens)
         if not done:
             job.pending = [token]
@@ -231,6 +239,7 @@ class LlamaCppStepper:
         self._ctx.kv_cache_seq_rm(job.entry.state, keep, -1)
         job.entry.tokens = job.entry.tokens[:keep]
         job.tokens = verdict.tokens
+        job.log_probs = request.log_probs(logits, verdict.tokens) or []
         if request.return_generation_logits:
             job.rows = list(logits[: len(verdict.tokens)])
         return True

@@ -43,6 +43,7 @@ ENGINE_INPUTS: dict[str, tuple[type, list[int]]] = {
     "frequency_penalty": (np.float32, [1]),
     "min_tokens": (np.int32, [1]),
     "prompt_length": (np.int32, [1]),  # ours: where the prompt ends in input_ids (penalties count the rest)
+    "return_log_probs": (np.bool_, [1]),
     "return_generation_logits": (np.bool_, [1]),
     "exclude_input_in_output": (np.bool_, [1]),
     "streaming": (np.bool_, [1]),  # one response per token (in-flight engines' generations)
@@ -109,6 +110,7 @@ def parse_engine_inputs(inputs: Mapping[str, np.ndarray], request_id: str) -> li
                 pad_id=int(_row_scalar(inputs, "pad_id", b, 0)),
                 bad_words=BadWords.from_tensor(_row(inputs, "bad_words_list", b)),
                 penalties=_penalties(inputs, b, length),
+                return_log_probs=bool(_row_scalar(inputs, "return_log_probs", b, False)),
                 return_generation_logits=bool(_row_scalar(inputs, "return_generation_logits", b, False)),
                 exclude_input_in_output=bool(_row_scalar(inputs, "exclude_input_in_output", b, False)),
                 streaming=bool(_row_scalar(inputs, "streaming", b, False)),
@@ -151,6 +153,8 @@ def encode_engine_outputs(requests: list[EngineRequest], results: list[EngineRes
         "batch_index": np.arange(len(rows), dtype=np.int32).reshape(-1, 1),
         "sequence_index": np.zeros((len(rows), 1), dtype=np.int32),
     }
+    if any(q.return_log_probs for q in requests):
+        out |= _log_prob_outputs(requests, results)
     if any(q.return_generation_logits for q in requests):
         vocab = max((r.logits.shape[-1] for r in results if r.logits is not None), default=0)
         steps = max((len(r.tokens) for r in results), default=0)
@@ -160,6 +164,19 @@ def encode_engine_outputs(requests: list[EngineRequest], results: list[EngineRes
                 logits[i, 0, : r.logits.shape[0], : r.logits.shape[1]] = r.logits
         out["generation_logits"] = logits
     return out
+
+
+def _log_prob_outputs(requests: list[EngineRequest], results: list[EngineResult]) -> dict[str, np.ndarray]:
+    """cum_log_probs [batch, beam = 1] and output_log_probs [batch, beam = 1, tokens] (zero-padded) of the
+    generated tokens. InvalidRequest for an engine that has none (the n-gram and suffix drafters)."""
+    steps = max((len(r.tokens) for r in results), default=0)
+    output = np.zeros((len(results), 1, steps), dtype=np.float32)
+    for i, (q, r) in enumerate(zip(requests, results)):
+        if q.return_log_probs:
+            if r.log_probs is None:
+                raise InvalidRequest("this engine computes no log probabilities: send return_log_probs false")
+            output[i, 0, : len(r.log_probs)] = r.log_probs
+    return {"cum_log_probs": output.sum(axis=2, dtype=np.float32), "output_log_probs": output}
 
 
 def build_engine_inputs(request: EngineRequest) -> dict[str, np.ndarray]:
@@ -194,6 +211,8 @@ def build_engine_inputs(request: EngineRequest) -> dict[str, np.ndarray]:
             "min_tokens": np.array([[p.min_tokens]], dtype=np.int32),
             "prompt_length": np.array([[p.prompt_length]], dtype=np.int32),
         }
+    if request.return_log_probs:
+        tensors["return_log_probs"] = np.array([[True]], dtype=np.bool_)
     if request.return_generation_logits:
         tensors["return_generation_logits"] = np.array([[True]], dtype=np.bool_)
     if request.streaming:
@@ -206,7 +225,7 @@ def build_engine_inputs(request: EngineRequest) -> dict[str, np.ndarray]:
 def decode_engine_outputs(request: EngineRequest, outputs: Mapping[str, np.ndarray]) -> EngineResult:
     """The inverse of encode_engine_outputs for the one sequence `request` built: the new tokens
     (output_ids up to sequence_length, past the input unless it was excluded) and, when asked for, their
-    generation logits. `outputs` maps output names to arrays; generation_logits may be absent."""
+    log probs and generation logits. `outputs` maps output names to arrays; generation_logits may be absent."""
     length = int(np.asarray(outputs["sequence_length"]).reshape(-1)[0])
     tokens = np.asarray(outputs["output_ids"]).reshape(-1)[:length]
     if not request.exclude_input_in_output:
@@ -217,4 +236,7 @@ def decode_engine_outputs(request: EngineRequest, outputs: Mapping[str, np.ndarr
         rows = np.asarray(generation_logits)[0, 0]
         if rows.shape[-1] > 0:  # an engine without logits sends a 0-wide tensor
             logits = rows[: len(tokens)]
-    return EngineResult([int(t) for t in tokens], logits=logits)
+    log_probs = None
+    if request.return_log_probs and outputs.get("output_log_probs") is not None:
+        log_probs = [float(x) for x in np.asarray(outputs["output_log_probs"]).reshape(-1)[: len(tokens)]]
+    return EngineResult([int(t) for t in tokens], logits=logits, log_probs=log_probs)

@@ -201,6 +201,7 @@ class TorchEngine(SplitBatchEngine):
             self._crop(job.entry, len(request.input_ids) + verdict.num_accepted)
             job.result = EngineResult(
                 verdict.tokens, logits[: len(verdict.tokens)] if request.return_generation_logits else None,
+                log_probs=request.log_probs(logits, verdict.tokens),
             )
             return True
         token = request.next_token(logits[0], job.sequence, job.rng)
@@ -210,7 +211,7 @@ class TorchEngine(SplitBatchEngine):
         done = request.generation_done(job.tokens)
         if done:
             rows = np.stack(job.rows) if request.return_generation_logits else None
-            job.result = EngineResult(job.tokens, logits=rows)
+            job.result = EngineResult(job.tokens, logits=rows, log_probs=request.log_probs(job.rows, job.tokens))
         return done
 
     def _crop(self, entry: CachedSequence, length: int) -> None:

@@ -5,7 +5,7 @@ to change.
 
 Declaring every input of those models (model_repository/minions/config.pbtxt,
 model_repository/tensorrt_llm_io.pbtxt) lets their clients talk to Minions unchanged; this module
-keeps that from silently ignoring a request for beam search, log probs, LoRA and the like.
+keeps that from silently ignoring a request for beam search, context logits, LoRA and the like.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ _ONE_SEQUENCE: Neutral = {
 
 NEUTRAL_ONLY: Neutral = {
     **_ONE_SEQUENCE,
-    "return_log_probs": (bool, lambda v: not v, "log probs are not returned: send return_log_probs false"),
     "return_generation_logits": (bool, lambda v: not v,
                                  "generation logits are not returned: send return_generation_logits false"),
 }
@@ -68,7 +67,6 @@ ENGINE_UNSUPPORTED: dict[str, str] = {
 
 ENGINE_NEUTRAL_ONLY: Neutral = {
     **_ONE_SEQUENCE,
-    "return_log_probs": NEUTRAL_ONLY["return_log_probs"],
     "runtime_top_p_decay": (float, lambda v: v == 1.0, "top-p decay is not supported: send runtime_top_p_decay 1"),
     "return_perf_metrics": (bool, lambda v: not v, "engine models report no per-request perf metrics (the "
                             "minions model does): send return_perf_metrics false"),

@@ -66,6 +66,7 @@ def decode_request(greq: GenerationRequest, tokenizer: Tokenizer, settings: Orch
         max_draft_tokens=settings.max_num_draft_tokens,
         use_draft_logits=greq.use_draft_logits,
         pipeline=greq.pipeline,
+        return_log_probs=greq.return_log_probs,
     )
 
 
@@ -129,11 +130,14 @@ class TextStream:
         self.stats = DecodeStats()
         self.finish_reason = "length"
         self.pending = ""  # text not yet sent (all of it when not streaming)
+        self.log_probs: list[float] = []
+        self.sent_log_probs = 0  # how many of them earlier responses carried
 
     def add(self, r: Round) -> bool:
         """Take a round's tokens; True when the request is done (last round, end_id or a stop string)."""
         self.stats.add(r)
         self.perf.token_arrived()
+        self.log_probs += r.log_probs or []
         tokens = r.tokens
         if self.end_id in tokens:
             tokens = tokens[: tokens.index(self.end_id)]
@@ -176,6 +180,10 @@ def response_arrays(greq: GenerationRequest, text: str, stream: TextStream,
     }
     if finish_reason is not None:
         out["finish_reason"] = np.array([finish_reason.encode()], dtype=np.object_)
+    if greq.return_log_probs:  # the tokens' since the previous response, and the sum of all so far
+        new, stream.sent_log_probs = stream.log_probs[stream.sent_log_probs:], len(stream.log_probs)
+        out["output_log_probs"] = np.array([[new]], dtype=np.float32)
+        out["cum_log_probs"] = np.array([[sum(stream.log_probs)]], dtype=np.float32)
     if greq.return_perf_metrics:
         blocks = perf.blocks(stats.emitted_tokens)
         out |= {

@@ -36,6 +36,7 @@ class GenerationRequest:
     num_draft_tokens: int | None = 4
     """Fixed draft length; None: adaptive."""
     return_perf_metrics: bool = False
+    return_log_probs: bool = False
     speculation: Speculation = OFF
     chat: bool = False
     use_draft_logits: bool = False
@@ -118,6 +119,7 @@ def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Orchestra
         exclude_input_in_output=_scalar(inputs, "exclude_input_in_output", bool, False),
         num_draft_tokens=k,
         return_perf_metrics=_scalar(inputs, "return_perf_metrics", bool, False),
+        return_log_probs=_scalar(inputs, "return_log_probs", bool, False),
         speculation=speculation,
         chat=_scalar(inputs, "chat", bool, limits.default_chat),
         use_draft_logits=_scalar(inputs, "use_draft_logits", bool, limits.default_use_draft_logits),

@@ -104,7 +104,8 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
                                          or draft and services.early_draft_pays(length, batch, len(draft))):
                     source.draft_ahead(progress.sequence, draft, remaining, length.current, progress.index)
             # Accept.
-            emitted = (await verification).tokens[:remaining]
+            verdict = await verification
+            emitted = verdict.tokens[:remaining]
             t2 = time.perf_counter()
             if not emitted:
                 raise RuntimeError(f"engine {services.llm!r} returned no token")
@@ -120,7 +121,8 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
             yield Round(tokens=emitted, ssm=proposal.chosen if draft else None, drafted=len(draft), accepted=accepted,
                         draft_seconds=draft_seconds, verify_seconds=t2 - t1, failed=proposal.failed, last=last,
                         drafts=proposal.drafts, control_seconds=control, planned=planned, pipelined=pipelined,
-                        early_discarded=source is not None and source.wasted(emitted))
+                        early_discarded=source is not None and source.wasted(emitted),
+                        log_probs=_first(verdict.log_probs, remaining))
             if last:
                 return
     finally:
@@ -179,14 +181,15 @@ async def _stream_plain(client: EngineClient, services: Services, length: DraftL
     """Up to n plain tokens streamed from one LLM call, a round each (timed from the one before)."""
     call = EngineRequest(request_id, list(sequence), n, sampling=request.sampling,
                          seed=round_seed(seed, len(sequence)), end_id=request.end_id, bad_words=request.bad_words,
-                         penalties=request.penalties, exclude_input_in_output=True, streaming=True)
+                         penalties=request.penalties, return_log_probs=request.return_log_probs,
+                         exclude_input_in_output=True, streaming=True)
     t = time.perf_counter()
     async with aclosing(client.stream(services.llm, call)) as stream:
         async for result in stream:
             now = time.perf_counter()
             length.observe(batch, 0, 0, None, now - t)
             yield Round(tokens=result.tokens[:n], ssm=None, drafted=0, accepted=0, draft_seconds=0.0,
-                        verify_seconds=now - t)
+                        verify_seconds=now - t, log_probs=_first(result.log_probs, n))
             t = now
 
 
@@ -197,5 +200,9 @@ def _verify_call(request: DecodeRequest, request_id: str, sequence: list[int], p
         request_id, list(sequence), len(proposal.draft) + 1, draft=proposal.draft,
         draft_logits=proposal.logits if proposal.draft else None, sampling=request.sampling,
         seed=round_seed(seed, len(sequence)), end_id=request.end_id, bad_words=request.bad_words,
-        penalties=request.penalties, exclude_input_in_output=True,
+        penalties=request.penalties, return_log_probs=request.return_log_probs, exclude_input_in_output=True,
     )
+
+
+def _first(log_probs: list[float] | None, n: int) -> list[float] | None:
+    return None if log_probs is None else log_probs[:n]

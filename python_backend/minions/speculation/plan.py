@@ -43,6 +43,8 @@ class DecodeRequest:
     have no logits, whose drafts are then judged as deterministic)."""
     pipeline: bool = False
     """Draft round r+1 while the LLM verifies round r (pipelining.py)."""
+    return_log_probs: bool = False
+    """The LLM reports each emitted token's log probability (Round.log_probs)."""
 
     @property
     def sampled_drafts(self) -> bool:

@@ -33,6 +33,8 @@ class Round:
     """The draft was made during the previous round's verification."""
     early_discarded: bool = False
     """An early draft for the next round was made during this round and thrown away."""
+    log_probs: list[float] | None = None
+    """The LLM's log probability of each emitted token, when the request asks for them."""
 
     def ssm_matched(self) -> dict[str, int]:
         """Per SSM: how many of its own draft tokens the LLM's output confirms."""

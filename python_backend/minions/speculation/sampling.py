@@ -76,6 +76,14 @@ def target_probs(logits: np.ndarray, params: SamplingParams, banned: list[int] |
     return probs
 
 
+def log_prob(logits: np.ndarray, token: int) -> float:
+    """The model's own log probability of `token` (log-softmax of the raw logits: no temperature,
+    penalties or truncation), what tensorrt_llm's `output_log_probs` report here."""
+    z = np.asarray(logits, dtype=np.float64)
+    top = z.max()
+    return float(z[token] - top - np.log(np.exp(z - top).sum()))
+
+
 def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one token id from an (unnormalised is fine) non-negative vector by inverse CDF."""
     cumulative = np.cumsum(probs)

@@ -187,7 +187,8 @@ def _infer_request(model: str, request: EngineRequest, call_id: str) -> service_
         tensor = message.inputs.add(name=name, datatype=np_to_triton_dtype(array.dtype))
         tensor.shape.extend(array.shape)
         message.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
-    for name in ["output_ids", "sequence_length"] + (["generation_logits"] if request.return_generation_logits else []):
+    for name in (["output_ids", "sequence_length"] + (["output_log_probs"] if request.return_log_probs else [])
+                 + (["generation_logits"] if request.return_generation_logits else [])):
         message.outputs.add(name=name)
     return message
 

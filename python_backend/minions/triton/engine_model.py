@@ -169,7 +169,10 @@ class TritonPythonModel:
         if failure is not None:
             log.error("%s: request failed: %s: %s", self.name, type(failure).__name__, failure)
             return pb_utils.InferenceResponse(error=error(f"{self.name}: {type(failure).__name__}: {failure}"))
-        outputs = encode_engine_outputs(engine_requests, results)
+        try:
+            outputs = encode_engine_outputs(engine_requests, results)
+        except InvalidRequest as exc:  # asked for what this engine does not compute (log probs of an n-gram)
+            return pb_utils.InferenceResponse(error=error(str(exc), pb_utils.TritonError.INVALID_ARG))
         wanted = set(request.requested_output_names() or outputs)
         return pb_utils.InferenceResponse(
             output_tensors=[pb_utils.Tensor(name, array) for name, array in outputs.items() if name in wanted]
