@@ -8,7 +8,7 @@ DEPLOY ?= deploy.yaml
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv serve prepare test test-unit test-integration bench bench-peers soak loadtest distill clean
+.PHONY: venv serve prepare test test-unit test-integration bench bench-peers bench-aiperf soak loadtest distill clean
 
 # The Triton stub links Debian's libpython3.11, so the venv must come from the system python3.11.
 $(STAMP): requirements.txt
@@ -46,6 +46,25 @@ bench: $(STAMP)
 # Minions against llama.cpp's own llama-server on the same GGUF (builds llama-server once under .cache/peers).
 bench-peers: $(STAMP)
 	$(PY) -m benchmarks.bench_peers --deploy $(DEPLOY)
+
+# NVIDIA AIPerf against the OpenAI-compatible API of a server you started yourself (`make serve` first;
+# this target does not start one): chat streaming, speculation off and vote, concurrency 1 and 4, into
+# bench_results/aiperf/<endpoint>-<mode>-c<n>/ (summary: profile_export_aiperf.{json,csv}). aiperf has its
+# own venv, .cache/aiperf-venv. Settings and what the summary holds: benchmarks/aiperf/run.sh;
+# AIPERF_ARGS goes to every `aiperf profile`.
+AIPERF_VENV := .cache/aiperf-venv
+AIPERF_STAMP := $(AIPERF_VENV)/.installed
+AIPERF_URL ?= http://127.0.0.1:9000
+AIPERF_ARGS ?=
+$(AIPERF_STAMP): benchmarks/aiperf/requirements.txt
+	@test -x $(PYTHON_SYSTEM) || { echo "need $(PYTHON_SYSTEM) (apt-get install python3.11-venv)"; exit 1; }
+	test -x $(AIPERF_VENV)/bin/python || $(PYTHON_SYSTEM) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/python -m pip install --upgrade pip
+	$(AIPERF_VENV)/bin/python -m pip install -r benchmarks/aiperf/requirements.txt
+	touch $(AIPERF_STAMP)
+
+bench-aiperf: $(AIPERF_STAMP)
+	BENCH_AIPERF_BIN=$(AIPERF_VENV)/bin/aiperf AIPERF_URL=$(AIPERF_URL) bash benchmarks/aiperf/run.sh $(AIPERF_ARGS)
 
 # 30 minutes of 8-16 streams; fails on a failed or hung request, a stub crash, steady memory growth
 # or shared memory left behind (not in CI).
