@@ -9,12 +9,14 @@ capacity is reached with a few requests.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import yaml
 
 from benchmarks.server_process import ROOT
 from client.api import GenerationParams, MinionsClientError, generate_grpc
+from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
 from tests.integration.helpers import NearTies, metric_above, metric_value, served
 
 PROMPT = "Name three animals that live in the sea."
@@ -35,7 +37,16 @@ def small_server(tmp_path_factory):
 
 
 def _llm_tokens(server) -> float:
-    return metric_value(server.metrics_url, "minions_engine_batch_total", model="llm", what="tokens")
+    """The LLM's computed tokens once the gauge has settled: the engine model exports it at most every
+    METRICS_FLUSH_INTERVAL_S, so a read right after a request can miss its last steps."""
+    def read() -> float:
+        return metric_value(server.metrics_url, "minions_engine_batch_total", model="llm", what="tokens")
+
+    values = [read()]
+    while len(values) < 2 or values[-1] != values[-2]:
+        time.sleep(METRICS_FLUSH_INTERVAL_S + 0.2)
+        values.append(read())
+    return values[-1]
 
 
 def test_beyond_capacity_requests_wait_and_beyond_the_queue_are_refused(small_server):

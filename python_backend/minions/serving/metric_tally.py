@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from minions.speculation.rounds import Round
 
+METRICS_FLUSH_INTERVAL_S = 0.5
+"""How often the tally (and an engine model's gauges) are exported: a metric read right after a
+request may not count its last rounds for this long."""
+
 Key = tuple[str, tuple[tuple[str, str], ...]]
 """A metric series: its name and its sorted labels."""
 

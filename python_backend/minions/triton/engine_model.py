@@ -33,10 +33,10 @@ from minions.engines.api import (
 from minions.engines.factory import build_engine
 from minions.engines.tensors import encode_engine_outputs, parse_engine_inputs
 from minions.errors import InvalidRequest
+from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
 from minions.settings import EngineSettings
 
 from .common import error, input_arrays, model_config, release_metrics, setup_logging, string_parameters
-from .metrics import METRICS_FLUSH_INTERVAL_S
 
 log = logging.getLogger("minions.engine")
 

@@ -8,9 +8,6 @@ import triton_python_backend_utils as pb_utils
 
 from minions.serving.metric_tally import Key, MetricTally
 
-METRICS_FLUSH_INTERVAL_S = 0.5
-"""How often the tally of finished requests and rounds is exported (serving/metric_tally.py says why)."""
-
 COUNTERS = {
     "minions_spec_decode_num_drafts": "Verification rounds that carried a non-empty draft",
     "minions_spec_decode_num_draft_tokens": "Draft tokens proposed by SSMs and sent to the LLM",

@@ -21,6 +21,7 @@ import triton_python_backend_utils as pb_utils
 from minions.errors import InvalidRequest, ServerBusy
 from minions.serving.admission import Admission
 from minions.serving.flow import RequestPerf, TextStream, admit, decode_request, response_arrays
+from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
 from minions.serving.request import GenerationRequest, parse_generation_request
 from minions.settings import OrchestratorSettings
 from minions.speculation.loop import speculative_decode
@@ -28,7 +29,7 @@ from minions.speculation.plan import DecodeRequest, Services
 
 from .common import error, input_arrays, model_config, release_metrics, setup_logging, string_parameters
 from .engine_client import TritonEngineClient
-from .metrics import METRICS_FLUSH_INTERVAL_S, SpeculationMetrics
+from .metrics import SpeculationMetrics
 from .model_control import ModelControl
 
 log = logging.getLogger("minions.bls")
