@@ -154,6 +154,22 @@ def test_the_inflight_batcher_clients_request_to_llm_is_greedy_decoding(server, 
     assert tokenizer.decode(tokens, skip_special_tokens=True) == off.text
 
 
+def test_the_llm_answers_perf_metrics_to_the_inflight_batcher_client(server, tokenizer):
+    """--return-perf-metrics: the perf outputs come with every streamed response, in order."""
+    ids = tokenizer.encode(COPY_PROMPT, add_special_tokens=False)
+    names = IFB_OUTPUTS + PERF_OUTPUTS
+    results, errors = _stream(server, _ifb_inputs(ids, True, tokenizer.eos_token_id,
+                                                  return_perf_metrics=np.array([[True]], dtype=bool)),
+                              [grpcclient.InferRequestedOutput(n) for n in names], "llm")
+    assert not errors and len(results) > 1, errors
+    last = results[-1]
+    times = [int(last.as_numpy(n).reshape(-1)[0]) for n in
+             ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")]
+    assert times == sorted(times) and times[0] > 0 and times[3] > times[2]
+    assert last.as_numpy("kv_cache_alloc_total_blocks").reshape(-1)[0] == 1  # prompt and 16 tokens: one block
+    assert last.as_numpy("total_draft_tokens").reshape(-1)[0] == 0
+
+
 def test_penalties_sent_to_llm_and_to_minions_decode_alike(server, tokenizer):
     """repetition, presence and frequency penalties and min_tokens are applied by the llm: the in-flight
     batcher client's request and `minions` (off, and speculating) give the same text, which they change."""
@@ -175,7 +191,7 @@ def test_penalties_sent_to_llm_and_to_minions_decode_alike(server, tokenizer):
 
 @pytest.mark.parametrize("name, array, message", [
     ("beam_width", np.array([[2]], dtype=np.int32), "beam search is not supported: send beam_width 1"),
-    ("return_perf_metrics", np.array([[True]], dtype=bool), "send return_perf_metrics false"),
+    ("return_context_logits", np.array([[True]], dtype=bool), "send return_context_logits false"),
     ("lora_task_id", np.array([[7]], dtype=np.uint64), "LoRA adapters are not supported"),
 ])
 def test_what_the_llm_does_not_do_is_refused_with_a_clear_error(server, tokenizer, name, array, message):

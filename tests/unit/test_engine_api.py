@@ -10,6 +10,7 @@ import pytest
 from minions.engines.api import EngineRequest, EngineResult
 from minions.engines.tensors import (
     ENGINE_INPUTS,
+    CallTimes,
     build_engine_inputs,
     decode_engine_outputs,
     encode_engine_outputs,
@@ -211,7 +212,7 @@ def test_what_a_tensorrt_llm_client_sends_by_default_is_accepted_and_the_rest_re
     assert request.input_ids == [1, 2, 3] and request.sampling.greedy
     for name, value, message in [("beam_width", one(2, np.int32), "beam search is not supported: send beam_width 1"),
                                  ("num_return_sequences", one(3, np.int32), "send num_return_sequences 1"),
-                                 ("return_perf_metrics", one(True, bool), "send return_perf_metrics false"),
+                                 ("return_context_logits", one(True, bool), "send return_context_logits false"),
                                  ("lora_task_id", one(4, np.uint64), "LoRA adapters are not supported"),
                                  ("stop_words_list", np.array([[[5], [1]]], dtype=np.int32), "stop words"),
                                  ("repetition_penalty", one(0.0, np.float32), "must be > 0")]:
@@ -236,3 +237,20 @@ def test_log_probs_travel_as_cum_and_output_log_probs():
     assert decode_engine_outputs(requests[1], {k: v[1:] for k, v in out.items()}).log_probs == [-2.0]
     with pytest.raises(InvalidRequest, match="no log probabilities"):
         encode_engine_outputs(requests[:1], [EngineResult([4])])  # an n-gram engine has no logits
+
+
+def test_perf_outputs_report_times_kv_blocks_and_acceptance():
+    requests = [EngineRequest("a", list(range(200)), 4, draft=[7, 8, 9], return_perf_metrics=True),
+                EngineRequest("b", [1, 2], 1, return_perf_metrics=True)]
+    results = [EngineResult([7, 8, 5], cached_tokens=130), EngineResult([3])]
+    out = encode_engine_outputs(requests, results, CallTimes(10, 20, 30))
+    assert out["kv_cache_alloc_total_blocks"].tolist() == [[2], [1]]  # 203 and 3 tokens in blocks of 128
+    assert out["kv_cache_reused_blocks"].tolist() == [[1], [0]]
+    assert out["kv_cache_alloc_new_blocks"].tolist() == [[1], [1]]
+    assert out["total_draft_tokens"].tolist() == [[3], [0]]
+    assert out["total_accepted_draft_tokens"].tolist() == [[2], [0]]
+    np.testing.assert_allclose(out["acceptance_rate"], [[2 / 3], [0.0]])
+    assert [out[k][0, 0] for k in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
+                                   "last_token_time_ns")] == [10, 10, 20, 30]
+    streamed = encode_engine_outputs(requests[1:], [EngineResult([3])], CallTimes(1, 2, 3, generated=(300,)))
+    assert streamed["kv_cache_alloc_total_blocks"].tolist() == [[3]]  # 2 + 300 tokens so far

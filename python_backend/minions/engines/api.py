@@ -47,6 +47,7 @@ class EngineRequest:
     penalties: Penalties = NO_PENALTIES
     return_log_probs: bool = False
     return_generation_logits: bool = False
+    return_perf_metrics: bool = False
     exclude_input_in_output: bool = False
     streaming: bool = False
     stop: bool = False
@@ -83,6 +84,8 @@ class EngineResult:
     """Each token's log probability (sampling.log_prob) when asked for; None from engines without logits."""
     final: bool = True
     """False for the partial results of a streaming generation: more follow."""
+    cached_tokens: int = 0
+    """Tokens of input_ids the engine found in the sequence's cache and did not compute again."""
 
 
 @dataclass

@@ -216,4 +216,4 @@ def joined(parts: list[EngineResult]) -> EngineResult:
     rows = [p.logits for p in parts if p.logits is not None]
     log_probs = [lp for p in parts for lp in p.log_probs] if all(p.log_probs is not None for p in parts) else None
     return EngineResult([t for p in parts for t in p.tokens], logits=np.concatenate(rows) if rows else None,
-                        log_probs=log_probs)
+                        log_probs=log_probs, cached_tokens=parts[0].cached_tokens)

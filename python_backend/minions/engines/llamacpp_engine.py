@@ -42,6 +42,8 @@ class _Job:
     tokens: list[int] = field(default_factory=list)
     rows: list[np.ndarray] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    cached: int = 0
+    """Tokens of the input found in the slot's cache."""
     streamed: int = 0
     """Tokens already reported by `partial`."""
     error: Exception | None = None
@@ -142,7 +144,8 @@ class LlamaCppStepper:
         self._ctx.kv_cache_seq_rm(entry.state, keep, -1)
         entry.tokens = sequence[:keep]
         self._stepping.add(request.request_id)  # last: a start that raised leaves no pinned slot
-        return _Job(request, entry, sequence, sequence[keep:] + draft, np.random.default_rng(request.seed), draft)
+        return _Job(request, entry, sequence, sequence[keep:] + draft, np.random.default_rng(request.seed), draft,
+                    cached=keep)
 
     def step(self, jobs: list[_Job]) -> list[bool]:
         """One decode step: every job's pending tokens in; which jobs are finished."""
@@ -154,7 +157,7 @@ class LlamaCppStepper:
         if not new:
             return None
         rows = np.stack(job.rows[job.streamed:]) if job.rows else None
-        result = EngineResult(new, logits=rows, log_probs=self._log_probs(job), final=False)
+        result = EngineResult(new, logits=rows, log_probs=self._log_probs(job), final=False, cached_tokens=job.cached)
         job.streamed = len(job.tokens)
         return result
 
@@ -165,7 +168,7 @@ class LlamaCppStepper:
             raise job.error
         rows = job.rows[job.streamed:]
         return EngineResult(job.tokens[job.streamed:], logits=np.stack(rows) if rows else None,
-                            log_probs=self._log_probs(job))
+                            log_probs=self._log_probs(job), cached_tokens=job.cached)
 
     @staticmethod
     def _log_probs(job: _Job) -> list[float] | None:

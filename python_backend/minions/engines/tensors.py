@@ -12,10 +12,12 @@ Both directions live here: the engine model parses requests and encodes results
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from minions.engines.api import EngineRequest, EngineResult
+from minions.engines.sequence_cache import KV_GROWTH_TOKENS, common_prefix_len
 from minions.errors import InvalidRequest
 from minions.serving.compat import ENGINE_NEUTRAL_ONLY, ENGINE_UNSUPPORTED, check_unsupported
 from minions.speculation.penalties import NO_PENALTIES, Penalties
@@ -45,6 +47,7 @@ ENGINE_INPUTS: dict[str, tuple[type, list[int]]] = {
     "prompt_length": (np.int32, [1]),  # ours: where the prompt ends in input_ids (penalties count the rest)
     "return_log_probs": (np.bool_, [1]),
     "return_generation_logits": (np.bool_, [1]),
+    "return_perf_metrics": (np.bool_, [1]),
     "exclude_input_in_output": (np.bool_, [1]),
     "streaming": (np.bool_, [1]),  # one response per token (in-flight engines' generations)
     "stop": (np.bool_, [1]),
@@ -112,6 +115,7 @@ def parse_engine_inputs(inputs: Mapping[str, np.ndarray], request_id: str) -> li
                 penalties=_penalties(inputs, b, length),
                 return_log_probs=bool(_row_scalar(inputs, "return_log_probs", b, False)),
                 return_generation_logits=bool(_row_scalar(inputs, "return_generation_logits", b, False)),
+                return_perf_metrics=bool(_row_scalar(inputs, "return_perf_metrics", b, False)),
                 exclude_input_in_output=bool(_row_scalar(inputs, "exclude_input_in_output", b, False)),
                 streaming=bool(_row_scalar(inputs, "streaming", b, False)),
                 stop=bool(_row_scalar(inputs, "stop", b, False)),
@@ -136,8 +140,23 @@ def _penalties(inputs: Mapping[str, np.ndarray], b: int, length: int) -> Penalti
     return NO_PENALTIES if penalties.neutral else penalties
 
 
-def encode_engine_outputs(requests: list[EngineRequest], results: list[EngineResult]) -> dict[str, np.ndarray]:
-    """Batch the results in tensorrt_llm's layout: output_ids [batch, beam=1, len] padded with pad_id."""
+@dataclass(frozen=True)
+class CallTimes:
+    """When a call arrived at the engine model and when its first and latest tokens were ready
+    (time.time_ns), for tensorrt_llm's perf outputs."""
+
+    arrival_ns: int
+    first_token_ns: int
+    last_token_ns: int
+    generated: tuple[int, ...] | None = None
+    """Tokens each row has generated so far, when a streamed response carries only the latest
+    (None: the results' own tokens)."""
+
+
+def encode_engine_outputs(requests: list[EngineRequest], results: list[EngineResult],
+                          times: CallTimes | None = None) -> dict[str, np.ndarray]:
+    """Batch the results in tensorrt_llm's layout: output_ids [batch, beam=1, len] padded with pad_id;
+    the perf outputs when a request asks for them (`times` then required)."""
     rows = [
         (r.tokens if q.exclude_input_in_output else q.input_ids + r.tokens) for q, r in zip(requests, results)
     ]
@@ -155,6 +174,10 @@ def encode_engine_outputs(requests: list[EngineRequest], results: list[EngineRes
     }
     if any(q.return_log_probs for q in requests):
         out |= _log_prob_outputs(requests, results)
+    if any(q.return_perf_metrics for q in requests):
+        if times is None:
+            raise ValueError("perf outputs need the call's times")
+        out |= _perf_outputs(requests, results, times)
     if any(q.return_generation_logits for q in requests):
         vocab = max((r.logits.shape[-1] for r in results if r.logits is not None), default=0)
         steps = max((len(r.tokens) for r in results), default=0)
@@ -177,6 +200,35 @@ def _log_prob_outputs(requests: list[EngineRequest], results: list[EngineResult]
                 raise InvalidRequest("this engine computes no log probabilities: send return_log_probs false")
             output[i, 0, : len(r.log_probs)] = r.log_probs
     return {"cum_log_probs": output.sum(axis=2, dtype=np.float32), "output_log_probs": output}
+
+
+def _perf_outputs(requests: list[EngineRequest], results: list[EngineResult], times: CallTimes
+                  ) -> dict[str, np.ndarray]:
+    """tensorrt_llm's per-request perf outputs, [batch, 1] each. KV blocks are KV_GROWTH_TOKENS long:
+    those the call's sequence spans, of which those it found cached (the sequence's prefix from the
+    call before) are reused. A draft's acceptance is its prefix the output confirms. The engine
+    model starts every call on arrival, so it is scheduled when it arrives."""
+    def column(values, dtype) -> np.ndarray:
+        return np.array(values, dtype=dtype).reshape(-1, 1)
+
+    generated = times.generated or [len(r.tokens) for r in results]
+    spans = [-(-(len(q.input_ids) + g) // KV_GROWTH_TOKENS) for q, g in zip(requests, generated)]
+    reused = [r.cached_tokens // KV_GROWTH_TOKENS for r in results]
+    drafted = [len(q.draft) for q in requests]
+    accepted = [common_prefix_len(q.draft, r.tokens) for q, r in zip(requests, results)]
+    n = len(requests)
+    return {
+        "kv_cache_alloc_total_blocks": column(spans, np.int32),
+        "kv_cache_reused_blocks": column(reused, np.int32),
+        "kv_cache_alloc_new_blocks": column([s - u for s, u in zip(spans, reused)], np.int32),
+        "arrival_time_ns": column([times.arrival_ns] * n, np.int64),
+        "first_scheduled_time_ns": column([times.arrival_ns] * n, np.int64),
+        "first_token_time_ns": column([times.first_token_ns] * n, np.int64),
+        "last_token_time_ns": column([times.last_token_ns] * n, np.int64),
+        "acceptance_rate": column([a / d if d else 0.0 for a, d in zip(accepted, drafted)], np.float32),
+        "total_accepted_draft_tokens": column(accepted, np.int32),
+        "total_draft_tokens": column(drafted, np.int32),
+    }
 
 
 def build_engine_inputs(request: EngineRequest) -> dict[str, np.ndarray]:

@@ -50,6 +50,8 @@ class _Job:
     entry: CachedSequence | None = None
     tokens: list[int] = field(default_factory=list)
     rows: list[np.ndarray] = field(default_factory=list)
+    cached: int | None = None
+    """Tokens of the input found in the sequence's cache at the job's first pass."""
     result: EngineResult | None = None
 
 
@@ -132,6 +134,8 @@ class TorchEngine(SplitBatchEngine):
         for job in jobs:
             extra = self._draft(job.request) if job.request.draft else []
             job.entry = self._entry(job.request.request_id, job.sequence)
+            if job.cached is None:
+                job.cached = self.backend.length(job.entry.state)
             rows.append((job.sequence, extra, len(extra) + 1))
         entries = [job.entry for job in jobs]
         forward_rows = [
@@ -201,7 +205,7 @@ class TorchEngine(SplitBatchEngine):
             self._crop(job.entry, len(request.input_ids) + verdict.num_accepted)
             job.result = EngineResult(
                 verdict.tokens, logits[: len(verdict.tokens)] if request.return_generation_logits else None,
-                log_probs=request.log_probs(logits, verdict.tokens),
+                log_probs=request.log_probs(logits, verdict.tokens), cached_tokens=job.cached or 0,
             )
             return True
         token = request.next_token(logits[0], job.sequence, job.rng)
@@ -211,7 +215,8 @@ class TorchEngine(SplitBatchEngine):
         done = request.generation_done(job.tokens)
         if done:
             rows = np.stack(job.rows) if request.return_generation_logits else None
-            job.result = EngineResult(job.tokens, logits=rows, log_probs=request.log_probs(job.rows, job.tokens))
+            job.result = EngineResult(job.tokens, logits=rows, log_probs=request.log_probs(job.rows, job.tokens),
+                                      cached_tokens=job.cached or 0)
         return done
 
     def _crop(self, entry: CachedSequence, length: int) -> None:

@@ -68,8 +68,6 @@ ENGINE_UNSUPPORTED: dict[str, str] = {
 ENGINE_NEUTRAL_ONLY: Neutral = {
     **_ONE_SEQUENCE,
     "runtime_top_p_decay": (float, lambda v: v == 1.0, "top-p decay is not supported: send runtime_top_p_decay 1"),
-    "return_perf_metrics": (bool, lambda v: not v, "engine models report no per-request perf metrics (the "
-                            "minions model does): send return_perf_metrics false"),
     "skip_cross_attn_blocks": (bool, lambda v: not v, "encoder-decoder models are not supported: send false"),
 }
 """tensorrt_llm inputs engine models accept only at a neutral value."""

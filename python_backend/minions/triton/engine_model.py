@@ -31,7 +31,7 @@ from minions.engines.api import (
     MeteredEngine,
 )
 from minions.engines.factory import build_engine
-from minions.engines.tensors import encode_engine_outputs, parse_engine_inputs
+from minions.engines.tensors import CallTimes, encode_engine_outputs, parse_engine_inputs
 from minions.errors import InvalidRequest
 from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
 from minions.settings import EngineSettings
@@ -88,6 +88,7 @@ class TritonPythonModel:
         """Serve Triton's dynamic batch: a BatchEngine gets every request in one call."""
         if self.decoupled:
             return self._submit(requests)
+        arrival = time.time_ns()
         parsed, responses = [], [None] * len(requests)
         for i, request in enumerate(requests):
             try:
@@ -100,6 +101,7 @@ class TritonPythonModel:
         except Exception as exc:  # a failing engine must not take the model down
             log.exception("%s: batch of %d failed", self.name, len(flat))
             results = [exc] * len(flat)
+        done = time.time_ns()
         offset = 0
         for i, request, engine_requests, anonymous in parsed:
             mine = results[offset : offset + len(engine_requests)]
@@ -107,7 +109,7 @@ class TritonPythonModel:
             if anonymous:  # no id, no reuse: compute, then free at once
                 for r in engine_requests:
                     self.engine.release(r.request_id)
-            responses[i] = self._respond(request, engine_requests, mine)
+            responses[i] = self._respond(request, engine_requests, mine, CallTimes(arrival, done, done))
         self._observe()
         return responses
 
@@ -128,7 +130,9 @@ class TritonPythonModel:
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             if not engine_requests:  # nothing to compute (an empty batch dimension): answer at once
-                sender.send(self._respond(request, [], []), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                now = time.time_ns()
+                sender.send(self._respond(request, [], [], CallTimes(now, now, now)),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             collect = _Collector(self, request, sender, engine_requests, anonymous)
             calls.extend((r, collect.answer_for(i)) for i, r in enumerate(engine_requests))
@@ -162,7 +166,7 @@ class TritonPythonModel:
                 results.append(exc)
         return results
 
-    def _respond(self, request, engine_requests: list, results: list):
+    def _respond(self, request, engine_requests: list, results: list, times: CallTimes):
         failure = next((r for r in results if isinstance(r, Exception)), None)
         if isinstance(failure, InvalidRequest):
             return pb_utils.InferenceResponse(error=error(str(failure), pb_utils.TritonError.INVALID_ARG))
@@ -170,7 +174,7 @@ class TritonPythonModel:
             log.error("%s: request failed: %s: %s", self.name, type(failure).__name__, failure)
             return pb_utils.InferenceResponse(error=error(f"{self.name}: {type(failure).__name__}: {failure}"))
         try:
-            outputs = encode_engine_outputs(engine_requests, results)
+            outputs = encode_engine_outputs(engine_requests, results, times)
         except InvalidRequest as exc:  # asked for what this engine does not compute (log probs of an n-gram)
             return pb_utils.InferenceResponse(error=error(str(exc), pb_utils.TritonError.INVALID_ARG))
         wanted = set(request.requested_output_names() or outputs)
@@ -262,6 +266,9 @@ class _Collector:
         self.anonymous = anonymous
         self.results: list = [None] * len(engine_requests)
         self.missing = len(engine_requests)
+        self.arrival_ns = time.time_ns()
+        self.first_token_ns = 0
+        self.generated = [0] * len(engine_requests)
 
     def answer_for(self, i: int):
         def answer(result) -> None:
@@ -270,14 +277,19 @@ class _Collector:
 
     def _deliver(self, i: int, result) -> None:
         """On the outbox's thread, one at a time."""
+        now = time.time_ns()
+        self.first_token_ns = self.first_token_ns or now
+        if isinstance(result, EngineResult):
+            self.generated[i] += len(result.tokens)
+        times = CallTimes(self.arrival_ns, self.first_token_ns, now, tuple(self.generated))
         if isinstance(result, EngineResult) and not result.final:
-            self.sender.send(self.model._respond(self.request, self.engine_requests, [result]))
+            self.sender.send(self.model._respond(self.request, self.engine_requests, [result], times))
             return
         self.results[i] = result
         self.missing -= 1
         if self.missing:
             return
-        response = self.model._respond(self.request, self.engine_requests, self.results)
+        response = self.model._respond(self.request, self.engine_requests, self.results, times)
         self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if self.anonymous:  # no id, no reuse: free at once, after the answer is out
             try:
