@@ -171,10 +171,11 @@ def frontend_command(grpc_url: str, host: str, port: int, model: str) -> list[st
 
 def serve(cmd: list[str], ports: ServerPorts, model: str) -> int:
     """Run tritonserver and, once it is ready, the OpenAI frontend beside it, until either exits or
-    this process is told to stop (Ctrl-C, SIGTERM); then stop both. Returns tritonserver's exit code."""
+    this process is told to stop (Ctrl-C, SIGTERM); then stop both. Returns tritonserver's exit code,
+    or 1 when the frontend failed on its own (e.g. its port was taken)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop as on Ctrl-C: through the finally below
     triton = subprocess.Popen(cmd, env=server_env())
-    frontend = None
+    frontend, failed = None, False
     try:
         wait_ready(ports, triton, timeout=3600)
         if ports.openai:
@@ -184,6 +185,7 @@ def serve(cmd: list[str], ports: ServerPorts, model: str) -> int:
             time.sleep(0.5)
         if frontend is not None and frontend.poll() is not None:
             log.error("the OpenAI frontend exited with code %d; stopping tritonserver", frontend.returncode)
+            failed = True
     except KeyboardInterrupt:
         pass
     finally:
@@ -194,7 +196,8 @@ def serve(cmd: list[str], ports: ServerPorts, model: str) -> int:
                     proc.wait(60)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-    return triton.wait()
+    code = triton.wait()
+    return 1 if failed else code
 
 
 def main() -> None:

@@ -96,7 +96,7 @@ def create_app(triton: TritonStream, model: str) -> FastAPI:
             await _until_disconnected(request, _gather(responses, gen))
             return gen.body(prefix)
         try:  # the first response before the headers: a refused request gets its status, not a broken stream
-            first = await anext(responses, None)
+            first = await _until_disconnected(request, anext(responses, None))  # it may wait for a slot
         except TritonError as exc:
             raise openai_error(exc) from None
         return StreamingResponse(_events(responses, first, gen, prefix, body.include_usage),
@@ -113,8 +113,9 @@ async def _gather(responses: AsyncIterator[dict[str, Any]], gen: Generation) -> 
         raise openai_error(exc) from None
 
 
-async def _until_disconnected(request: Request, work) -> None:
-    """Run `work`; if the client disconnects first, cancel it (which cancels the request in Triton)."""
+async def _until_disconnected(request: Request, work):
+    """`work`'s result; if the client disconnects first, cancel it (which cancels the request in
+    Triton). A request queued for a free slot can wait long before its first token."""
     task = asyncio.ensure_future(work)
     try:
         while not task.done():
