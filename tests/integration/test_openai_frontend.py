@@ -83,6 +83,25 @@ def test_penalties_and_min_tokens_keep_speculation_exact(api):
     assert texts["off"] != complete("off", penalised=False)
 
 
+def test_logprobs_are_each_tokens_the_same_under_speculation(api):
+    """logprobs: each generated token with the LLM's log probability, streamed or not, whatever the mode."""
+    answers = {mode: api.completions.create(model="minions", prompt=COPY_PROMPT, max_tokens=16, temperature=0,
+                                            logprobs=0, extra_body={"speculation": mode})
+               for mode in ("off", "vote")}
+    off = answers["off"].choices[0]
+    assert "".join(off.logprobs.tokens) == off.text and len(off.logprobs.tokens) == 16
+    assert all(lp <= 0 for lp in off.logprobs.token_logprobs)
+    vote = answers["vote"].choices[0]
+    assert vote.logprobs.tokens == off.logprobs.tokens
+    assert vote.logprobs.token_logprobs == pytest.approx(off.logprobs.token_logprobs, abs=1e-2)
+    chunks = list(api.chat.completions.create(model="minions", messages=CHAT, max_tokens=8, temperature=0,
+                                              logprobs=True, stream=True))
+    streamed = [c.token for chunk in chunks if chunk.choices and chunk.choices[0].logprobs
+                for c in chunk.choices[0].logprobs.content]
+    whole = api.chat.completions.create(model="minions", messages=CHAT, max_tokens=8, temperature=0, logprobs=True)
+    assert streamed == [c.token for c in whole.choices[0].logprobs.content] and len(streamed) == 8
+
+
 def test_a_client_that_leaves_a_stream_cancels_its_request(server, api):
     cancelled = metric_value(server.metrics_url, "minions_requests", outcome="cancelled")
     story = [{"role": "user", "content": "Write a very long story about a dragon."}]

@@ -54,7 +54,9 @@ def test_chat_sends_messages_as_json_for_the_chat_template():
     (lambda: _chat(n=2), "n"),
     (lambda: _chat(logit_bias={"1": 5.0}), "logit_bias"),
     (lambda: _chat(tools=[{"type": "function"}]), "tools"),
-    (lambda: _chat(logprobs=True), "logprobs"),
+    (lambda: _chat(logprobs=True, top_logprobs=2), "top_logprobs"),
+    (lambda: CompletionRequest(model="minions", prompt="a", logprobs=2), "logprobs"),
+    (lambda: CompletionRequest(model="minions", prompt="a", logprobs=0, echo=True), "echo"),
     (lambda: _chat(temperature=-0.1), "temperature"),
     (lambda: _chat(stop=["a", "b", "c", "d", "e"]), "stop"),
     (lambda: ChatCompletionRequest(model="minions", messages=[]), "messages"),
@@ -125,3 +127,24 @@ def test_inputs_take_the_served_models_datatypes_with_a_batch_of_one():
     assert list(tensor.shape) == [1, 2] and deserialize_bytes_tensor(raw).tolist() == [b"a", b"bc"]
     with pytest.raises(KeyError, match="no input 'beam_width'"):
         spec.tensor("beam_width", 1)
+
+
+def test_log_probs_are_asked_for_and_answered_in_openais_shapes():
+    assert chat_inputs(_chat(logprobs=True))["return_log_probs"] is True
+    assert "return_log_probs" not in chat_inputs(_chat())
+    assert completion_inputs(CompletionRequest(model="minions", prompt="a", logprobs=0))["return_log_probs"] is True
+    chat = Generation("chat.completion", "minions", with_log_probs=True)
+    chat.add({"text_output": "Hé", "output_tokens": ["H", "é"], "output_log_probs": [-0.5, -1.5]})
+    assert chat.new_log_probs == [("H", -0.5), ("é", -1.5)]
+    chat.add({"text_output": "!", "output_tokens": "!", "output_log_probs": -0.25})  # one token: a scalar
+    content = chat.body()["choices"][0]["logprobs"]["content"]
+    assert [(c["token"], c["logprob"], c["bytes"]) for c in content] == [
+        ("H", -0.5, [72]), ("é", -1.5, [195, 169]), ("!", -0.25, [33])]
+    assert chat.chunk("!", log_probs=chat.new_log_probs)["choices"][0]["logprobs"]["content"][0]["token"] == "!"
+    completion = Generation("text_completion", "minions", with_log_probs=True)
+    completion.add({"text_output": " ab", "output_tokens": [" a", "b"], "output_log_probs": [-1.0, -2.0]})
+    completion.add({"text_output": "c", "output_tokens": ["c"], "output_log_probs": [-3.0]})
+    assert completion.body()["choices"][0]["logprobs"] == {"tokens": [" a", "b", "c"], "top_logprobs": None,
+                                                           "token_logprobs": [-1.0, -2.0, -3.0], "text_offset": [0, 2, 3]}
+    assert completion.chunk("c", log_probs=completion.new_log_probs)["choices"][0]["logprobs"]["text_offset"] == [3]
+    assert Generation("chat.completion", "minions").body()["choices"][0]["logprobs"] is None

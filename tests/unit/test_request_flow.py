@@ -209,9 +209,11 @@ def test_log_probs_go_out_with_the_response_that_follows_their_tokens():
                      log_probs=[-0.5, -0.25]))
     first = response_arrays(greq(return_log_probs=True), "ab", stream, None)
     np.testing.assert_allclose(first["output_log_probs"], [[[-0.5, -0.25]]])
+    assert first["output_tokens"].tolist() == [[b"a", b"b"]]
     stream.add(Round(tokens=ids("c"), ssm=None, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.0,
                      log_probs=[-1.0]))
     second = response_arrays(greq(return_log_probs=True), "c", stream, "length")
     np.testing.assert_allclose(second["output_log_probs"], [[[-1.0]]])
+    assert second["output_tokens"].tolist() == [[b"c"]]
     np.testing.assert_allclose(second["cum_log_probs"], [[-1.75]])
     assert "cum_log_probs" not in response_arrays(greq(), "c", stream, None)

@@ -77,12 +77,13 @@ def create_app(triton: TritonStream, model: str) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        return await _serve(request, body, completion_inputs(body), Generation("text_completion", model),
-                            body.prompt if body.echo else "")
+        gen = Generation("text_completion", model, body.wants_log_probs)
+        return await _serve(request, body, completion_inputs(body), gen, body.prompt if body.echo else "")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return await _serve(request, body, chat_inputs(body), Generation("chat.completion", model))
+        gen = Generation("chat.completion", model, body.wants_log_probs)
+        return await _serve(request, body, chat_inputs(body), gen)
 
     def _unknown_model(name: str) -> OpenAIError:
         return OpenAIError(404, f"the model {name!r} does not exist; this server serves {model!r}", "model",
@@ -140,8 +141,9 @@ async def _events(responses: AsyncIterator[dict[str, Any]], first: dict[str, Any
             yield sse(gen.chunk(prefix))
         pending = [first] if first is not None else []
         async for outputs in _chain(pending, responses):
-            if text := gen.add(outputs):
-                yield sse(gen.chunk(text))
+            text = gen.add(outputs)
+            if text or gen.with_log_probs and gen.new_log_probs:
+                yield sse(gen.chunk(text, log_probs=gen.new_log_probs if gen.with_log_probs else None))
         yield sse(gen.chunk(finish_reason=gen.finish_reason))
         if include_usage:
             yield sse(gen.usage_chunk())

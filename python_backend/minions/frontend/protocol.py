@@ -69,6 +69,11 @@ class SamplingFields(BaseModel):
         return self
 
     @property
+    def wants_log_probs(self) -> bool:
+        """Whether the answer carries each token's log probability (the endpoints' own fields say)."""
+        return False
+
+    @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
@@ -82,7 +87,8 @@ class CompletionRequest(SamplingFields):
     """OpenAI's default for completions is 16 tokens."""
     echo: bool = False
     best_of: int | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)
+    """0: each generated token's log probability; above 0 (its most likely alternatives) is refused."""
     suffix: str | None = None
 
     @model_validator(mode="after")
@@ -94,10 +100,16 @@ class CompletionRequest(SamplingFields):
         if self.best_of not in (None, 1):
             raise ValueError("best_of: one candidate per request is supported; send best_of 1")
         if self.logprobs:
-            raise ValueError("logprobs are not returned; leave logprobs out")
+            raise ValueError("logprobs: only the chosen token's log probability is returned; send logprobs 0")
+        if self.logprobs is not None and self.echo:
+            raise ValueError("logprobs with echo (the prompt's log probabilities) are not returned")
         if self.suffix:
             raise ValueError("suffix (insertion) is not supported; leave it out")
         return self
+
+    @property
+    def wants_log_probs(self) -> bool:
+        return self.logprobs is not None
 
 
 class ContentPart(BaseModel):
@@ -134,13 +146,14 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     """OpenAI's newer name for max_tokens; either bounds the answer (the server's default otherwise)."""
     logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _supported_chat(self):
-        if self.logprobs:
-            raise ValueError("logprobs are not returned; leave logprobs out")
+        if self.top_logprobs:
+            raise ValueError("top_logprobs: only the chosen token's log probability is returned; send 0")
         if self.tools:
             raise ValueError("tools (function calling) are not supported; leave them out")
         if self.response_format and self.response_format.get("type") not in (None, "text"):
@@ -150,3 +163,7 @@ class ChatCompletionRequest(SamplingFields):
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def wants_log_probs(self) -> bool:
+        return self.logprobs

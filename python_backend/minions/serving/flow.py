@@ -123,6 +123,7 @@ class TextStream:
     def __init__(self, greq: GenerationRequest, tokenizer: Tokenizer, end_id: int | None,
                  perf: RequestPerf | None = None) -> None:
         self.greq = greq
+        self.tokenizer = tokenizer
         self.end_id = end_id
         self.perf = perf or RequestPerf(time.time_ns())
         self.detok = IncrementalDetokenizer(tokenizer)
@@ -131,13 +132,16 @@ class TextStream:
         self.finish_reason = "length"
         self.pending = ""  # text not yet sent (all of it when not streaming)
         self.log_probs: list[float] = []
+        self.log_prob_tokens: list[int] = []  # the tokens they are of
         self.sent_log_probs = 0  # how many of them earlier responses carried
 
     def add(self, r: Round) -> bool:
         """Take a round's tokens; True when the request is done (last round, end_id or a stop string)."""
         self.stats.add(r)
         self.perf.token_arrived()
-        self.log_probs += r.log_probs or []
+        if r.log_probs is not None:
+            self.log_probs += r.log_probs
+            self.log_prob_tokens += r.tokens[: len(r.log_probs)]
         tokens = r.tokens
         if self.end_id in tokens:
             tokens = tokens[: tokens.index(self.end_id)]
@@ -181,8 +185,10 @@ def response_arrays(greq: GenerationRequest, text: str, stream: TextStream,
     if finish_reason is not None:
         out["finish_reason"] = np.array([finish_reason.encode()], dtype=np.object_)
     if greq.return_log_probs:  # the tokens' since the previous response, and the sum of all so far
-        new, stream.sent_log_probs = stream.log_probs[stream.sent_log_probs:], len(stream.log_probs)
-        out["output_log_probs"] = np.array([[new]], dtype=np.float32)
+        start, stream.sent_log_probs = stream.sent_log_probs, len(stream.log_probs)
+        tokens = [stream.tokenizer.decode([t]).encode("utf-8") for t in stream.log_prob_tokens[start:]]
+        out["output_log_probs"] = np.array([[stream.log_probs[start:]]], dtype=np.float32)
+        out["output_tokens"] = np.array([tokens], dtype=np.object_).reshape(1, -1)
         out["cum_log_probs"] = np.array([[sum(stream.log_probs)]], dtype=np.float32)
     if greq.return_perf_metrics:
         blocks = perf.blocks(stats.emitted_tokens)
