@@ -37,6 +37,10 @@ INPUT_TYPES: dict[str, tuple[str, type, bool]] = {
     "chat": ("BOOL", np.bool_, False),
     "use_draft_logits": ("BOOL", np.bool_, False),
     "pipeline": ("BOOL", np.bool_, False),
+    "repetition_penalty": ("FP32", np.float32, False),
+    "presence_penalty": ("FP32", np.float32, False),
+    "frequency_penalty": ("FP32", np.float32, False),
+    "min_tokens": ("INT32", np.int32, False),
 }
 LIST_OUTPUTS = ("draft_lengths",)
 """Outputs that are lists per response (the others are one value each)."""
@@ -73,6 +77,10 @@ class GenerationParams:
     chat: bool | None = None
     use_draft_logits: bool | None = None
     pipeline: bool | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    min_tokens: int | None = None
 
     def inputs(self, prompt: str, stream: bool) -> dict:
         values = {k: v for k, v in asdict(self).items() if v is not None}
@@ -84,6 +92,8 @@ class Completion:
     text: str = ""
     chunks: list[str] = field(default_factory=list)
     num_output_tokens: int = 0
+    num_input_tokens: int | None = None
+    """The prompt's tokens, after the chat template."""
     finish_reason: str | None = None
     acceptance_rate: float | None = None
     total_accepted_draft_tokens: int | None = None
@@ -119,8 +129,8 @@ class Completion:
             self.text += chunk
             if on_text:
                 on_text(chunk)
-        for key in ("num_output_tokens", "total_accepted_draft_tokens", "total_draft_tokens", "num_verifications",
-                    "num_pipelined_drafts"):
+        for key in ("num_output_tokens", "num_input_tokens", "total_accepted_draft_tokens", "total_draft_tokens",
+                    "num_verifications", "num_pipelined_drafts"):
             if outputs.get(key) is not None:
                 setattr(self, key, int(outputs[key]))
         if outputs.get("acceptance_rate") is not None:

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from client.__main__ import main as cli_main
 from client.api import GenerationParams, generate_grpc, generate_http
 from tests.integration.helpers import COPY_PROMPT, NearTies, http_post, metric_above, metric_value
 
@@ -171,3 +172,11 @@ def test_latency_histograms_count_each_request_once(server):
     ttft = metric_value(server.metrics_url, "minions_time_to_first_token_seconds_sum", speculation="off")
     e2e = metric_value(server.metrics_url, "minions_e2e_request_latency_seconds_sum", speculation="off")
     assert 0 < ttft < e2e and done.num_output_tokens > 1
+
+
+def test_the_cli_streams_a_penalised_answer_and_reports_its_timing(server, capsys):
+    code = cli_main(["Name three colours.", "--url", server.grpc_url, "--max-tokens", "12", "--temperature", "0",
+                 "--min-tokens", "12", "--repetition-penalty", "1.2", "--speculation", "off", "--timing"])
+    out = capsys.readouterr()
+    assert code == 0 and out.out.strip(), out
+    assert "prompt tokens, 12 tokens in" in out.err and "finish length" in out.err, out.err
