@@ -132,11 +132,7 @@ def _penalties(inputs: Mapping[str, np.ndarray], b: int, length: int) -> Penalti
         frequency=float(_row_scalar(inputs, "frequency_penalty", b, 0.0)),
         min_tokens=int(_row_scalar(inputs, "min_tokens", b, 0)),
         prompt_length=int(_row_scalar(inputs, "prompt_length", b, length)),
-    )
-    values = [penalties.repetition, penalties.presence, penalties.frequency]
-    if penalties.repetition <= 0 or not np.isfinite(values).all():
-        raise InvalidRequest("'repetition_penalty' must be > 0 and presence/frequency penalties finite, got "
-                             f"{penalties.repetition}, {penalties.presence}, {penalties.frequency}")
+    ).checked()
     return NO_PENALTIES if penalties.neutral else penalties
 
 

@@ -128,15 +128,5 @@ def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Orchestra
 
 
 def _penalties(inputs: Mapping[str, np.ndarray]) -> Penalties:
-    repetition = _scalar(inputs, "repetition_penalty", float, 1.0)
-    if not np.isfinite(repetition) or repetition <= 0:
-        raise InvalidRequest(f"'repetition_penalty' must be > 0 (1 = none), got {repetition}")
-    presence = _scalar(inputs, "presence_penalty", float, 0.0)
-    frequency = _scalar(inputs, "frequency_penalty", float, 0.0)
-    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
-        if not np.isfinite(value):
-            raise InvalidRequest(f"{name!r} must be a finite number (0 = none), got {value}")
-    min_tokens = _scalar(inputs, "min_tokens", int, 0)
-    if min_tokens < 0:
-        raise InvalidRequest(f"'min_tokens' must be >= 0, got {min_tokens}")
-    return Penalties(repetition, presence, frequency, min_tokens)
+    return Penalties(_scalar(inputs, "repetition_penalty", float, 1.0), _scalar(inputs, "presence_penalty", float, 0.0),
+                     _scalar(inputs, "frequency_penalty", float, 0.0), _scalar(inputs, "min_tokens", int, 0)).checked()

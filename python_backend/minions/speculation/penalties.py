@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minions.errors import InvalidRequest
+
 
 @dataclass(frozen=True)
 class Penalties:
@@ -30,6 +32,17 @@ class Penalties:
     prompt_length: int = 0
     """How many leading tokens of the sequence are the prompt; the rest is output. An engine call
     without it counts its whole input_ids as the prompt, as tensorrt_llm does (engines/tensors.py)."""
+
+    def checked(self) -> Penalties:
+        """Itself, or InvalidRequest naming the input (tensorrt_llm's names) that is out of range."""
+        if not np.isfinite(self.repetition) or self.repetition <= 0:
+            raise InvalidRequest(f"'repetition_penalty' must be > 0 (1 = none), got {self.repetition}")
+        for name, value in (("presence_penalty", self.presence), ("frequency_penalty", self.frequency)):
+            if not np.isfinite(value):
+                raise InvalidRequest(f"{name!r} must be a finite number (0 = none), got {value}")
+        if self.min_tokens < 0:
+            raise InvalidRequest(f"'min_tokens' must be >= 0, got {self.min_tokens}")
+        return self
 
     @property
     def neutral(self) -> bool:
