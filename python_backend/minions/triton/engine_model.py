@@ -46,7 +46,6 @@ class TritonPythonModel:
         setup_logging()
         config = model_config(args)
         self.name = args["model_name"]
-        self.input_names = [i["name"] for i in config["input"]]
         settings = EngineSettings.from_params(string_parameters(config))
         start = time.perf_counter()
         self.engine = build_engine(settings)
@@ -152,7 +151,7 @@ class TritonPythonModel:
         anonymous = not request_id
         if anonymous:
             request_id = f"anonymous-{uuid.uuid4().hex}"
-        return parse_engine_inputs(input_arrays(request, self.input_names), request_id), anonymous
+        return parse_engine_inputs(input_arrays(request), request_id), anonymous
 
     def _generate(self, engine_requests: list) -> list:
         """Every request's result, or its exception in its place."""

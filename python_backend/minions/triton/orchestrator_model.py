@@ -82,7 +82,6 @@ class TritonPythonModel:
         setup_logging()
         config = model_config(args)
         self.name = args["model_name"]
-        self.input_names = [i["name"] for i in config["input"]]
         self.settings = OrchestratorSettings.from_params(string_parameters(config))
         from transformers import AutoTokenizer
 
@@ -119,7 +118,7 @@ class TritonPythonModel:
         request_id = f"{request.request_id() or 'req'}-{uuid.uuid4().hex[:12]}"
         mode, outcome, detail, start = "invalid", "error", "", time.perf_counter()
         try:
-            greq = parse_generation_request(input_arrays(request, self.input_names), self.settings)
+            greq = parse_generation_request(input_arrays(request), self.settings)
             mode = greq.speculation.label
             detail = await self._until_cancelled(reply, self._generate(greq, request_id, reply, perf))
             outcome = "success"
