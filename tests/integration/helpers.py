@@ -32,6 +32,15 @@ def http_post(url: str, body: dict | str, timeout: float = 120.0) -> tuple[int, 
         return exc.code, exc.read().decode()
 
 
+def http_ok(url: str) -> bool:
+    """Whether a GET of `url` answers 200 (False while nothing listens)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
 def grpc_tensor(name: str, array: np.ndarray, triton_type: str):
     t = grpcclient.InferInput(name, list(array.shape), triton_type)
     t.set_data_from_numpy(array)
@@ -113,11 +122,7 @@ def openai_frontend(server):
 
     def healthy() -> bool:
         assert proc.poll() is None, f"the frontend exited:\n{proc.stdout.read()}"
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=5) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
+        return http_ok(f"{base}/health")
 
     wait_until(healthy, timeout=60, what="the OpenAI frontend answers /health", interval=0.2)
     yield f"{base}/v1"

@@ -6,22 +6,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import urllib.request
 
 import openai
 import yaml
 
 from benchmarks.server_process import ROOT
 from minions.deploy.server import free_port, server_env, sweep_orphaned_shm
-from tests.integration.helpers import wait_until
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
+from tests.integration.helpers import http_ok, wait_until
 
 
 def test_serve_runs_triton_and_the_openai_frontend_and_stops_both(tmp_path):
@@ -38,7 +29,7 @@ def test_serve_runs_triton_and_the_openai_frontend_and_stops_both(tmp_path):
                                  str(build)], env=server_env(), stdout=log, stderr=subprocess.STDOUT)
         try:
             base = f"http://127.0.0.1:{ports['openai_port']}"
-            wait_until(lambda: proc.poll() is None and _healthy(f"{base}/health") or proc.poll() is not None,
+            wait_until(lambda: proc.poll() is not None or http_ok(f"{base}/health"),
                        timeout=300, what="the OpenAI frontend ready", interval=0.5)
             assert proc.poll() is None, log_path.read_text()[-3000:]
             api = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
