@@ -67,7 +67,7 @@ class EngineSettings(_Settings):
 
     model_name: str = ""
     engine: str = ""
-    """torch | distilled | llamacpp | ngram | suffix"""
+    """torch | distilled | llamacpp | ngram | suffix (tensorrtllm models: TrtllmSettings)"""
     model_path: str = ""
     """Resolved by the renderer from the entry's `source`."""
     num_threads: int = 2
@@ -80,6 +80,9 @@ class EngineSettings(_Settings):
     max_context: int = 2048
     """Set from orchestrator.max_context by the renderer."""
     dtype: str = "float32"
+    """torch engines' weights and KV: float32 | float16 | bfloat16."""
+    device: str = "cpu"
+    """torch engines: cpu | cuda | cuda:N | auto (cuda when a GPU is visible, else cpu)."""
     min_forward_tokens: int = 1
     kv_budget_mb: float = 0.0
     """0: unbounded."""
@@ -100,6 +103,39 @@ class EngineSettings(_Settings):
 
     def kv_budget_bytes(self) -> int | None:
         return int(self.kv_budget_mb * 2**20) if self.kv_budget_mb > 0 else None
+
+
+@dataclass(frozen=True)
+class TrtllmSettings(_Settings):
+    """One model served by Triton's `tensorrtllm` backend (deploy.yaml `engine: tensorrtllm`): what its
+    config.pbtxt says and what its engine is built with (minions.deploy.trtllm_build), from one place."""
+
+    model_name: str = ""
+    checkpoint_dir: str = ""
+    """The Hugging Face checkpoint (the entry's `source`), resolved by the renderer."""
+    engine_dir: str = ""
+    """Where the built engine lives (`gpt_model_path`): the entry's `engine_dir`, else <cache_dir>/trtllm/<name>."""
+    dtype: str = "bfloat16"
+    max_batch_size: int = 64
+    max_queue_delay_us: int = 0
+    max_seq_len: int = 2048
+    """Set from orchestrator.max_context by the renderer."""
+    max_num_tokens: int = 8192
+    """Tokens of one engine step (context chunks and generation together)."""
+    max_draft_len: int = 0
+    """The LLM verifier: draft tokens one request may carry (orchestrator.max_num_draft_tokens unless set;
+    built with --speculative_decoding_mode draft_tokens_external). SSMs: 0."""
+    tp_size: int = 1
+    kv_cache_free_gpu_mem_fraction: float = 0.5
+    """Of the GPU memory free once the weights are loaded; models load one after another, so a later
+    model's fraction is of what the earlier ones left."""
+    enable_kv_cache_reuse: bool = True
+    """Rounds resend the whole sequence: block reuse makes that a prefix-cache hit (needs paged context FMHA)."""
+    enable_chunked_context: bool = True
+    batching_strategy: str = "inflight_fused_batching"
+    batch_scheduler_policy: str = "max_utilization"
+    gpu_device_ids: str = ""
+    """Comma-separated CUDA devices (empty: all visible)."""
 
 
 ADAPTIVE = "adaptive"

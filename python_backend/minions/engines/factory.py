@@ -23,7 +23,8 @@ def build_engine(settings: EngineSettings) -> Engine:
         if kind == "torch":
             from minions.engines.torch_engine import load_causal_lm
 
-            return TorchEngine(load_causal_lm(settings.model_path, settings.dtype), settings.max_sequences,
+            model = load_causal_lm(settings.model_path, settings.dtype, device=settings.device)
+            return TorchEngine(model, settings.max_sequences,
                                settings.max_context, settings.min_forward_tokens, settings.kv_budget_bytes())
         from minions.distill.draft_model import load_draft_model
 

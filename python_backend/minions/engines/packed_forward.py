@@ -61,6 +61,7 @@ class SerialForward:
 
     def __init__(self, model) -> None:
         self.model = model
+        self.device = next(model.parameters()).device
         self.kv_bytes_per_token = kv_bytes_per_token(model.config.to_dict())
 
     def new_state(self):
@@ -87,21 +88,22 @@ class SerialForward:
         out = []
         for row in rows:
             logits = self.model(
-                input_ids=torch.tensor([row.new_tokens], dtype=torch.long),
+                input_ids=torch.tensor([row.new_tokens], dtype=torch.long, device=self.device),
                 past_key_values=row.state,
                 use_cache=True,
                 logits_to_keep=row.n_logits,
             ).logits
-            out.append(logits[0, -row.n_logits:].float().numpy())
+            out.append(logits[0, -row.n_logits:].float().cpu().numpy())
         return out
 
 
 class SlotKv:
     """One sequence's KV cache for every layer: growable buffers and the number of valid positions."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
-        self.keys = [torch.empty(kv_heads, 0, head_dim, dtype=dtype) for _ in range(layers)]
-        self.values = [torch.empty(kv_heads, 0, head_dim, dtype=dtype) for _ in range(layers)]
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> None:
+        self.keys = [torch.empty(kv_heads, 0, head_dim, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.empty(kv_heads, 0, head_dim, dtype=dtype, device=device) for _ in range(layers)]
         self.length = 0
 
     def capacity_for(self, length: int) -> int:
@@ -140,6 +142,7 @@ class PackedLlamaForward:
         self.groups = attn.num_key_value_groups
         self.scaling = attn.scaling
         self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
         self.kv_bytes_per_token = kv_bytes_per_token(config.to_dict())
         self._rope = apply_rotary_pos_emb
 
@@ -151,7 +154,7 @@ class PackedLlamaForward:
         return type(model) is LlamaForCausalLM
 
     def new_state(self) -> SlotKv:
-        return SlotKv(len(self.layers), self.kv_heads, self.head_dim, self.dtype)
+        return SlotKv(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
 
     def length(self, state: SlotKv) -> int:
         return state.length
@@ -169,8 +172,8 @@ class PackedLlamaForward:
     def forward(self, rows: list[ForwardRow]) -> list[np.ndarray]:
         starts = [r.state.length for r in rows]
         sizes = [len(r.new_tokens) for r in rows]
-        ids = torch.tensor([t for r in rows for t in r.new_tokens], dtype=torch.long)
-        positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, sizes)])[None]
+        ids = torch.tensor([t for r in rows for t in r.new_tokens], dtype=torch.long, device=self.device)
+        positions = torch.cat([torch.arange(s, s + n, device=self.device) for s, n in zip(starts, sizes)])[None]
         for r, s, n in zip(rows, starts, sizes):
             r.state.reserve(s + n)
         h = self.inner.embed_tokens(ids)[None]  # [1, T, hidden]
@@ -183,7 +186,7 @@ class PackedLlamaForward:
             k = attn.k_proj(x).view(1, total, self.kv_heads, self.head_dim).transpose(1, 2)
             v = attn.v_proj(x).view(1, total, self.kv_heads, self.head_dim).transpose(1, 2)
             q, k = self._rope(q, k, cos, sin)
-            out = torch.empty(1, self.heads, total, self.head_dim, dtype=q.dtype)
+            out = torch.empty(1, self.heads, total, self.head_dim, dtype=q.dtype, device=self.device)
             offset = 0
             for r, start, n in zip(rows, starts, sizes):
                 keys, values = r.state.keys[index], r.state.values[index]
@@ -199,8 +202,9 @@ class PackedLlamaForward:
         for r, s, n in zip(rows, starts, sizes):
             r.state.length = s + n
         ends = np.cumsum(sizes)
-        keep = torch.tensor([i for e, r in zip(ends, rows) for i in range(e - r.n_logits, e)], dtype=torch.long)
-        logits = self.model.lm_head(self.inner.norm(h[0, keep])).float().numpy()
+        keep = torch.tensor([i for e, r in zip(ends, rows) for i in range(e - r.n_logits, e)], dtype=torch.long,
+                            device=self.device)
+        logits = self.model.lm_head(self.inner.norm(h[0, keep])).float().cpu().numpy()
         bounds = np.cumsum([0] + [r.n_logits for r in rows])
         return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
@@ -211,7 +215,7 @@ class PackedLlamaForward:
         values = values.repeat_interleave(self.groups, dim=0)
         mask = None
         if n > 1:
-            mask = torch.ones(n, past + n, dtype=torch.bool).tril(diagonal=past)
+            mask = torch.ones(n, past + n, dtype=torch.bool, device=q.device).tril(diagonal=past)
         return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
 
 

@@ -29,14 +29,24 @@ from minions.speculation.verification import verify_draft
 log = logging.getLogger(__name__)
 
 
-def load_causal_lm(path: str, dtype: str = "float32", gguf_file: str | None = None):
-    """Load a transformers model from a local directory (or a GGUF file in it); never downloads."""
+def torch_device(name: str) -> torch.device:
+    """deploy.yaml's `device`: cpu, cuda, cuda:N, or auto (cuda when a GPU is visible)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: torch sees no CUDA GPU (use cpu or auto)")
+    return device
+
+
+def load_causal_lm(path: str, dtype: str = "float32", gguf_file: str | None = None, device: str = "cpu"):
+    """Load a transformers model from a local directory (or a GGUF file in it) onto `device`; never downloads."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         path, gguf_file=gguf_file, dtype=getattr(torch, dtype), local_files_only=True
     )
-    return model.eval()
+    return model.to(torch_device(device)).eval()
 
 
 @dataclass
