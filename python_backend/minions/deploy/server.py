@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -26,15 +27,31 @@ from minions.deploy.render import render_repository
 log = logging.getLogger("minions.server")
 
 
+TRITON_HOME_ENV = "MINIONS_TRITON_HOME"
+"""Where tritonserver lives (bin/, backends/), when not the nvidia-pytriton wheel's: deploy.yaml's
+`server.triton_home` sets it, e.g. /opt/tritonserver in NVIDIA's Triton containers."""
+
+
+EXTRA_ARGS_ENV = "MINIONS_TRITON_ARGS"
+"""More tritonserver options, appended to the command line as a shell would split them."""
+
+
 def triton_home() -> Path:
+    """The tritonserver installation: $MINIONS_TRITON_HOME, else the one inside the nvidia-pytriton wheel."""
+    if os.environ.get(TRITON_HOME_ENV):
+        return Path(os.environ[TRITON_HOME_ENV])
     import pytriton
 
     return Path(pytriton.__file__).resolve().parent / "tritonserver"
 
 
 def prepare_backend_dir(build: Path) -> Path:
-    """backends/python with libtriton_python.so, its utils and the stub for this Python, side by side."""
+    """The backend directory: an installation's own where its Python backend has its stub (Triton's
+    containers, with the tensorrtllm backend beside it); else, for the wheel, backends/python under
+    `build` with libtriton_python.so, its utils and the stub for this Python side by side."""
     home = triton_home()
+    if (home / "backends" / "python" / "triton_python_backend_stub").exists():
+        return home / "backends"
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     target = build / "backends" / "python"
     target.mkdir(parents=True, exist_ok=True)
@@ -116,13 +133,14 @@ def server_command(repo: Path, backends: Path, ports: ServerPorts, log_verbose: 
         # logits and long prompts cross the stub boundary through shared memory: start big enough
         "--backend-config=python,shm-default-byte-size=16777216",
         "--backend-config=python,shm-growth-byte-size=16777216",
+        *shlex.split(os.environ.get(EXTRA_ARGS_ENV, "")),
     ]
 
 
 def server_env() -> dict[str, str]:
     env = dict(os.environ)
     site = Path(triton_home()).parent.parent
-    libs = [str(site / "nvidia_pytriton.libs"), str(triton_home() / "lib")]
+    libs = [str(p) for p in (site / "nvidia_pytriton.libs", triton_home() / "lib") if p.is_dir()]
     env["LD_LIBRARY_PATH"] = ":".join(libs + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p])
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env["PYTHONPATH"] = ":".join([str(ROOT / "python_backend")] + [p for p in env.get("PYTHONPATH", "").split(":") if p])
@@ -208,6 +226,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     dep = load_deployment(args.deploy)
+    if dep.server.get("triton_home"):
+        os.environ[TRITON_HOME_ENV] = str(dep.server["triton_home"])
     build = Path(args.build)
     ports = ServerPorts.of(dep)
     repo, backends = prepare(dep, build, ports)
