@@ -198,6 +198,11 @@ def _gaps(rows: list[dict], streams: int, mode: str, against: str) -> list[float
     return [rate[k, mode] / rate[k, against] - 1.0 for k, m in rate if m == mode and rate.get((k, against))]
 
 
+def _times(ratio: float | None) -> str:
+    """A speedup as `1.23x`; `-` where there is none (`off` served nothing in that cell)."""
+    return f"{ratio:.2f}x" if ratio is not None else "-"
+
+
 def format_tables(rows: list[dict], comps: list[dict]) -> str:
     head = (f"{'streams':>7} {'mode':<14} {'tok/s':>7} {'speedup':>8} {'ms/tok':>7} {'TTFT ms':>8} {'accept':>7} "
             f"{'mean s':>6} {'LLM batch':>9} {'SSM batch':>9} {'pad':>5} {'same':>6}")
@@ -212,7 +217,7 @@ def format_tables(rows: list[dict], comps: list[dict]) -> str:
         ssm_batch = f"{r['ssm_batch']:.1f}" if r.get("ssm_batch") is not None else "-"
         pad = f"{100 * r['padding_share']:.0f}%" if r["padding_share"] is not None else "-"
         lines.append(
-            f"{r['streams']:>7} {r['mode']:<14} {r['tokens_per_s']:>7.1f} {r['speedup']:>7.2f}x "
+            f"{r['streams']:>7} {r['mode']:<14} {r['tokens_per_s']:>7.1f} {_times(r['speedup']):>8} "
             f"{r['normalized_latency_ms'] or 0:>7.0f} {r['ttft_ms'] or 0:>8.0f} {acc:>7} {r['mean_draft_length']:>6.1f} "
             f"{batch:>9} {ssm_batch:>9} {pad:>5} {r['identical_to_off']:>3}/{r['requests']}"
             + (f"  ({r['errors']} errors)" if r["errors"] else "")
@@ -227,7 +232,7 @@ def format_tables(rows: list[dict], comps: list[dict]) -> str:
             return f"{100 * c[key]:+.1f}%" if c.get(key) is not None else "-"
 
         def x(key):
-            return f"{c[key]:.2f}x" if c.get(key) is not None else "-"
+            return _times(c.get(key))
         lines.append(f"{c['streams']:>7} {c['best_fixed'] or '-':<11} {x('best_fixed_speedup'):>11} {x('vote s=8 speedup'):>9} "
                      f"{x('vote adaptive speedup'):>10} {x('minions speedup'):>10} {pct('vote adaptive vs best fixed'):>16} "
                      f"{pct('minions vs best fixed'):>15}"
@@ -237,7 +242,7 @@ def format_tables(rows: list[dict], comps: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], comps: list[dict], path: Path) -> None:
+def plot(rows: list[dict], comps: list[dict], path: Path, deployment: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -264,7 +269,7 @@ def plot(rows: list[dict], comps: list[dict], path: Path) -> None:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("Minions load sweep: SmolLM2-135M fp32 verifier on a 2-core CPU, greedy")
+    fig.suptitle(f"Minions load sweep ({deployment}), greedy")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -275,13 +280,15 @@ def main() -> None:
     p.add_argument("--streams", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     p.add_argument("--min-requests", type=int, default=4, help="requests per cell at low concurrency")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--modes", nargs="+", help="labels from: " + ", ".join(m.label for m in default_modes()))
+    p.add_argument("--modes", nargs="+", help="labels from: " + ", ".join(m.label for m in default_modes())
+                   + "; or single:<ssm> (that SSM alone, adaptive length)")
     p.add_argument("--datasets", nargs="+", choices=list(DATASETS), help="prompts from these only (default: all, mixed)")
     p.add_argument("--out", default=str(ROOT / "bench_results" / "load"))
     p.add_argument("--repeat", type=int, default=1, help="passes over the modes at each concurrency; the tables "
                    "show medians and ranges (a cell at 8-16 streams swings by 10%% between runs)")
     args = p.parse_args()
     modes = [m for m in default_modes() if not args.modes or m.label in args.modes or m.label == "off"]
+    modes += [LoadMode(label, label, None, False) for label in args.modes or () if label.startswith("single:")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cells: list[Cell] = []
@@ -305,7 +312,7 @@ def main() -> None:
     print(text)
     (out / "load_sweep.md").write_text(text + "\n")
     (out / "load_sweep.json").write_text(json.dumps({"rows": rows, "comparisons": comps, "cells": cell_rows}, indent=1))
-    plot(rows, comps, out / "load_sweep.png")
+    plot(rows, comps, out / "load_sweep.png", Path(args.deploy).name)
     print(f"\nwrote {out / 'load_sweep.md'}, load_sweep.json and load_sweep.png")
 
 
