@@ -205,6 +205,9 @@ class OrchestratorSettings(_Settings):
     llm_model_name: str = "llm"
     ssm_model_names: tuple[str, ...] = ()
     decoupled_model_names: tuple[str, ...] = ()
+    trtllm_model_names: tuple[str, ...] = ()
+    """Engine models served by TensorRT-LLM's own backend: they take tensorrt_llm's inputs only
+    (engines/tensors.py OWN_INPUTS are not sent) and keep no sequence between calls (nothing to release)."""
     engine_grpc_url: str = "127.0.0.1:8001"
     """tritonserver's own gRPC endpoint, through which the orchestrator calls the engine models
     (triton/engine_client.py says why not BLS)."""

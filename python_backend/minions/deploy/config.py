@@ -10,10 +10,12 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 """The project's root (deploy.yaml, model_repository/, build/)."""
+TRTLLM_ENGINE = "tensorrtllm"
+"""The engine kind of models served by Triton's own tensorrtllm backend (TensorRT-LLM engines on GPUs)."""
 TEMPLATE_BY_ENGINE = {"torch": "llm", "distilled": "llm", "llamacpp": "ssm_q4", "ngram": "ssm_ngram",
-                      "suffix": "ssm_ngram"}
+                      "suffix": "ssm_ngram", TRTLLM_ENGINE: "tensorrt_llm"}
 """Which model_repository/ template serves each engine."""
-DECOUPLED_TEMPLATES = {"ssm_q4"}
+DECOUPLED_TEMPLATES = {"ssm_q4", "tensorrt_llm"}
 """Templates of decoupled engine models (in-flight batching); the orchestrator calls them accordingly."""
 
 
@@ -90,6 +92,14 @@ def load_deployment(path: str | Path) -> Deployment:
         if m.get("engine") not in TEMPLATE_BY_ENGINE:
             raise ValueError(f"{path}: model {m.get('name')!r} has unknown engine {m.get('engine')!r}")
     return Deployment(raw, path, dict(raw.get("server", {})))
+
+
+def trtllm_engine_dir(model: dict, dep: Deployment) -> Path:
+    """Where a tensorrtllm model's engine is built and served from: its `engine_dir`, else
+    <cache_dir>/trtllm/<name>."""
+    if model.get("engine_dir"):
+        return resolve(model["engine_dir"], dep.path.parent)
+    return dep.cache_dir / "trtllm" / model["name"]
 
 
 def distilled_dir(model: dict, dep: Deployment) -> Path:

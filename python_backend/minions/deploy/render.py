@@ -27,14 +27,17 @@ from minions.deploy.config import (
     DECOUPLED_TEMPLATES,
     ROOT,
     TEMPLATE_BY_ENGINE,
+    TRTLLM_ENGINE,
     Deployment,
     ServerPorts,
     distilled_dir,
     load_deployment,
+    trtllm_engine_dir,
 )
 from minions.engines.sequence_cache import KV_GROWTH_TOKENS
+from minions.engines.tensors import OWN_INPUTS
 from minions.errors import InvalidRequest
-from minions.settings import EngineSettings, OrchestratorSettings
+from minions.settings import EngineSettings, OrchestratorSettings, TrtllmSettings
 from minions.speculation.mode import Speculation
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,17 @@ def engine_settings(model: dict, dep: Deployment, max_context: int) -> EngineSet
     return EngineSettings.from_yaml(model, model_name=model["name"], model_path=path, max_context=max_context)
 
 
+def trtllm_settings(model: dict, dep: Deployment, orchestrator: OrchestratorSettings) -> TrtllmSettings:
+    """A TensorRT-LLM model's settings: its deploy.yaml entry, the checkpoint (`source`) and engine
+    directories resolved, the sequence length from the orchestrator's max_context, and draft tokens
+    for the verifier (its `max_draft_len`, else the orchestrator's max_num_draft_tokens; SSMs none)."""
+    is_llm = model["name"] == dep.llm["name"]
+    draft = int(model.get("max_draft_len", orchestrator.max_num_draft_tokens)) if is_llm else 0
+    return TrtllmSettings.from_yaml(model, model_name=model["name"], max_seq_len=orchestrator.max_context,
+                                    checkpoint_dir=str(hf_dir_for(model["source"], dep)),
+                                    engine_dir=str(trtllm_engine_dir(model, dep)), max_draft_len=draft)
+
+
 def orchestrator_settings(dep: Deployment, grpc_url: str | None = None) -> OrchestratorSettings:
     """The BLS's settings: the orchestrator section, with the served models, the tokenizer, the KV
     budget and the server's gRPC endpoint (`grpc_url`, else the deployment's) taken from the rest."""
@@ -67,6 +81,7 @@ def orchestrator_settings(dep: Deployment, grpc_url: str | None = None) -> Orche
         llm_model_name=llm["name"],
         ssm_model_names=tuple(s["name"] for s in dep.ssms),
         decoupled_model_names=tuple(m["name"] for m in engines if TEMPLATE_BY_ENGINE[m["engine"]] in DECOUPLED_TEMPLATES),
+        trtllm_model_names=tuple(m["name"] for m in engines if m["engine"] == TRTLLM_ENGINE),
         tokenizer_path=str(tokenizer_dir_for(llm["source"], dep)),
         kv_budget_tokens=kv_budget_tokens(dep),
         kv_chunk_tokens=KV_GROWTH_TOKENS,
@@ -80,11 +95,15 @@ def orchestrator_settings(dep: Deployment, grpc_url: str | None = None) -> Orche
         Speculation.parse(settings.default_speculation, settings.ssm_model_names)
     except InvalidRequest as exc:
         raise ValueError(f"{dep.path}: orchestrator.default_speculation: {exc}") from None
-    llm_settings = EngineSettings.from_yaml(llm)
+    if llm["engine"] == TRTLLM_ENGINE:  # TensorRT-LLM schedules at most max_batch_size sequences at once
+        batch = live = TrtllmSettings.from_yaml(llm).max_batch_size
+    else:
+        engine = EngineSettings.from_yaml(llm)
+        batch, live = engine.max_batch_size, engine.max_sequences
     if not settings.draft_pool_size:  # at most one LLM batch of drafts waits
-        settings = dataclasses.replace(settings, draft_pool_size=llm_settings.max_batch_size)
+        settings = dataclasses.replace(settings, draft_pool_size=batch)
     if not settings.max_active_requests:  # one live sequence per request in the LLM, never evicted
-        settings = dataclasses.replace(settings, max_active_requests=llm_settings.max_sequences)
+        settings = dataclasses.replace(settings, max_active_requests=live)
     return settings
 
 
@@ -94,14 +113,15 @@ def parameter_blocks(params: dict[str, str]) -> str:
                    for k, v in params.items())
 
 
-def _fill(template_dir: Path, out_dir: Path, params: dict[str, str]) -> None:
+def _fill(template_dir: Path, out_dir: Path, params: dict[str, str], native: bool = False) -> None:
     """Copy a model's template, its config.pbtxt filled in: placeholders from `params`, every one of them
     as a string parameter (`${parameters}`), so a new setting needs no template change, and the engine
-    models' shared tensorrt_llm inputs and outputs (`${tensorrt_llm_io}`)."""
+    models' shared tensorrt_llm inputs and outputs (`${tensorrt_llm_io}`; `native`: only tensorrt_llm's own)."""
     shutil.copytree(template_dir, out_dir, ignore=shutil.ignore_patterns("__pycache__"))
     config = out_dir / "config.pbtxt"
+    io = tensorrt_llm_native_io() if native else _tensorrt_llm_io()
     config.write_text(string.Template(config.read_text()).substitute(
-        params, parameters=parameter_blocks(params), tensorrt_llm_io=_tensorrt_llm_io()))
+        params, parameters=parameter_blocks(params), tensorrt_llm_io=io))
 
 
 def _tensorrt_llm_io() -> str:
@@ -110,6 +130,19 @@ def _tensorrt_llm_io() -> str:
     while lines and lines[0].startswith("#"):
         lines.pop(0)
     return "".join(lines).rstrip("\n")
+
+
+def tensorrt_llm_native_io() -> str:
+    """The shared blocks less Minions' own inputs (engines/tensors.py OWN_INPUTS): what TensorRT-LLM's
+    tensorrt_llm model declares. Parsed into Triton's ModelConfig and printed back."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    config = text_format.Parse(_tensorrt_llm_io(), model_config_pb2.ModelConfig())
+    kept = [i for i in config.input if i.name not in OWN_INPUTS]
+    del config.input[:]
+    config.input.extend(kept)
+    return text_format.MessageToString(config).rstrip("\n")
 
 
 def render_repository(dep: Deployment, out_dir: Path, grpc_url: str | None = None) -> Path:
@@ -122,8 +155,11 @@ def render_repository(dep: Deployment, out_dir: Path, grpc_url: str | None = Non
     for model in dep.missing_ssms:
         log.warning("SSM %s not served: %s is missing (run `make distill`)", model["name"], distilled_dir(model, dep))
     for model in [dep.llm, *dep.ssms]:
-        settings = engine_settings(model, dep, orchestrator.max_context)
-        _fill(TEMPLATES / TEMPLATE_BY_ENGINE[model["engine"]], out_dir / model["name"], settings.params())
+        template = TEMPLATES / TEMPLATE_BY_ENGINE[model["engine"]]
+        if model["engine"] == TRTLLM_ENGINE:
+            _fill(template, out_dir / model["name"], trtllm_settings(model, dep, orchestrator).params(), native=True)
+        else:
+            _fill(template, out_dir / model["name"], engine_settings(model, dep, orchestrator.max_context).params())
     _fill(TEMPLATES / "minions", out_dir / orchestrator.model_name, orchestrator.params())
     return out_dir
 

@@ -227,8 +227,14 @@ def _perf_outputs(requests: list[EngineRequest], results: list[EngineResult], ti
     }
 
 
-def build_engine_inputs(request: EngineRequest) -> dict[str, np.ndarray]:
-    """The inverse of parse_engine_inputs for one sequence: what the orchestrator sends an engine."""
+OWN_INPUTS = frozenset({"random_seed", "prompt_length"})
+"""Inputs our engine models take that TensorRT-LLM's tensorrt_llm model does not declare."""
+
+
+def build_engine_inputs(request: EngineRequest, native: bool = False) -> dict[str, np.ndarray]:
+    """The inverse of parse_engine_inputs for one sequence: what the orchestrator sends an engine.
+    `native`: the engine is TensorRT-LLM's own tensorrt_llm model, which knows no `prompt_length` and
+    counts `min_tokens` from the call's own output, so it gets what is left of the request's."""
     ids = np.asarray([request.input_ids], dtype=np.int32)
     tensors = {
         "input_ids": ids,
@@ -245,7 +251,7 @@ def build_engine_inputs(request: EngineRequest) -> dict[str, np.ndarray]:
     if request.draft_logits is not None:
         tensors["draft_logits"] = np.asarray(request.draft_logits, dtype=np.float32)[None]
     if request.seed is not None:
-        tensors["random_seed"] = np.array([[request.seed]], dtype=np.uint64)
+        tensors["seed"] = np.array([[request.seed]], dtype=np.uint64)
     if request.end_id is not None:
         tensors["end_id"] = np.array([[request.end_id]], dtype=np.int32)
     if request.bad_words:
@@ -257,8 +263,12 @@ def build_engine_inputs(request: EngineRequest) -> dict[str, np.ndarray]:
             "presence_penalty": np.array([[p.presence]], dtype=np.float32),
             "frequency_penalty": np.array([[p.frequency]], dtype=np.float32),
             "min_tokens": np.array([[p.min_tokens]], dtype=np.int32),
-            "prompt_length": np.array([[p.prompt_length]], dtype=np.int32),
         }
+        if native:
+            generated = len(request.input_ids) - p.prompt_length
+            tensors["min_tokens"] = np.array([[max(0, p.min_tokens - generated)]], dtype=np.int32)
+        else:
+            tensors["prompt_length"] = np.array([[p.prompt_length]], dtype=np.int32)
     if request.return_log_probs:
         tensors["return_log_probs"] = np.array([[True]], dtype=np.bool_)
     if request.return_generation_logits:

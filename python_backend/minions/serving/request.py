@@ -97,6 +97,10 @@ def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Orchestra
     if top_k < 0:
         raise InvalidRequest(f"'top_k' must be >= 0, got {top_k}")
     penalties = _penalties(inputs)
+    if limits.llm_model_name in limits.trtllm_model_names and (penalties.presence or penalties.frequency):
+        raise InvalidRequest("'presence_penalty' and 'frequency_penalty' are not served with a TensorRT-LLM verifier: "
+                             "each round sends it the whole sequence, so it would count the prompt and earlier rounds "
+                             "as its input (use repetition_penalty)")
     seed = _scalar(inputs, "seed", int, None)
     if seed is None:
         seed = _scalar(inputs, "random_seed", int, None)

@@ -38,11 +38,14 @@ class EngineCallError(RuntimeError):
 
 
 class TritonEngineClient:
-    def __init__(self, url: str, decoupled_models: frozenset[str], stall_timeout_s: float) -> None:
+    def __init__(self, url: str, decoupled_models: frozenset[str], stall_timeout_s: float,
+                 native_models: frozenset[str] = frozenset()) -> None:
         self.url = url
         # Decoupled engine models (in-flight batching) answer over a gRPC stream, as to a client of
         # TensorRT-LLM's decoupled tensorrt_llm model.
         self.decoupled_models = decoupled_models
+        # TensorRT-LLM's own tensorrt_llm models (settings.trtllm_model_names).
+        self.native_models = native_models
         self.stall_timeout_s = stall_timeout_s
         """A call (or a stream between two responses) silent this long fails: its request gets an error
         instead of hanging (settings.py, engine_stall_timeout_s)."""
@@ -64,27 +67,28 @@ class TritonEngineClient:
             stream = self._streams[model] = _SharedStream(self.service(), model)
         return stream
 
-    async def generate(self, model: str, request: EngineRequest) -> EngineResult:
-        """One call, one result."""
+    async def generate(self, model: str, request: EngineRequest, call_id: str | None = None) -> EngineResult:
+        """One call, one result (`call_id`: the call's Triton request id, else a new one)."""
         if model in self.decoupled_models:
-            results = [r async for r in self.stream(model, request)]
+            results = [r async for r in self.stream(model, request, call_id)]
             if len(results) != 1:
                 raise EngineCallError(model, f"expected one response from a decoupled engine model, got {len(results)}")
             return results[0]
-        message = _infer_request(model, request, self._call_id(request))
+        message = self._infer_request(model, request, call_id)
         try:
             response = await self._within_timeout(model, self.service().ModelInfer(message))
         except grpc.aio.AioRpcError as exc:
             raise EngineCallError(model, exc.details() or str(exc.code())) from None
         return _decoded(request, response)
 
-    async def stream(self, model: str, request: EngineRequest) -> AsyncIterator[EngineResult]:
+    async def stream(self, model: str, request: EngineRequest, call_id: str | None = None
+                     ) -> AsyncIterator[EngineResult]:
         """A decoupled engine's responses to one call, a result each (one per token when the call
         streams), until the one that carries Triton's final flag. Leaving early sends a `stop` for the
         sequence, which ends its generation at the next step."""
         if model not in self.decoupled_models:
             raise EngineCallError(model, "only a decoupled (in-flight) engine model streams")
-        message = _infer_request(model, request, self._call_id(request))
+        message = self._infer_request(model, request, call_id)
         message.parameters["triton_enable_empty_final_response"].bool_param = True
         stream = self._stream_to(model)
         responses = stream.open(message)
@@ -105,18 +109,24 @@ class TritonEngineClient:
         finally:
             stream.forget(message.id)
             if not finished and not request.stop:  # left (or gave up) early: end the generation
-                await self.release(model, request.request_id)
+                await self.release(model, request.request_id, message.id)
 
-    async def release(self, model: str, request_id: str) -> None:
-        """Tell an engine the sequence is over (tensorrt_llm's `stop`), so it frees the cached state."""
+    async def release(self, model: str, request_id: str, call_id: str | None = None) -> None:
+        """Tell an engine the sequence is over (tensorrt_llm's `stop`), so it frees the cached state, and
+        stops the call `call_id` if it still runs. TensorRT-LLM's own models keep no sequence between calls
+        (its KV blocks are reused by content): they are only told to stop a call, by that call's id."""
+        if model in self.native_models and call_id is None:
+            return
         try:
-            await self.generate(model, EngineRequest.release(request_id))
+            await self.generate(model, EngineRequest.release(request_id), call_id if model in self.native_models else None)
         except Exception as exc:  # freeing is best effort: LRU eviction reclaims the slot anyway
             log.warning("could not release %s in %s: %s", request_id, model, exc)
 
-    def _call_id(self, request: EngineRequest) -> str:
-        """A Triton request id of its own for every call; the sequence travels as the correlation id."""
-        return f"{request.request_id}/{next(self._calls)}"
+    def _infer_request(self, model: str, request: EngineRequest, call_id: str | None) -> service_pb2.ModelInferRequest:
+        """The call's message; a Triton request id of its own for every call unless `call_id` is given (the
+        sequence travels as the correlation id)."""
+        call_id = call_id or f"{request.request_id}/{next(self._calls)}"
+        return _infer_request(model, request, call_id, model in self.native_models)
 
     async def _within_timeout(self, model: str, awaitable):
         try:
@@ -129,8 +139,8 @@ class TritonEngineClient:
 class _SharedStream:
     """One ModelStreamInfer stream to a decoupled engine model, shared by every call to it and opened
     once: a call costs a message each way rather than a new HTTP/2 stream. Responses are routed by
-    their Triton request id (a call's own, `_call_id`); those of a call given up on are dropped. A
-    broken stream fails every call waiting on it, and the next call opens a new one."""
+    their Triton request id (a call's own: `TritonEngineClient._infer_request`); those of a call given up
+    on are dropped. A broken stream fails every call waiting on it, and the next call opens a new one."""
 
     def __init__(self, stub: service_pb2_grpc.GRPCInferenceServiceStub, model: str) -> None:
         self.model = model
@@ -178,12 +188,14 @@ CHANNEL_OPTIONS = [("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_recei
 """Generation logits (vocabulary x draft rows, float32) exceed gRPC's default 4 MB message limit."""
 
 
-def _infer_request(model: str, request: EngineRequest, call_id: str) -> service_pb2.ModelInferRequest:
+def _infer_request(model: str, request: EngineRequest, call_id: str, native: bool = False
+                   ) -> service_pb2.ModelInferRequest:
     """The KServe v2 gRPC message for one call of `request`: tensorrt_llm's input tensors as raw
-    contents, the call's own id, and its sequence as the correlation id (`sequence_id`)."""
+    contents (`native`: for TensorRT-LLM's own model), the call's own id, and its sequence as the
+    correlation id (`sequence_id`)."""
     message = service_pb2.ModelInferRequest(model_name=model, id=call_id)
     message.parameters["sequence_id"].string_param = request.request_id
-    for name, array in build_engine_inputs(request).items():
+    for name, array in build_engine_inputs(request, native).items():
         tensor = message.inputs.add(name=name, datatype=np_to_triton_dtype(array.dtype))
         tensor.shape.extend(array.shape)
         message.raw_input_contents.append(np.ascontiguousarray(array).tobytes())

@@ -87,7 +87,7 @@ class TritonPythonModel:
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.settings.tokenizer_path, local_files_only=True)
         self.client = TritonEngineClient(self.settings.engine_grpc_url, frozenset(self.settings.decoupled_model_names),
-                                         self.settings.engine_stall_timeout_s)
+                                         self.settings.engine_stall_timeout_s, frozenset(self.settings.trtllm_model_names))
         self.metrics = SpeculationMetrics(self.name)
         self.admission = Admission(self.settings.max_active_requests, self.settings.kv_budget_tokens,
                                    self.settings.kv_chunk_tokens, self.settings.max_queued_requests)
