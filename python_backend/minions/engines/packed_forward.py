@@ -211,12 +211,12 @@ class PackedLlamaForward:
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
         """q [heads, n, d] over keys/values [kv_heads, past + n, d]: new token i sees positions <= past + i."""
         n = q.shape[1]
-        keys = keys.repeat_interleave(self.groups, dim=0)
-        values = values.repeat_interleave(self.groups, dim=0)
         mask = None
         if n > 1:
             mask = torch.ones(n, past + n, dtype=torch.bool, device=q.device).tril(diagonal=past)
-        return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
+        # enable_gqa: each KV head serves its query group in place (no repeated copy of the cache per layer)
+        return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling,
+                                                                enable_gqa=self.groups > 1)
 
 
 def forward_backend(model) -> ForwardBackend:
