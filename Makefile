@@ -8,7 +8,7 @@ DEPLOY ?= deploy.yaml
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv serve prepare test test-unit test-integration bench bench-peers bench-aiperf soak loadtest distill clean
+.PHONY: venv serve prepare engines test test-unit test-integration bench bench-peers bench-aiperf soak loadtest distill clean
 
 # The Triton stub links Debian's libpython3.11, so the venv must come from the system python3.11.
 $(STAMP): requirements.txt
@@ -28,6 +28,11 @@ prepare: $(STAMP)
 
 serve: $(STAMP)
 	$(PY) -m minions.deploy.server --deploy $(DEPLOY)
+
+# The TensorRT-LLM engines of DEPLOY's `engine: tensorrtllm` models (deploy.gpu.yaml); runs inside the Triton
+# TRT-LLM container (its python3 has tensorrt_llm and trtllm-build), so not through .venv. Up-to-date engines are skipped.
+engines:
+	PYTHONPATH=python_backend python3 -m minions.deploy.trtllm_build --deploy $(DEPLOY)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
