@@ -20,7 +20,7 @@ from pathlib import Path
 
 from client.api import GenerationParams, generate_grpc
 
-from .datasets import DATASETS, mixed_prompts
+from .datasets import COPY_HEAVY, DATASETS, mixed_prompts
 from .server_process import ROOT, TritonProcess
 from .workers import run_streams
 
@@ -282,7 +282,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--modes", nargs="+", help="labels from: " + ", ".join(m.label for m in default_modes())
                    + "; or single:<ssm> (that SSM alone, adaptive length)")
-    p.add_argument("--datasets", nargs="+", choices=list(DATASETS), help="prompts from these only (default: all, mixed)")
+    p.add_argument("--datasets", nargs="+", choices=list(DATASETS | COPY_HEAVY),
+                   help="prompts from these only (default: the chat sets, mixed)")
     p.add_argument("--out", default=str(ROOT / "bench_results" / "load"))
     p.add_argument("--repeat", type=int, default=1, help="passes over the modes at each concurrency; the tables "
                    "show medians and ranges (a cell at 8-16 streams swings by 10%% between runs)")
