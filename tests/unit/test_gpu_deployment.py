@@ -156,4 +156,4 @@ def test_a_finished_sequence_is_not_released_in_a_tensorrt_llm_model():
 
 def test_the_cuda_deployment_puts_the_torch_llm_on_the_gpu():
     llm = EngineSettings.from_yaml(load_deployment(ROOT / "deploy.cuda.yaml").llm)
-    assert (llm.engine, llm.device, llm.dtype) == ("torch", "cuda", "bfloat16")
+    assert (llm.engine, llm.device, llm.dtype) == ("torch", "cuda", "float32")
