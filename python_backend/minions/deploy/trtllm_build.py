@@ -10,20 +10,9 @@ render.py writes into its config.pbtxt as `gpt_model_path`. Every value comes fr
 render.trtllm_settings resolves it, so the build and the served config cannot disagree. A stamp in the
 engine directory records the plan it was built from; an unchanged plan is skipped, a changed one rebuilt.
 
-The flags were checked against NVIDIA/TensorRT-LLM's tensorrt_llm/commands/build.py (snapshot 008b2b8) and
-tensorrt_llm/plugin/plugin.py (a 0.19-1.0-era snapshot: `--gemm_plugin`/`--gpt_attention_plugin` take `auto`,
-feature flags enable|disable); the 0.19.0 tag itself (tensorrtllm_backend's submodule c6f7d42) was not
-readable. Also against tensorrtllm_backend v0.19.0 and c2e65b8 (the 25.05 container's), whose CI builds with
-`--remove_input_padding enable --kv_cache_type paged --use_paged_context_fmha enable` "for KV cache reuse":
-- every engine: paged KV cache and paged context FMHA, which KV-cache block reuse needs; the LLM relies on
-  it, as every speculation round resends the whole sequence;
-- the LLM (max_draft_len > 0): `--speculative_decoding_mode draft_tokens_external --max_draft_len N`
-  (examples/draft_target_model/README.md: both required for the target model);
-- draft SSMs: `--gather_generation_logits`, as the orchestrator asks them for generation logits when
-  sampling (later releases deprecate the build flag in favour of a runtime option; 0.19 still reads it).
-`--max_input_len` is max_seq_len too: a round's input is the whole sequence so far (the default is 1024).
-The converter follows examples/models/core/qwen/convert_checkpoint.py: `<Model>.from_hugging_face(dir,
-dtype, mapping=Mapping(world_size, rank, tp_size, pp_size))`, then `save_checkpoint(out, save_config=rank == 0)`.
+Every engine gets a paged KV cache and paged context FMHA (KV-cache block reuse needs them: each
+speculation round resends the whole sequence); the verifier is built for external draft tokens, draft
+models gather generation logits. Where each flag was checked: docs/deployments.md.
 """
 
 from __future__ import annotations
