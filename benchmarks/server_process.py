@@ -9,6 +9,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,12 +42,14 @@ class TritonProcess:
     """Context manager: start tritonserver, wait until ready, stop it (and its stubs) on exit."""
 
     def __init__(self, deploy: str | Path = ROOT / "deploy.yaml", log_path: str | Path | None = None,
-                 build: str | Path | None = None) -> None:
+                 build: str | Path | None = None, edit: Callable[[Path], None] | None = None) -> None:
+        """`edit`: called with the rendered repository before tritonserver starts on it."""
         self.deployment = load_deployment(deploy)
         self.ports = ServerPorts("127.0.0.1", free_port(), free_port(), free_port())
         self.build = Path(build) if build else Path(tempfile.mkdtemp(prefix="minions-build-"))
         self.log_path = Path(log_path) if log_path else self.build / "tritonserver.log"
         self.proc: subprocess.Popen | None = None
+        self.edit = edit
 
     @property
     def grpc_url(self) -> str:
@@ -65,7 +68,7 @@ class TritonProcess:
 
     def __enter__(self) -> "TritonProcess":
         self._log = open(self.log_path, "w")
-        self.proc = start_server(self.deployment, self.ports, self.build, stdout=self._log)
+        self.proc = start_server(self.deployment, self.ports, self.build, stdout=self._log, edit=self.edit)
         try:
             wait_ready(self.ports, self.proc)
         except Exception:

@@ -9,6 +9,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -103,10 +104,10 @@ class NearTies:
         assert where is not None and where.gap < NEAR_TIE, f"{what}: not a near tie: {where}"
 
 
-def served(deploy: Path, build: Path):
-    """A fixture's body: the real tritonserver with `deploy`, yielded while it runs; after, it must have
-    stopped cleanly, every stub included (no crash at unload)."""
-    with TritonProcess(deploy, log_path=build / "tritonserver.log", build=build) as proc:
+def served(deploy: Path, build: Path, edit: Callable[[Path], None] | None = None):
+    """A fixture's body: the real tritonserver with `deploy` (its rendered repository changed by `edit`),
+    yielded while it runs; after, it must have stopped cleanly, every stub included (no crash at unload)."""
+    with TritonProcess(deploy, log_path=build / "tritonserver.log", build=build, edit=edit) as proc:
         yield proc
     assert proc.proc.returncode == 0, f"tritonserver did not shut down cleanly:\n{proc.log_text()[-3000:]}"
     assert "Fatal Python error" not in proc.log_text(), f"a stub crashed:\n{proc.log_text()[-3000:]}"

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from minions.deploy.config import ROOT, Deployment, ServerPorts, load_deployment
@@ -157,8 +158,12 @@ def prepare(dep: Deployment, build: Path, ports: ServerPorts) -> tuple[Path, Pat
     return repo, prepare_backend_dir(build)
 
 
-def start_server(dep: Deployment, ports: ServerPorts, build: Path, stdout=None, log_verbose: int = 0) -> subprocess.Popen:
+def start_server(dep: Deployment, ports: ServerPorts, build: Path, stdout=None, log_verbose: int = 0,
+                 edit: Callable[[Path], None] | None = None) -> subprocess.Popen:
+    """Render the repository, let `edit` change it (tests), and start tritonserver on it."""
     repo, backends = prepare(dep, build, ports)
+    if edit is not None:
+        edit(repo)
     cmd = server_command(repo, backends, ports, log_verbose)
     log.info("starting: %s", " ".join(cmd))
     return subprocess.Popen(cmd, env=server_env(), stdout=stdout, stderr=subprocess.STDOUT if stdout else None,

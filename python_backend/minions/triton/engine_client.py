@@ -67,28 +67,27 @@ class TritonEngineClient:
             stream = self._streams[model] = _SharedStream(self.service(), model)
         return stream
 
-    async def generate(self, model: str, request: EngineRequest, call_id: str | None = None) -> EngineResult:
-        """One call, one result (`call_id`: the call's Triton request id, else a new one)."""
+    async def generate(self, model: str, request: EngineRequest) -> EngineResult:
+        """One call, one result."""
         if model in self.decoupled_models:
-            results = [r async for r in self.stream(model, request, call_id)]
+            results = [r async for r in self.stream(model, request)]
             if len(results) != 1:
                 raise EngineCallError(model, f"expected one response from a decoupled engine model, got {len(results)}")
             return results[0]
-        message = self._infer_request(model, request, call_id)
+        message = self._infer_request(model, request)
         try:
             response = await self._within_timeout(model, self.service().ModelInfer(message))
         except grpc.aio.AioRpcError as exc:
             raise EngineCallError(model, exc.details() or str(exc.code())) from None
         return _decoded(request, response)
 
-    async def stream(self, model: str, request: EngineRequest, call_id: str | None = None
-                     ) -> AsyncIterator[EngineResult]:
+    async def stream(self, model: str, request: EngineRequest) -> AsyncIterator[EngineResult]:
         """A decoupled engine's responses to one call, a result each (one per token when the call
         streams), until the one that carries Triton's final flag. Leaving early sends a `stop` for the
         sequence, which ends its generation at the next step."""
         if model not in self.decoupled_models:
             raise EngineCallError(model, "only a decoupled (in-flight) engine model streams")
-        message = self._infer_request(model, request, call_id)
+        message = self._infer_request(model, request)
         message.parameters["triton_enable_empty_final_response"].bool_param = True
         stream = self._stream_to(model)
         responses = stream.open(message)
@@ -109,24 +108,24 @@ class TritonEngineClient:
         finally:
             stream.forget(message.id)
             if not finished and not request.stop:  # left (or gave up) early: end the generation
-                await self.release(model, request.request_id, message.id)
+                await self.release(model, request.request_id)
 
-    async def release(self, model: str, request_id: str, call_id: str | None = None) -> None:
-        """Tell an engine the sequence is over (tensorrt_llm's `stop`), so it frees the cached state, and
-        stops the call `call_id` if it still runs. TensorRT-LLM's own models keep no sequence between calls
-        (its KV blocks are reused by content): they are only told to stop a call, by that call's id."""
-        if model in self.native_models and call_id is None:
+    async def release(self, model: str, request_id: str) -> None:
+        """Tell an engine the sequence is over (tensorrt_llm's `stop`), so it frees the cached state.
+        TensorRT-LLM's own models keep no sequence between calls (their KV blocks are reused by content):
+        they get nothing. A call left early there runs out its few remaining tokens (at most a plain
+        stretch or a draft), its responses dropped: stopping it would take a second request under the
+        same id, whose responses the shared stream could not tell apart."""
+        if model in self.native_models:
             return
         try:
-            await self.generate(model, EngineRequest.release(request_id), call_id if model in self.native_models else None)
+            await self.generate(model, EngineRequest.release(request_id))
         except Exception as exc:  # freeing is best effort: LRU eviction reclaims the slot anyway
             log.warning("could not release %s in %s: %s", request_id, model, exc)
 
-    def _infer_request(self, model: str, request: EngineRequest, call_id: str | None) -> service_pb2.ModelInferRequest:
-        """The call's message; a Triton request id of its own for every call unless `call_id` is given (the
-        sequence travels as the correlation id)."""
-        call_id = call_id or f"{request.request_id}/{next(self._calls)}"
-        return _infer_request(model, request, call_id, model in self.native_models)
+    def _infer_request(self, model: str, request: EngineRequest) -> service_pb2.ModelInferRequest:
+        """The call's message, with a Triton request id of its own (the sequence travels as the correlation id)."""
+        return _infer_request(model, request, f"{request.request_id}/{next(self._calls)}", model in self.native_models)
 
     async def _within_timeout(self, model: str, awaitable):
         try:
