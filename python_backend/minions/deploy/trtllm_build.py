@@ -29,6 +29,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from minions.deploy.artifacts import hf_dir_for
 from minions.deploy.config import ROOT, TRTLLM_ENGINE, Deployment, load_deployment, resolve
 from minions.deploy.render import orchestrator_settings, trtllm_settings
 from minions.settings import TrtllmSettings
@@ -85,15 +86,17 @@ def trtllm_models(dep: Deployment) -> list[dict]:
 
 
 def hf_config(model: dict, dep: Deployment) -> Path:
-    """A model's HF config.json, or a BuildError naming the download that provides it."""
-    path = resolve(model["source"], dep.path.parent) / "config.json"
-    if not path.is_file():
-        name = path.parent.name
+    """A model's HF config.json (the checkpoint render.py resolves too), or a BuildError naming the
+    download that provides it."""
+    try:
+        return hf_dir_for(model["source"], dep) / "config.json"
+    except FileNotFoundError:
+        name = Path(model["source"]).name
         repo = f"Qwen/{name}" if name.startswith("Qwen") else f"<org>/{name}"
-        raise BuildError(f"model {model['name']!r}: no Hugging Face checkpoint at {path.parent} ({path.name} "
+        missing = resolve(model["source"], dep.path.parent) / "config.json"
+        raise BuildError(f"model {model['name']!r}: no Hugging Face checkpoint at {missing.parent} ({missing.name} "
                          f"missing). Download it first (README, Deploying on a GPU), e.g. "
-                         f"`huggingface-cli download {repo} --local-dir {model['source']}`")
-    return path
+                         f"`huggingface-cli download {repo} --local-dir {model['source']}`") from None
 
 
 def model_class_name(config_json: Path) -> str:
