@@ -17,10 +17,10 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.datasets import DATASETS, load_prompts
 from minions.deploy.artifacts import hf_dir_for, repacked_gguf, smollm2_gguf
 from minions.deploy.config import ROOT, load_deployment
 from minions.engines.torch_engine import load_causal_lm
+from minions.text.datasets import DATASETS, load_prompts
 
 SHIPPED = "Q4_1"
 

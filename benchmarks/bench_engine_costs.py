@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from minions.decoding.engine_call import EngineRequest
 from minions.deploy.artifacts import hf_dir_for, repacked_gguf, smollm2_gguf
 from minions.deploy.config import ROOT, Deployment, load_deployment
-from minions.engines.api import Engine, EngineRequest
+from minions.engines.api import Engine
 from minions.engines.factory import build_engine
 from minions.engines.llamacpp_engine import LlamaCppEngine
 from minions.settings import EngineSettings

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from client.api import GenerationParams, generate_grpc
+from minions.text.datasets import COPY_HEAVY, DATASETS, mixed_prompts
+from tests.support.triton_process import ROOT, TritonProcess
 
-from .datasets import COPY_HEAVY, DATASETS, mixed_prompts
-from .server_process import ROOT, TritonProcess
 from .workers import run_streams
 
 FIXED_LENGTHS = (1, 2, 3, 4, 6, 8)

@@ -24,16 +24,16 @@ from pathlib import Path
 from client.api import GenerationParams, generate_grpc
 from minions.deploy.config import Deployment, load_deployment
 from minions.settings import OrchestratorSettings
+from minions.text.datasets import COPY_HEAVY, DATASETS, load_prompts, mixed_prompts
+from tests.support.triton_process import ROOT, TritonProcess
 
 from .bench_load import RESPONSE_TIMEOUT_S
-from .datasets import COPY_HEAVY, DATASETS, load_prompts, mixed_prompts
 from .peers import ggufs
 from .peers.foreign_cpu import ForeignCpu
 from .peers.llama_server import LlamaServer, ServerConfig, chat_completion
 from .peers.llama_server_build import llama_server, pinned_version
 from .peers.report import format_table, plot, summarize
 from .peers.streams import Cell, Request, Sample, run_cell
-from .server_process import ROOT, TritonProcess
 
 WORKLOADS = ("chat", *COPY_HEAVY)
 HELD_OUT = 8

@@ -16,10 +16,10 @@ import time
 import numpy as np
 import torch
 
+from minions.decoding.engine_call import EngineRequest
+from minions.decoding.tokens import common_prefix_len
 from minions.deploy.artifacts import hf_dir_for
 from minions.deploy.config import ROOT, load_deployment
-from minions.engines.api import EngineRequest
-from minions.engines.sequence_cache import common_prefix_len
 from minions.engines.torch_engine import TorchEngine, load_causal_lm
 
 

@@ -3,7 +3,7 @@
 Starts the real tritonserver with deploy.yaml, replays prompts from ../shared/datasets (finance,
 dialogue, alpaca, MT-bench) one at a time, greedy, and runs every mode on each prompt back to back so
 machine noise hits all modes alike. Prints a table per dataset and overall (tokens/s, normalised
-latency, TTFT, acceptance, tokens per verification, speedup over `off` from the same run, the share of
+latency, TTFT, acceptance, tokens per LLM call, speedup over `off` from the same run, the share of
 request time the server spent in control (voting, weight updates, SSM selection), and whether the
 output equals `off` token for token), and writes JSON and a PNG chart. By default it runs `off`,
 every served SSM alone (`single:<ssm>`), `bandit` and `vote`.
@@ -20,9 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from client.api import Completion, GenerationParams, generate_grpc
-
-from .datasets import DATASETS, load_prompts
-from .server_process import ROOT, TritonProcess
+from minions.text.datasets import DATASETS, load_prompts
+from tests.support.triton_process import ROOT, TritonProcess
 
 
 @dataclass(frozen=True)
@@ -51,9 +50,9 @@ class Sample:
     latency_s: float
     ttft_s: float
     acceptance: float | None
-    tokens_per_verification: float | None
+    tokens_per_llm_call: float | None
     text: str
-    accepted_per_verification: float | None = None
+    accepted_per_llm_call: float | None = None
     control_s: float = 0.0
     """Server time spent voting, updating weights and choosing SSMs (minions_control_seconds)."""
 
@@ -67,8 +66,8 @@ def summarize(samples: list[Sample], baseline: str, compare_text: bool = True) -
         group = [s for s in samples if s.mode == mode]
         tps = sum(s.tokens for s in group) / max(sum(s.latency_s for s in group), 1e-9)
         acc = [s.acceptance for s in group if s.acceptance is not None]
-        tpv = [s.tokens_per_verification for s in group if s.tokens_per_verification]
-        apv = [s.accepted_per_verification for s in group if s.accepted_per_verification is not None]
+        tpv = [s.tokens_per_llm_call for s in group if s.tokens_per_llm_call]
+        apv = [s.accepted_per_llm_call for s in group if s.accepted_per_llm_call is not None]
         rows.append({
             "mode": mode,
             "requests": len(group),
@@ -77,8 +76,8 @@ def summarize(samples: list[Sample], baseline: str, compare_text: bool = True) -
             "normalized_latency_ms": 1000 * statistics.mean(s.latency_s / max(s.tokens, 1) for s in group),
             "ttft_ms": 1000 * statistics.median(s.ttft_s for s in group),
             "acceptance": statistics.mean(acc) if acc and mode != baseline else None,
-            "tokens_per_verification": statistics.mean(tpv) if tpv else None,
-            "accepted_per_verification": statistics.mean(apv) if apv else None,
+            "tokens_per_llm_call": statistics.mean(tpv) if tpv else None,
+            "accepted_per_llm_call": statistics.mean(apv) if apv else None,
             "speedup": tps / base_tps if base_tps else None,
             "control_share": sum(s.control_s for s in group) / max(sum(s.latency_s for s in group), 1e-9),
             # sampled outputs legitimately differ from `off`: only greedy runs are compared
@@ -89,13 +88,13 @@ def summarize(samples: list[Sample], baseline: str, compare_text: bool = True) -
 
 
 def format_table(title: str, rows: list[dict]) -> str:
-    head = (f"{'mode':<22} {'req':>4} {'tok/s':>7} {'ms/tok':>7} {'TTFT ms':>8} {'accept':>7} {'acc/verif':>9} {'tok/verif':>9} "
+    head = (f"{'mode':<22} {'req':>4} {'tok/s':>7} {'ms/tok':>7} {'TTFT ms':>8} {'accept':>7} {'acc/call':>9} {'tok/call':>9} "
             f"{'speedup':>8} {'control':>8} {'same as off':>11}")
     lines = [f"\n## {title}", head, "-" * len(head)]
     for r in rows:
         acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
-        tpv = f"{r['tokens_per_verification']:.2f}" if r["tokens_per_verification"] else "-"
-        apv = f"{r['accepted_per_verification']:.2f}" if r["accepted_per_verification"] is not None else "-"
+        tpv = f"{r['tokens_per_llm_call']:.2f}" if r["tokens_per_llm_call"] else "-"
+        apv = f"{r['accepted_per_llm_call']:.2f}" if r["accepted_per_llm_call"] is not None else "-"
         lines.append(
             f"{r['mode']:<22} {r['requests']:>4} {r['tokens_per_s']:>7.1f} {r['normalized_latency_ms']:>7.1f} "
             f"{r['ttft_ms']:>8.0f} {acc:>7} {apv:>9} {tpv:>9} {r['speedup']:>7.2f}x {100 * r['control_share']:>7.2f}% "
@@ -143,8 +142,8 @@ def run(args: argparse.Namespace) -> dict:
                     c = _complete(server.grpc_url, text, mode, args.max_tokens, args.temperature)
                     samples.append(Sample(name, i, mode.label, c.num_output_tokens, c.latency_s, c.ttft_s or c.latency_s,
                                           c.acceptance_rate if mode.speculation != "off" else None,
-                                          c.tokens_per_verification, c.text,
-                                          (c.total_accepted_draft_tokens or 0) / c.num_verifications if c.num_verifications else None,
+                                          c.tokens_per_llm_call, c.text,
+                                          (c.total_accepted_draft_tokens or 0) / c.num_llm_calls if c.num_llm_calls else None,
                                           control_seconds(server.metrics_url) - control_before))
                     print(f"{name}[{i}] {mode.label:<20} {c.num_output_tokens:>4} tok {c.tokens_per_s:6.1f} tok/s", flush=True)
     baseline = modes[0].label

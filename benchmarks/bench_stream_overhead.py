@@ -14,16 +14,15 @@ import statistics
 import time
 
 from client.api import GenerationParams, generate_grpc
+from minions.decoding.engine_call import EngineRequest
 from minions.deploy.artifacts import tokenizer_dir_for
 from minions.deploy.config import load_deployment
 from minions.deploy.render import engine_settings
-from minions.engines.api import EngineRequest
 from minions.engines.factory import build_engine
 from minions.settings import DEFAULTS
+from minions.text.datasets import mixed_prompts
 from minions.text.prompt import encode_prompt
-
-from .datasets import mixed_prompts
-from .server_process import ROOT, TritonProcess
+from tests.support.triton_process import ROOT, TritonProcess
 
 
 def served_ms_per_token(prompts: list[str], max_tokens: int) -> tuple[float, list[int]]:

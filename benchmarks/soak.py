@@ -22,9 +22,10 @@ import threading
 import time
 from pathlib import Path
 
+from minions.text.datasets import load_prompts, mixed_prompts
+from tests.support.triton_process import ROOT, TritonProcess
+
 from .bench_peers import minions_request
-from .datasets import load_prompts, mixed_prompts
-from .server_process import ROOT, TritonProcess
 from .trend import trend
 from .workers import run_streams
 

@@ -16,9 +16,8 @@ import statistics
 from pathlib import Path
 
 from client.api import GenerationParams, generate_grpc
-
-from .datasets import load_prompts
-from .server_process import ROOT, TritonProcess
+from minions.text.datasets import load_prompts
+from tests.support.triton_process import ROOT, TritonProcess
 
 
 def phases(per_phase: int) -> dict[str, list[str]]:

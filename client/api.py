@@ -98,10 +98,13 @@ class Completion:
     acceptance_rate: float | None = None
     total_accepted_draft_tokens: int | None = None
     total_draft_tokens: int | None = None
-    num_verifications: int | None = None
+    num_rounds: int | None = None
+    """Verifications and streamed plain tokens."""
+    num_llm_calls: int | None = None
+    """Calls to the LLM: verifications and streamed stretches."""
     num_pipelined_drafts: int | None = None
     draft_lengths: list[int] | None = None
-    """The draft length chosen for each LLM call (0 = plain decoding), when perf metrics are asked for."""
+    """The draft length chosen for each round (0 = plain decoding), when perf metrics are asked for."""
     ttft_s: float | None = None
     latency_s: float = 0.0
 
@@ -110,9 +113,10 @@ class Completion:
         return self.num_output_tokens / self.latency_s if self.latency_s > 0 else 0.0
 
     @property
-    def tokens_per_verification(self) -> float | None:
-        """Mean tokens emitted per LLM call (accepted draft tokens + the LLM's own)."""
-        return self.num_output_tokens / self.num_verifications if self.num_verifications else None
+    def tokens_per_llm_call(self) -> float | None:
+        """Mean tokens emitted per LLM call (a verification's accepted draft tokens + the LLM's own, or a
+        streamed stretch)."""
+        return self.num_output_tokens / self.num_llm_calls if self.num_llm_calls else None
 
     @property
     def normalized_latency_s(self) -> float:
@@ -130,7 +134,7 @@ class Completion:
             if on_text:
                 on_text(chunk)
         for key in ("num_output_tokens", "num_input_tokens", "total_accepted_draft_tokens", "total_draft_tokens",
-                    "num_verifications", "num_pipelined_drafts"):
+                    "num_rounds", "num_llm_calls", "num_pipelined_drafts"):
             if outputs.get(key) is not None:
                 setattr(self, key, int(outputs[key]))
         if outputs.get("acceptance_rate") is not None:

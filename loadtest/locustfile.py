@@ -24,10 +24,10 @@ import grpc.experimental.gevent as grpc_gevent
 from locust import User, events, task
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-from benchmarks.datasets import mixed_prompts
 from client.api import Completion, GenerationParams, generate_grpc, generate_http
 from loadtest.options import add_options
 from loadtest.records import RequestRecord, append_record, outcome_of
+from minions.text.datasets import mixed_prompts
 
 # Locust has monkey-patched the standard library for gevent; gRPC's core needs this too, before its
 # first channel, or a blocking stream read stalls every user of the process.

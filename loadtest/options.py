@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.datasets import DATASETS
+from minions.text.datasets import DATASETS
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.server_process import ROOT, TritonProcess
 from client.api import GenerationParams, generate_grpc, generate_http
 from loadtest.options import OPTIONS, add_options, option_args
 from loadtest.plot import plot
 from loadtest.records import read_records
 from loadtest.summary import Targets, format_markdown, summarize
+from tests.support.triton_process import ROOT, TritonProcess
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 USER_CLASSES = {"http": "HttpStreamUser", "grpc": "GrpcStreamUser"}

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minions.deploy.server import free_port
+from tests.support.triton_process import stop_process
 
-from ..server_process import stop_process
 from .streams import Sample
 
 

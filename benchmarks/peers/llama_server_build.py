@@ -15,7 +15,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from ..datasets import ROOT
+from minions.deploy.config import ROOT
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.server_process import ROOT
 from tests.integration.helpers import openai_frontend, served
+from tests.support.triton_process import ROOT
 
 
 def pytest_collection_modifyitems(items):

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from benchmarks.server_process import TritonProcess
 from minions.deploy.server import free_port, frontend_command, server_env
+from tests.support.triton_process import TritonProcess
 
 COPY_PROMPT = ("Copy this Python code exactly:\n```python\ndef add(a, b):\n    return a + b\n\n"
                "def subtract(a, b):\n    return a - b\n```")
@@ -96,7 +96,7 @@ class NearTies:
         if other == reference:
             return
         if self._checker is None:
-            from benchmarks.near_tie import NearTieChecker
+            from tests.support.near_tie import NearTieChecker
 
             self._checker = NearTieChecker(self.server.deployment)
         where = self._checker.divergence(prompt, reference, other)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.datasets import load_prompts
 from client.api import GenerationParams, generate_grpc
+from minions.text.datasets import load_prompts
 from tests.integration.helpers import NearTies
 
 PROMPTS = load_prompts("alpaca", 4) + load_prompts("finance", 3) + load_prompts("dialogue", 2) + load_prompts("mt_bench", 1)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from benchmarks.datasets import load_prompts
 from client.api import GenerationParams, generate_grpc
+from minions.text.datasets import load_prompts
 from tests.integration.helpers import NearTies, metric_value
 
 PROMPTS = load_prompts("finance", 3, offset=5) + load_prompts("dialogue", 3, offset=5) + load_prompts("alpaca", 2, offset=5)
@@ -29,7 +29,7 @@ def test_full_minions_equals_off_under_8_concurrent_streams(torch_server):
     for i, (a, b, c) in enumerate(zip(plain, full, off)):
         assert (b.text, b.num_output_tokens) == (a.text, a.num_output_tokens), f"minions diverged on prompt {i}"
         assert (c.text, c.num_output_tokens) == (a.text, a.num_output_tokens), f"batched off diverged on prompt {i}"
-        assert b.draft_lengths and len(b.draft_lengths) == b.num_verifications
+        assert b.draft_lengths and len(b.draft_lengths) == b.num_rounds
     llm, ssm = (_mean_batch(before[m], _batch_totals(server, m)) for m in ("llm", "ssm_q4"))
     assert llm > 1.2, "concurrent requests were verified together"
     assert ssm > 1.2, "concurrent requests were drafted together"

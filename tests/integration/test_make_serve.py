@@ -10,9 +10,10 @@ import sys
 import openai
 import yaml
 
-from benchmarks.server_process import ROOT
-from minions.deploy.server import free_port, server_env, sweep_orphaned_shm
+from minions.deploy.server import free_port, server_env
+from minions.triton.shm import sweep_orphaned_shm
 from tests.integration.helpers import http_ok, wait_until
+from tests.support.triton_process import ROOT
 
 
 def test_serve_runs_triton_and_the_openai_frontend_and_stops_both(tmp_path):

@@ -14,10 +14,10 @@ import time
 import pytest
 import yaml
 
-from benchmarks.server_process import ROOT
 from client.api import GenerationParams, MinionsClientError, generate_grpc
 from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
 from tests.integration.helpers import NearTies, metric_above, metric_value, served
+from tests.support.triton_process import ROOT
 
 PROMPT = "Name three animals that live in the sea."
 PARAMS = GenerationParams(max_tokens=16, chat=True, speculation="off")

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.server_process import ROOT, TritonProcess
 from client.api import GenerationParams, generate_grpc
-from minions.deploy.server import mapped_shm_regions
+from minions.triton.shm import mapped_shm_regions
 from tests.integration.helpers import metric_above, metric_value, wait_until
+from tests.support.triton_process import ROOT, TritonProcess
 
 PROMPT = "Explain in a few sentences why the sky is blue."
 PARAMS = {"max_tokens": 64, "chat": True}

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from minions.engines.api import EngineRequest, EngineResult
+from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.engines.tensors import (
     build_engine_inputs,
     decode_engine_outputs,
@@ -22,10 +22,11 @@ from minions.engines.tensors import (
     parse_engine_inputs,
 )
 from minions.engines.torch_engine import TorchEngine
+from minions.speculation.decode_request import DecodeRequest
 from minions.speculation.loop import speculative_decode
 from minions.speculation.mode import OFF, Speculation
-from minions.speculation.plan import DecodeRequest, Services
 from minions.speculation.rounds import DecodeStats, Round
+from minions.speculation.services import Services
 
 PROMPTS = [[3, 7, 1, 9, 4], [0, 0, 5], [12, 2, 8, 8, 1, 6, 15, 12, 2]]
 REQUEST_FIELDS = {f.name for f in dataclasses.fields(DecodeRequest)}

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from minions.engines.api import EngineRequest
+from minions.decoding.engine_call import EngineRequest
+from minions.decoding.sampling import SamplingParams
 from minions.engines.packed_forward import ForwardRow, PackedLlamaForward, SerialForward
 from minions.engines.torch_engine import TorchEngine
 from minions.errors import InvalidRequest
-from minions.speculation.sampling import SamplingParams
 from tiny_models import VOCAB, full_logits, hf_greedy
 
 PROMPTS = [[3, 7, 1, 9, 4], [0, 0, 5], [12, 2, 8, 8, 1, 6, 15], [4, 4]]

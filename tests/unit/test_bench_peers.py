@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.bench_peers import HELD_OUT, workload_prompts
-from benchmarks.datasets import load_prompts
 from benchmarks.peers.llama_server_build import pinned_version
 from benchmarks.peers.report import summarize
 from benchmarks.peers.streams import Cell, Sample
+from minions.text.datasets import load_prompts
 
 
 @pytest.mark.parametrize("workload", ["chat", "code_edit"])

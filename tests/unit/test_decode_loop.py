@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from decoding import PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_released, decode, make_plan, rounds_of
+from minions.decoding.penalties import NO_PENALTIES, Penalties
+from minions.decoding.sampling import SamplingParams, log_prob, round_seed
 from minions.engines.torch_engine import TorchEngine
 from minions.errors import InvalidRequest
 from minions.speculation.mode import OFF, Speculation, SpeculationMode
-from minions.speculation.penalties import NO_PENALTIES, Penalties
 from minions.speculation.rounds import DecodeStats
-from minions.speculation.sampling import SamplingParams, log_prob, round_seed
 from tiny_models import hf_greedy, next_logits
 
 SSMS = ("self", "other", "ngram")
@@ -92,7 +92,9 @@ def test_the_noisy_drafter_is_both_accepted_and_rejected(client):
 def test_stats_are_consistent(client, ssm):
     tokens, stats, rounds = decode(client, plan(PROMPTS[0], 20, ssm, num_draft_tokens=4))
     assert stats.emitted_tokens == len(tokens) == 20
-    assert stats.verifications == len(rounds)
+    assert stats.rounds == len(rounds)
+    assert stats.llm_calls == sum(1 for m, r in client.calls if m == "llm" and not r.stop) == len(rounds), (
+        "the in-process LLM does not stream: every round is a call of its own")
     assert stats.drafts == sum(1 for r in rounds if r.drafted)
     assert stats.draft_tokens == sum(r.drafted for r in rounds)
     assert 0 <= stats.accepted_tokens <= stats.draft_tokens
@@ -109,12 +111,12 @@ def test_stats_are_consistent(client, ssm):
 def test_perfect_drafter_is_always_accepted_and_saves_llm_calls(client):
     tokens, stats, rounds = decode(client, plan(PROMPTS[0], 16, "self", num_draft_tokens=4))
     assert stats.draft_tokens > 0 and stats.acceptance_rate == 1.0
-    assert stats.verifications < 16, "each verification must emit several tokens"
+    assert stats.rounds == stats.llm_calls < 16, "each verification must emit several tokens"
 
 
 def test_speculation_off_never_calls_an_ssm(client):
     tokens, stats, _ = decode(client, plan(PROMPTS[0], 6))
-    assert len(tokens) == 6 and stats.drafts == 0 and stats.verifications == 6
+    assert len(tokens) == 6 and stats.drafts == 0 and stats.rounds == stats.llm_calls == 6
     assert {model for model, _ in client.calls} == {"llm"}
 
 

@@ -9,7 +9,7 @@ import yaml
 from minions.deploy.artifacts import repacked_gguf, smollm2_gguf
 from minions.deploy.config import load_deployment
 from minions.deploy.render import render_repository
-from minions.distill.draft_model import DistilledDraftModel
+from minions.engines.distilled_model import DistilledDraftModel
 from minions.settings import EngineSettings, OrchestratorSettings
 from tiny_models import VOCAB
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from minions.distill.draft_model import DistilledDraftModel, is_distilled_dir, load_draft_model
+from minions.decoding.engine_call import EngineRequest
 from minions.distill.evaluate import replay_acceptance
 from minions.distill.teacher_data import teacher_generate
 from minions.distill.train import (
@@ -18,7 +18,7 @@ from minions.distill.train import (
     validation_loss,
     vocab_coverage,
 )
-from minions.engines.api import EngineRequest
+from minions.engines.distilled_model import DistilledDraftModel, is_distilled_dir, load_draft_model
 from minions.engines.factory import build_engine
 from minions.engines.torch_engine import TorchEngine
 from minions.settings import EngineSettings

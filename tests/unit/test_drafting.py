@@ -9,11 +9,11 @@ import pytest
 
 from decoding import PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_released, decode, make_plan
 from laws import goodness_of_fit
-from minions.engines.api import EngineRequest, EngineResult
+from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.decoding.sampling import SamplingParams, target_probs
 from minions.speculation.bandit import Ucb1
 from minions.speculation.health import SsmHealth
 from minions.speculation.mode import Speculation, SpeculationMode
-from minions.speculation.sampling import SamplingParams, target_probs
 from minions.speculation.weights import SsmWeights
 from tiny_models import VOCAB, hf_greedy, next_logits
 
@@ -41,7 +41,7 @@ def test_vote_and_bandit_greedy_equal_plain_decoding(client, engines, tiny_llm, 
 def test_vote_asks_every_ssm_and_sends_one_draft_per_round(client):
     tokens, stats, rounds = decode(client, vote_plan(PROMPTS[0], 12, num_draft_tokens=3, vote_explore_every=1))
     llm_calls = [r for m, r in client.calls if m == "llm" and not r.stop]
-    assert len(llm_calls) == len(rounds) == stats.verifications
+    assert len(llm_calls) == len(rounds) == stats.rounds == stats.llm_calls
     voted = [r for r in rounds if r.drafts]
     assert voted and all(set(r.drafts) == set(ALL) for r in voted)
     for r in voted:

@@ -7,7 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from minions.engines.api import EngineRequest, EngineResult
+from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.decoding.penalties import Penalties
+from minions.decoding.sampling import SamplingParams
+from minions.engines.compat import ENGINE_NEUTRAL_ONLY, ENGINE_NO_EFFECT, ENGINE_UNSUPPORTED
 from minions.engines.tensors import (
     ENGINE_INPUTS,
     CallTimes,
@@ -17,9 +20,6 @@ from minions.engines.tensors import (
     parse_engine_inputs,
 )
 from minions.errors import InvalidRequest
-from minions.serving.compat import ENGINE_NEUTRAL_ONLY, ENGINE_NO_EFFECT, ENGINE_UNSUPPORTED
-from minions.speculation.penalties import Penalties
-from minions.speculation.sampling import SamplingParams
 from minions.text.bad_words import BadWords
 
 

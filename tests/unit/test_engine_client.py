@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from minions.engines.api import EngineRequest, EngineResult
+from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.engines.tensors import build_engine_inputs, encode_engine_outputs, parse_engine_inputs
 from minions.triton.engine_client import _decoded, _infer_request
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from minions.decoding.sampling import SamplingParams
 from minions.errors import InvalidRequest
 from minions.serving.request import parse_generation_request
 from minions.settings import OrchestratorSettings
 from minions.speculation.mode import Speculation, SpeculationMode
-from minions.speculation.sampling import SamplingParams
 
 LIMITS = OrchestratorSettings(
     max_tokens_limit=256,

@@ -16,15 +16,15 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import np_to_triton_dtype
 
+from minions.decoding.engine_call import EngineRequest
+from minions.decoding.penalties import Penalties
+from minions.decoding.sampling import SamplingParams
 from minions.deploy.config import ROOT, load_deployment
 from minions.deploy.render import orchestrator_settings, render_repository
-from minions.engines.api import EngineRequest
 from minions.engines.tensors import OWN_INPUTS, build_engine_inputs
 from minions.errors import InvalidRequest
 from minions.serving.request import parse_generation_request
 from minions.settings import EngineSettings, OrchestratorSettings
-from minions.speculation.penalties import Penalties
-from minions.speculation.sampling import SamplingParams
 from minions.text.bad_words import BadWords
 from minions.triton.engine_client import TritonEngineClient
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from minions.engines.api import EngineRequest, EngineResult
+from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.engines.inflight_batching import InflightBatcher
 from minions.errors import InvalidRequest
 

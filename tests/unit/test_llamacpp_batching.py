@@ -12,10 +12,10 @@ import threading
 import numpy as np
 import pytest
 
-from minions.engines.api import EngineRequest, EngineResult
+from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.decoding.sampling import SamplingParams
 from minions.engines.llamacpp_engine import LlamaCppEngine
 from minions.errors import InvalidRequest
-from minions.speculation.sampling import SamplingParams
 
 SLOTS = 4
 # Batched against alone, F16, 64 positions measured: logits differ by at most 0.08. Two sequences

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from minions.engines.api import EngineRequest, EngineResult
+from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.engines.llamacpp_engine import LlamaCppEngine
 
 SLOTS = 4

@@ -18,7 +18,8 @@ def test_rounds_sum_per_series_until_drained():
     tally.observe_round(_round(failed=("ssm_b",)), "vote")
     counters, gauges, _ = tally.drain()
     assert gauges == {}
-    assert counters[series("minions_num_verifications", speculation="vote")] == 2
+    assert counters[series("minions_num_rounds", speculation="vote")] == 2
+    assert counters[series("minions_num_llm_calls", speculation="vote")] == 2
     assert counters[series("minions_spec_decode_num_emitted_tokens", ssm="ssm_a")] == 6
     assert counters[series("minions_spec_decode_num_accepted_tokens", ssm="ssm_a")] == 4
     assert counters[series("minions_spec_decode_num_accepted_tokens_per_pos", ssm="ssm_a", position="1")] == 2
@@ -34,8 +35,19 @@ def test_a_plain_token_counts_as_an_undrafted_round():
     tally = MetricTally()
     tally.observe_round(_round(tokens=[1], ssm=None, drafted=0, accepted=0, drafts={}, control_seconds=0.0), "off")
     counters, _, _ = tally.drain()
-    assert counters == {series("minions_num_verifications", speculation="off"): 1,
+    assert counters == {series("minions_num_rounds", speculation="off"): 1,
+                        series("minions_num_llm_calls", speculation="off"): 1,
                         series("minions_spec_decode_num_emitted_tokens", ssm="none"): 1}
+
+
+def test_a_streamed_token_after_the_first_is_a_round_but_no_llm_call():
+    tally = MetricTally()
+    for first in (True, False, False):
+        tally.observe_round(_round(tokens=[1], ssm=None, drafted=0, accepted=0, drafts={}, control_seconds=0.0,
+                                   llm_call=first), "off")
+    counters, _, _ = tally.drain()
+    assert counters[series("minions_num_rounds", speculation="off")] == 3
+    assert counters[series("minions_num_llm_calls", speculation="off")] == 1
 
 
 def test_requests_and_latest_weights():

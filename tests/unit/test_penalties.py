@@ -1,4 +1,4 @@
-"""minions.speculation.penalties: what each penalty does to a row of logits, and that verification with
+"""minions.decoding.penalties: what each penalty does to a row of logits, and that verification with
 penalties decides exactly as plain decoding with them (greedy here; the sampled law in test_verification)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minions.speculation.penalties import NO_PENALTIES, Penalties
-from minions.speculation.sampling import GREEDY
-from minions.speculation.verification import verify_draft
+from minions.decoding.penalties import NO_PENALTIES, Penalties
+from minions.decoding.sampling import GREEDY
+from minions.decoding.verification import verify_draft
 
 LOGITS = np.array([2.0, -1.0, 0.5, 3.0, 1.0])
 

@@ -14,11 +14,11 @@ import pytest
 
 from decoding import PROMPTS, Plan, assert_all_released, collect, decode, make_plan, rounds_of
 from laws import goodness_of_fit
+from minions.decoding.sampling import SamplingParams, target_probs
 from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.mode import OFF, Speculation, SpeculationMode
 from minions.speculation.pool import DraftPool
 from minions.speculation.rounds import DecodeStats
-from minions.speculation.sampling import SamplingParams, target_probs
 from tiny_models import VOCAB, hf_greedy, next_logits
 
 SPECULATIONS = [Speculation(SpeculationMode.SINGLE, ("self",)), Speculation(SpeculationMode.SINGLE, ("other",)), Speculation(SpeculationMode.SINGLE, ("ngram",)),
@@ -97,7 +97,7 @@ def test_fixed_length_is_respected_and_adaptive_records_its_choices(client):
     assert set(fixed.planned_lengths[1:]) == {2} and fixed.planned_lengths[0] == 0
     shared = SharedLengthStats()
     _, adaptive, _ = decode(client, full_plan(PROMPTS[2], 30, Speculation(SpeculationMode.SINGLE, ("ngram",)), length_stats=shared))
-    assert len(adaptive.planned_lengths) == adaptive.verifications
+    assert len(adaptive.planned_lengths) == adaptive.rounds == adaptive.llm_calls
     assert shared.verify.cells, "verification costs were measured"
 
 
@@ -118,7 +118,7 @@ def test_adaptive_stops_drafting_when_drafts_are_always_wrong(client, engines):
 
     class WrongEngine:
         def generate(self, request):
-            from minions.engines.api import EngineResult
+            from minions.decoding.engine_call import EngineResult
             truth = engines["llm"].generate(type(request)(f"probe-{request.request_id}", request.input_ids, 1)).tokens[0]
             engines["llm"].release(f"probe-{request.request_id}")
             return EngineResult([(truth + 1) % VOCAB] * request.request_output_len)

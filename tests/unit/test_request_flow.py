@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from minions.decoding.sampling import GREEDY
 from minions.errors import InvalidRequest
 from minions.serving.admission import Admission
 from minions.serving.flow import RequestPerf, TextStream, admit, decode_request, response_arrays
@@ -20,7 +21,6 @@ from minions.serving.request import GenerationRequest
 from minions.settings import OrchestratorSettings
 from minions.speculation.mode import Speculation, SpeculationMode
 from minions.speculation.rounds import Round
-from minions.speculation.sampling import GREEDY
 from minions.text.prompt import chat_messages
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .!$"
@@ -99,7 +99,7 @@ def test_a_stop_string_split_across_rounds_is_never_sent_and_ends_the_request():
     rounds = [rnd("the e"), rnd("nd. more"), rnd("never reached", last=True)]
     chunks, final = run(stream, rounds)
     assert "".join(chunks) + final == "the " and stream.finish_reason == "stop"
-    assert stream.stats.verifications == 2, "the round after the stop string is not consumed"
+    assert stream.stats.rounds == 2, "the round after the stop string is not consumed"
 
 
 def test_a_partial_stop_string_at_the_end_is_sent_after_all():

@@ -1,11 +1,11 @@
-"""minions.speculation.sampling: the distribution p that plain decoding and verification both draw from."""
+"""minions.decoding.sampling: the distribution p that plain decoding and verification both draw from."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from minions.speculation.sampling import (
+from minions.decoding.sampling import (
     GREEDY,
     SamplingParams,
     draw,

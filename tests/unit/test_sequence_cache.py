@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from minions.engines.sequence_cache import CachedSequence, SequenceCache, common_prefix_len
+from minions.decoding.tokens import common_prefix_len
+from minions.engines.sequence_cache import CachedSequence, SequenceCache
 
 
 @pytest.mark.parametrize(

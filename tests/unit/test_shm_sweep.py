@@ -7,7 +7,7 @@ import os
 import uuid
 from pathlib import Path
 
-from minions.deploy.server import SHM_PREFIX, sweep_orphaned_shm
+from minions.triton.shm import SHM_PREFIX, sweep_orphaned_shm
 
 
 def _region(size: int = 4096) -> Path:

@@ -10,7 +10,7 @@ from contextlib import aclosing
 import pytest
 
 from decoding import PROMPTS, InProcessClient, decode, make_plan, rounds_of
-from minions.engines.api import EngineRequest
+from minions.decoding.engine_call import EngineRequest
 from minions.engines.llamacpp_engine import LlamaCppEngine
 from minions.engines.ngram_engine import NgramEngine
 from minions.speculation.length_stats import LengthPolicy, SharedLengthStats

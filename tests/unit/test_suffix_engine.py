@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minions.engines.api import EngineRequest, MeteredEngine
+from minions.decoding.engine_call import EngineRequest
+from minions.engines.api import MeteredEngine
 from minions.engines.factory import build_engine
 from minions.engines.suffix_engine import SuffixEngine, TokenIndex, gram_keys
 from minions.errors import InvalidRequest

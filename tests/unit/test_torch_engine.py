@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minions.engines.api import EngineRequest
-from minions.engines.sequence_cache import common_prefix_len
+from minions.decoding.engine_call import EngineRequest
+from minions.decoding.sampling import SamplingParams
+from minions.decoding.tokens import common_prefix_len
 from minions.engines.torch_engine import TorchEngine
 from minions.errors import InvalidRequest
-from minions.speculation.sampling import SamplingParams
 from minions.text.bad_words import BadWords
 from tiny_models import VOCAB, full_logits, hf_greedy
 

@@ -1,4 +1,4 @@
-"""minions.speculation.verification: the accept/resample rule that makes speculative decoding lossless.
+"""minions.decoding.verification: the accept/resample rule that makes speculative decoding lossless.
 
 The first half checks hand-built logits with exact expected outcomes. The second half checks the claim
 that matters: with sampling, text decoded through draft verification has exactly the distribution of
@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from laws import goodness_of_fit
-from minions.engines.api import EngineRequest
-from minions.engines.sequence_cache import common_prefix_len
+from minions.decoding.engine_call import EngineRequest
+from minions.decoding.penalties import NO_PENALTIES, Penalties
+from minions.decoding.sampling import GREEDY, SamplingParams, draw, target_probs
+from minions.decoding.tokens import common_prefix_len
+from minions.decoding.verification import Verdict, verify_draft
 from minions.engines.torch_engine import TorchEngine
-from minions.speculation.penalties import NO_PENALTIES, Penalties
-from minions.speculation.sampling import GREEDY, SamplingParams, draw, target_probs
-from minions.speculation.verification import Verdict, verify_draft
 from minions.text.bad_words import BadWords
 from tiny_models import VOCAB, full_logits
 

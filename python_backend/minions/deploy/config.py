@@ -108,6 +108,6 @@ def distilled_dir(model: dict, dep: Deployment) -> Path:
 
 
 def artifacts_present(model: dict, dep: Deployment) -> bool:
-    from minions.distill.draft_model import is_distilled_dir
+    from minions.engines.distilled_model import is_distilled_dir
 
     return model.get("engine") != "distilled" or is_distilled_dir(distilled_dir(model, dep))

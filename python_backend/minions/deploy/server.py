@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from minions.deploy.config import ROOT, Deployment, ServerPorts, load_deployment
 from minions.deploy.render import render_repository
+from minions.triton.shm import sweep_orphaned_shm
 
 log = logging.getLogger("minions.server")
 
@@ -65,38 +65,6 @@ def prepare_backend_dir(build: Path) -> Path:
         if not dst.exists() or dst.stat().st_size != src.stat().st_size:
             shutil.copy2(src, dst)
     return build / "backends"
-
-
-SHM_PREFIX = "triton_python_backend_shm_region_"
-
-
-def mapped_shm_regions() -> set[str]:
-    """Python-backend shared-memory regions some process maps (read from /proc/*/maps)."""
-    mapped: set[str] = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            mapped.update(re.findall(rf"/dev/shm/({SHM_PREFIX}\S+)", maps.read_text()))
-        except OSError:  # the process has gone
-            continue
-    return mapped
-
-
-def sweep_orphaned_shm(min_age_s: float = 2.0) -> list[str]:
-    """Remove Python-backend shared-memory regions that no process maps any more, and return their
-    names: a stub that was killed or crashed cannot free its region, and tritonserver does not. A
-    region younger than `min_age_s` is left alone (a server may be creating it)."""
-    mapped = mapped_shm_regions()
-    removed = []
-    for region in Path("/dev/shm").glob(SHM_PREFIX + "*"):
-        try:
-            if region.name not in mapped and time.time() - region.stat().st_mtime >= min_age_s:
-                region.unlink()
-                removed.append(region.name)
-        except OSError:
-            continue
-    if removed:
-        log.info("removed %d orphaned shared-memory region(s) from /dev/shm: %s", len(removed), ", ".join(removed))
-    return removed
 
 
 def free_port(host: str = "127.0.0.1") -> int:

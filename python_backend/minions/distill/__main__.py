@@ -23,13 +23,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.datasets import DATASETS, load_prompts
 from minions.deploy.artifacts import hf_dir_for, smollm2_gguf
 from minions.deploy.config import ROOT, load_deployment
+from minions.engines.distilled_model import MANIFEST_FILE, DistilledDraftModel, is_distilled_dir, load_draft_model
 from minions.engines.torch_engine import TorchEngine, load_causal_lm
+from minions.text.datasets import DATASETS, load_prompts
 from minions.text.prompt import encode_prompt
 
-from .draft_model import MANIFEST_FILE, DistilledDraftModel, is_distilled_dir, load_draft_model
 from .evaluate import replay_acceptance
 from .teacher_data import Example, label_prompts, teacher_generate
 from .train import TrainConfig, boost_weights, greedy_predictions, reduced_vocab, train_draft, vocab_coverage

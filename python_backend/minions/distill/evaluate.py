@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from minions.engines.api import Engine, EngineRequest
-from minions.engines.sequence_cache import common_prefix_len
+from minions.decoding.engine_call import EngineRequest
+from minions.decoding.tokens import common_prefix_len
+from minions.engines.api import Engine
 
 from .teacher_data import Example
 

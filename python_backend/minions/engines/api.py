@@ -1,4 +1,4 @@
-"""What an engine is: the request and result dataclasses, and the capabilities an engine may have.
+"""What an engine is: the capabilities an engine may have, over the call of decoding/engine_call.py.
 
 Every engine serves `Engine` (one call, and the release of a finished sequence's state). The others
 are capabilities the Triton adapter (triton/engine_model.py) checks for by name instead of probing
@@ -10,7 +10,7 @@ Semantics kept from TensorRT-LLM:
 - without `draft`: generate `request_output_len` tokens.
 - with `draft` (k tokens, `request_output_len` = k + 1): verify the draft and return the accepted
   draft tokens plus one token of the engine's own (draft-tokens-external mode); with `draft_logits`
-  too, the draft counts as sampled from them (see speculation/verification.py).
+  too, the draft counts as sampled from them (see decoding/verification.py).
 - `streaming` (a generation on an in-flight engine): each token is answered as it is made, in a
   result with `final` false, and the last one in the final result (as tensorrt_llm streams).
 - `stop` = true ends the sequence `request_id` names and frees its cached state; on an in-flight
@@ -20,72 +20,11 @@ Semantics kept from TensorRT-LLM:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
-
+from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.engines.sequence_cache import SequenceCache
-from minions.speculation.penalties import NO_PENALTIES, Penalties
-from minions.speculation.sampling import SamplingParams, log_prob, pick_token
-from minions.text.bad_words import BadWords
-
-
-@dataclass
-class EngineRequest:
-    request_id: str
-    input_ids: list[int]
-    request_output_len: int
-    draft: list[int] = field(default_factory=list)
-    draft_logits: np.ndarray | None = None
-    """[len(draft), vocab]: the SSM's logits when it sampled the draft."""
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    seed: int | None = None
-    end_id: int | None = None
-    pad_id: int = 0
-    bad_words: BadWords = field(default_factory=lambda: BadWords([]))
-    penalties: Penalties = NO_PENALTIES
-    return_log_probs: bool = False
-    return_generation_logits: bool = False
-    return_perf_metrics: bool = False
-    exclude_input_in_output: bool = False
-    streaming: bool = False
-    stop: bool = False
-
-    @classmethod
-    def release(cls, request_id: str) -> EngineRequest:
-        """The call that ends sequence `request_id` and frees its state (tensorrt_llm's `stop`). It
-        computes nothing; its answer is empty (no tokens, and the input excluded from the output)."""
-        return cls(request_id, [0], 1, stop=True, exclude_input_in_output=True)
-
-    def next_token(self, logits: np.ndarray, sequence: list[int], rng: np.random.Generator) -> int:
-        """The next generated token after `sequence`: drawn with the request's sampling and penalties, bad
-        words banned."""
-        banned = self.bad_words.banned_next(sequence) if self.bad_words else None
-        return pick_token(self.penalties.apply(logits, sequence, self.end_id), self.sampling, rng, banned)
-
-    def log_probs(self, rows, tokens: list[int]) -> list[float] | None:
-        """The tokens' log probabilities from their logit rows, when the request asks for them."""
-        return [log_prob(row, t) for row, t in zip(rows, tokens)] if self.return_log_probs else None
-
-    def generation_done(self, tokens: list[int]) -> bool:
-        """Whether a generation that has produced `tokens` is over: request_output_len reached, or end_id."""
-        return len(tokens) >= self.request_output_len or (
-            self.end_id is not None and bool(tokens) and tokens[-1] == self.end_id)
-
-
-@dataclass
-class EngineResult:
-    tokens: list[int]
-    """New tokens only (accepted draft tokens + the engine's own, or the generated ones)."""
-    logits: np.ndarray | None = None
-    """[len(tokens), vocab] generation logits when asked for."""
-    log_probs: list[float] | None = None
-    """Each token's log probability (sampling.log_prob) when asked for; None from engines without logits."""
-    final: bool = True
-    """False for the partial results of a streaming generation: more follow."""
-    cached_tokens: int = 0
-    """Tokens of input_ids the engine found in the sequence's cache and did not compute again."""
 
 
 @dataclass

@@ -26,7 +26,7 @@ def build_engine(settings: EngineSettings) -> Engine:
             model = load_causal_lm(settings.model_path, settings.dtype, device=settings.device)
             return TorchEngine(model, settings.max_sequences,
                                settings.max_context, settings.min_forward_tokens, settings.kv_budget_bytes())
-        from minions.distill.draft_model import load_draft_model
+        from minions.engines.distilled_model import load_draft_model
 
         # min_forward_tokens (padding small passes) is the `torch` engine's setting only.
         return TorchEngine(load_draft_model(settings.model_path), settings.max_sequences, settings.max_context,

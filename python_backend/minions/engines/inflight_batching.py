@@ -26,7 +26,8 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
-from minions.engines.api import Answer, EngineRequest, EngineResult
+from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.engines.api import Answer
 
 log = logging.getLogger(__name__)
 

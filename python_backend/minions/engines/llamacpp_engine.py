@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minions.engines.api import Answer, BatchStats, EngineRequest, EngineResult, result_or_raise
+from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.decoding.tokens import common_prefix_len
+from minions.decoding.verification import verify_draft
+from minions.engines.api import Answer, BatchStats, result_or_raise
 from minions.engines.inflight_batching import InflightBatcher
-from minions.engines.sequence_cache import CachedSequence, SequenceCache, common_prefix_len
+from minions.engines.sequence_cache import CachedSequence, SequenceCache
 from minions.errors import InvalidRequest
-from minions.speculation.verification import verify_draft
 
 
 @dataclass

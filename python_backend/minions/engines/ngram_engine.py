@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from minions.engines.api import EngineRequest, EngineResult
+from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.errors import InvalidRequest
 
 

@@ -9,11 +9,10 @@ recently used first, when the table is full.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-import numpy as np
 
 State = TypeVar("State")
 
@@ -28,17 +27,6 @@ def kv_bytes_per_token(config: Mapping) -> int:
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     kv_heads = config.get("num_key_value_heads") or heads
     return 2 * config["num_hidden_layers"] * kv_heads * head_dim * 4
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    x = np.asarray(a[:n], dtype=np.int64)
-    y = np.asarray(b[:n], dtype=np.int64)
-    mismatch = np.flatnonzero(x != y)
-    return int(mismatch[0]) if mismatch.size else n
 
 
 @dataclass

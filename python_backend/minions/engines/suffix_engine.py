@@ -19,8 +19,10 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from minions.engines.api import BatchStats, EngineRequest, EngineResult
-from minions.engines.sequence_cache import CachedSequence, SequenceCache, common_prefix_len
+from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.decoding.tokens import common_prefix_len
+from minions.engines.api import BatchStats
+from minions.engines.sequence_cache import CachedSequence, SequenceCache
 from minions.errors import InvalidRequest
 
 SEP = -1

@@ -16,16 +16,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minions.engines.api import EngineRequest, EngineResult
-from minions.engines.sequence_cache import KV_GROWTH_TOKENS, common_prefix_len
+from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.decoding.penalties import NO_PENALTIES, Penalties
+from minions.decoding.sampling import SamplingParams
+from minions.decoding.tokens import common_prefix_len
+from minions.engines.compat import ENGINE_NEUTRAL_ONLY, ENGINE_UNSUPPORTED, check_unsupported
+from minions.engines.sequence_cache import KV_GROWTH_TOKENS
 from minions.errors import InvalidRequest
-from minions.serving.compat import ENGINE_NEUTRAL_ONLY, ENGINE_UNSUPPORTED, check_unsupported
-from minions.speculation.penalties import NO_PENALTIES, Penalties
-from minions.speculation.sampling import SamplingParams
 from minions.text.bad_words import BadWords
 
 # name -> (numpy dtype, dims without the batch dimension): the inputs of tensorrt_llm/config.pbtxt the
-# engines use (the others are serving/compat.py's), plus Minions' prompt_length.
+# engines use (the others are engines/compat.py's), plus Minions' prompt_length.
 ENGINE_INPUTS: dict[str, tuple[type, list[int]]] = {
     "input_ids": (np.int32, [-1]),
     "input_lengths": (np.int32, [1]),

@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from minions.engines.api import BatchStats, EngineRequest, EngineResult, SplitBatchEngine
+from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.decoding.tokens import common_prefix_len
+from minions.decoding.verification import verify_draft
+from minions.engines.api import BatchStats, SplitBatchEngine
 from minions.engines.packed_forward import ForwardBackend, ForwardRow, forward_backend
-from minions.engines.sequence_cache import CachedSequence, SequenceCache, common_prefix_len
+from minions.engines.sequence_cache import CachedSequence, SequenceCache
 from minions.errors import InvalidRequest
-from minions.speculation.verification import verify_draft
 
 log = logging.getLogger(__name__)
 

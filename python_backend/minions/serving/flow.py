@@ -16,7 +16,7 @@ from minions.errors import InvalidRequest
 from minions.serving.admission import Admission, Reservation
 from minions.serving.request import GenerationRequest
 from minions.settings import OrchestratorSettings
-from minions.speculation.plan import DecodeRequest
+from minions.speculation.decode_request import DecodeRequest
 from minions.speculation.rounds import DecodeStats, Round
 from minions.text.bad_words import BadWords
 from minions.text.detokenizer import IncrementalDetokenizer
@@ -196,7 +196,8 @@ def response_arrays(greq: GenerationRequest, text: str, stream: TextStream,
             "acceptance_rate": np.array([stats.acceptance_rate], dtype=np.float32),
             "total_accepted_draft_tokens": np.array([stats.accepted_tokens], dtype=np.int32),
             "total_draft_tokens": np.array([stats.draft_tokens], dtype=np.int32),
-            "num_verifications": np.array([stats.verifications], dtype=np.int32),
+            "num_rounds": np.array([stats.rounds], dtype=np.int32),
+            "num_llm_calls": np.array([stats.llm_calls], dtype=np.int32),
             "draft_lengths": np.array(stats.planned_lengths, dtype=np.int32),
             "num_pipelined_drafts": np.array([stats.pipelined_drafts], dtype=np.int32),
             "kv_cache_alloc_new_blocks": np.array([blocks], dtype=np.int32),

@@ -53,7 +53,7 @@ class MetricTally:
         return bool(self._counters or self._gauges or self._observations)
 
     def observe_round(self, r: Round, mode: str) -> None:
-        """What one verification round (or one streamed plain token) adds to the vLLM-style counters."""
+        """What one round (a verification, or one streamed plain token) adds to the vLLM-style counters."""
         for failed in r.failed:
             self.add("minions_ssm_failures", 1, ssm=failed)
         for name, matched in r.ssm_matched().items():
@@ -65,7 +65,9 @@ class MetricTally:
         if r.control_seconds:
             self.add("minions_control_seconds", r.control_seconds, speculation=mode)
         ssm = r.ssm or "none"
-        self.add("minions_num_verifications", 1, speculation=mode)
+        self.add("minions_num_rounds", 1, speculation=mode)
+        if r.llm_call:
+            self.add("minions_num_llm_calls", 1, speculation=mode)
         self.add("minions_spec_decode_num_emitted_tokens", len(r.tokens), ssm=ssm)
         if r.drafted:
             self.add("minions_spec_decode_num_drafts", 1, ssm=ssm)

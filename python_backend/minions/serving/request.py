@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minions.decoding.penalties import NO_PENALTIES, Penalties
+from minions.decoding.sampling import SamplingParams
+from minions.engines.compat import check_unsupported
 from minions.errors import InvalidRequest
-from minions.serving.compat import check_unsupported
+from minions.serving.compat import NEUTRAL_ONLY, UNSUPPORTED_FEATURES
 from minions.settings import OrchestratorSettings
 from minions.speculation.mode import OFF, Speculation
-from minions.speculation.penalties import NO_PENALTIES, Penalties
-from minions.speculation.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Orchestra
     """Validate raw input tensors into a GenerationRequest (token-level checks come later)."""
     if "text_input" not in inputs:
         raise InvalidRequest("input 'text_input' is required")
-    check_unsupported(inputs)
+    check_unsupported(inputs, UNSUPPORTED_FEATURES, NEUTRAL_ONLY)
     text = _scalar(inputs, "text_input", str, "")
     if not text.strip():
         raise InvalidRequest("'text_input' is empty")

@@ -1,3 +1,4 @@
 """The decode loop (loop.py) and everything it decides: drafters (single, vote, bandit), the vote's
-weights, SSM health, the adaptive draft length, pipelining and the draft pool, lossless verification
-and sampling. Pure Python: tested against in-process engines."""
+weights, SSM health, the adaptive draft length, pipelining and the draft pool. The rules it
+shares with the engines (verification, sampling) are decoding's. Pure Python: tested against
+in-process engines."""

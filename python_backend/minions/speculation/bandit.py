@@ -14,7 +14,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from minions.speculation.drafters import DraftRound, EngineClient, Proposal, ask_one
+from minions.decoding.engine_call import EngineClient
+from minions.speculation.drafters import DraftRound, Proposal, ask_one
 from minions.speculation.health import SsmHealth
 
 

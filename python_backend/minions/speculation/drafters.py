@@ -1,6 +1,6 @@
 """Drafters: how one round's draft is obtained from the SSMs. This module holds what every drafter
 shares (the round, the proposal, the protocols) and the single-SSM drafter; the vote and the bandit
-live in vote.py and bandit.py.
+live in vote_drafter.py and bandit.py.
 
 A drafter never raises because of an SSM: a failed or late SSM is reported in the proposal and the
 round goes on with what arrived (possibly no draft at all, i.e. plain decoding). Drafters also learn
@@ -11,30 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from minions.engines.api import EngineRequest, EngineResult
+from minions.decoding.engine_call import EngineClient, EngineRequest
+from minions.decoding.sampling import GREEDY, SamplingParams
 from minions.speculation.health import SsmHealth
-from minions.speculation.sampling import GREEDY, SamplingParams
 
 log = logging.getLogger("minions.draft")
-
-
-class EngineClient(Protocol):
-    """How the loop reaches engine models (calls through Triton in production, objects in tests)."""
-
-    async def generate(self, model: str, request: EngineRequest) -> EngineResult: ...
-
-    def stream(self, model: str, request: EngineRequest) -> AsyncIterator[EngineResult]:
-        """A streaming generation's results, a token each, from one call to an in-flight engine.
-        Closing the iterator early ends the generation and frees the sequence's state."""
-        ...
-
-    async def release(self, model: str, request_id: str) -> None: ...
 
 
 @dataclass

@@ -19,9 +19,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from minions.speculation.drafters import Drafter, DraftRound, EngineClient, Proposal
+from minions.decoding.engine_call import EngineClient
+from minions.decoding.sampling import SamplingParams, round_seed
+from minions.speculation.drafters import Drafter, DraftRound, Proposal
 from minions.speculation.pool import DraftPool, Slot
-from minions.speculation.sampling import SamplingParams, round_seed
 
 
 @dataclass
@@ -72,11 +73,11 @@ class DraftSource:
                           round_seed(self.seed, len(sequence), stream=1), index)
 
     async def draft(self, sequence: list[int], k: int, index: int, last_emitted: list[int]) -> tuple[Proposal, bool]:
-        """Round `index`'s proposal of up to k tokens (none for k = 0), and whether it was drafted early."""
+        """Round `index`'s proposal of up to k tokens (none for k = 0), and whether it was drafted early.
+        A fresh draft holds a pool slot until `release_slot`."""
         if self.early is not None:
             taken = await self.early.take(last_emitted) if k > 0 else None
-            self.early.discard()  # its pool slot: a taken draft reaches the LLM now, any other is dropped
-            self.early = None
+            self.drop_early()  # its pool slot: a taken draft reaches the LLM now, any other is dropped
             if taken is not None:
                 return taken, True
         if k <= 0:
@@ -85,11 +86,19 @@ class DraftSource:
         try:
             return await self.drafter.propose(self.client, self._round(sequence, k, index)), False
         except BaseException:
-            self.sent()
+            self.release_slot()
             raise
 
-    def sent(self) -> None:
-        """The round's draft has reached the LLM: it no longer waits in the pool."""
+    def drop_early(self) -> None:
+        """Throw away the early draft held for this round, if any (plain decoding needs none), and free
+        its pool slot; its call to the SSMs finishes in the background and is awaited at `close`."""
+        if self.early is not None:
+            self.early.discard()
+            self.early = None
+
+    def release_slot(self) -> None:
+        """The round's draft no longer waits for the LLM (it has reached it, or it will not be sent):
+        its pool slot is free for another request's draft."""
         if self.slot is not None:
             self.slot.release()
             self.slot = None
@@ -116,7 +125,6 @@ class DraftSource:
 
     async def close(self) -> None:
         """Give back every slot and let the SSMs finish early calls, so nothing is left behind."""
-        self.sent()
-        if self.early is not None:
-            self.early.discard()
+        self.release_slot()
+        self.drop_early()
         await asyncio.gather(*self._started, return_exceptions=True)

@@ -1,15 +1,19 @@
-"""What each round of the decode loop reports (`Round`) and what a request's rounds add up to (`DecodeStats`)."""
+"""What each round of the decode loop reports (`Round`) and what a request's rounds add up to (`DecodeStats`).
+
+A round is what one turn of the loop emits: a verification (its accepted draft and the LLM's own
+token) or one streamed plain token. Rounds are not LLM calls: a streamed stretch is one call and
+many rounds, which is why both are counted."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minions.engines.sequence_cache import common_prefix_len
+from minions.decoding.tokens import common_prefix_len
 
 
 @dataclass(kw_only=True)
 class Round:
-    """One LLM verification of a request and what it emitted."""
+    """One round of a request: a verification, or one streamed plain token, and what it emitted."""
 
     tokens: list[int]
     """Emitted this round: the accepted draft tokens and the LLM's own token."""
@@ -35,6 +39,8 @@ class Round:
     """An early draft for the next round was made during this round and thrown away."""
     log_probs: list[float] | None = None
     """The LLM's log probability of each emitted token, when the request asks for them."""
+    llm_call: bool = True
+    """This round began an LLM call: every verification, and a streamed stretch's first token."""
 
     def ssm_matched(self) -> dict[str, int]:
         """Per SSM: how many of its own draft tokens the LLM's output confirms."""
@@ -45,7 +51,10 @@ class Round:
 class DecodeStats:
     """What a request's speculation achieved; mirrors TensorRT-LLM's perf-metric outputs."""
 
-    verifications: int = 0
+    rounds: int = 0
+    """Verifications and streamed plain tokens."""
+    llm_calls: int = 0
+    """Calls to the LLM: verifications and streamed stretches."""
     drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
@@ -59,7 +68,8 @@ class DecodeStats:
     discarded_early_drafts: int = 0
 
     def add(self, r: Round) -> None:
-        self.verifications += 1
+        self.rounds += 1
+        self.llm_calls += r.llm_call
         self.planned_lengths.append(r.planned)
         self.pipelined_drafts += r.pipelined
         self.discarded_early_drafts += r.early_discarded

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from minions.engines.sequence_cache import common_prefix_len
+from minions.decoding.tokens import common_prefix_len
 
 
 @dataclass(frozen=True)

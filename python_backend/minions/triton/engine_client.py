@@ -23,7 +23,7 @@ import numpy as np
 from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 from tritonclient.utils import np_to_triton_dtype
 
-from minions.engines.api import EngineRequest, EngineResult
+from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.engines.tensors import build_engine_inputs, decode_engine_outputs
 
 log = logging.getLogger("minions.engines")

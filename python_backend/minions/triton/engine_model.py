@@ -22,14 +22,8 @@ from collections.abc import Callable
 
 import triton_python_backend_utils as pb_utils
 
-from minions.engines.api import (
-    BatchEngine,
-    BatchStats,
-    EngineRequest,
-    EngineResult,
-    InflightEngine,
-    MeteredEngine,
-)
+from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.engines.api import BatchEngine, BatchStats, InflightEngine, MeteredEngine
 from minions.engines.factory import build_engine
 from minions.engines.tensors import CallTimes, encode_engine_outputs, parse_engine_inputs
 from minions.errors import InvalidRequest

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from tritonclient.grpc import service_pb2
 
-from minions.deploy.server import sweep_orphaned_shm
 from minions.serving.metric_tally import MetricTally
 from minions.speculation.health import SsmHealth
+from minions.triton.shm import sweep_orphaned_shm
 
 from .engine_client import TritonEngineClient
 

@@ -24,8 +24,9 @@ from minions.serving.flow import RequestPerf, TextStream, admit, decode_request,
 from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
 from minions.serving.request import GenerationRequest, parse_generation_request
 from minions.settings import OrchestratorSettings
+from minions.speculation.decode_request import DecodeRequest
 from minions.speculation.loop import speculative_decode
-from minions.speculation.plan import DecodeRequest, Services
+from minions.speculation.services import Services
 
 from .common import error, input_arrays, model_config, release_metrics, setup_logging, string_parameters
 from .engine_client import TritonEngineClient
@@ -195,7 +196,7 @@ class TritonPythonModel:
         return (
             f"{len(request.prompt_ids)} prompt tokens, {stats.emitted_tokens / max(elapsed, 1e-9):.1f} tok/s (drafting "
             f"{stats.draft_seconds:.2f} s, verifying {stats.verify_seconds:.2f} s, control {stats.control_seconds:.4f} s), "
-            f"{stats.verifications} LLM calls, acceptance {stats.acceptance_rate:.2f}, draft length "
+            f"{stats.rounds} rounds, {stats.llm_calls} LLM calls, acceptance {stats.acceptance_rate:.2f}, draft length "
             f"{'adaptive' if greq.num_draft_tokens is None else greq.num_draft_tokens}, pipeline "
             f"{'on' if greq.pipeline else 'off'} ({stats.pipelined_drafts} early drafts used, "
             f"{stats.discarded_early_drafts} discarded), finish {text.finish_reason}"

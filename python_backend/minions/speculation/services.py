@@ -1,5 +1,5 @@
-"""What the decode loop is given: one request's settings (`DecodeRequest`) and the server-wide
-services every request shares (`Services`, built once by the orchestrator)."""
+"""The server-wide services every request's decode loop shares (`Services`, built once by the
+orchestrator): SSM health, the vote's weights, the bandit, the length statistics, the draft pool."""
 
 from __future__ import annotations
 
@@ -8,47 +8,15 @@ from dataclasses import dataclass, field
 
 from minions.settings import DEFAULTS, EngineSettings, OrchestratorSettings
 from minions.speculation.bandit import BanditDrafter, Ucb1
+from minions.speculation.decode_request import DecodeRequest
 from minions.speculation.draft_length import DraftLengthSelector, FixedLength
 from minions.speculation.drafters import Drafter, SingleDrafter
 from minions.speculation.health import SsmHealth
 from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
-from minions.speculation.mode import OFF, Speculation, SpeculationMode
-from minions.speculation.penalties import NO_PENALTIES, Penalties
+from minions.speculation.mode import SpeculationMode
 from minions.speculation.pool import DraftPool
-from minions.speculation.sampling import GREEDY, SamplingParams
-from minions.speculation.vote import VoteDrafter
+from minions.speculation.vote_drafter import VoteDrafter
 from minions.speculation.weights import SsmWeights
-from minions.text.bad_words import BadWords
-
-
-@dataclass
-class DecodeRequest:
-    """One request: what to decode and how."""
-
-    prompt_ids: list[int]
-    max_new_tokens: int
-    sampling: SamplingParams = GREEDY
-    penalties: Penalties = NO_PENALTIES
-    """Applied by the LLM alone, to plain tokens and every verified position (speculation/penalties.py)."""
-    seed: int | None = None
-    end_id: int | None = None
-    bad_words: BadWords = field(default_factory=lambda: BadWords([]))
-    speculation: Speculation = OFF
-    num_draft_tokens: int | None = 4
-    """Draft length per round; None: the adaptive selector chooses it (up to max_draft_tokens)."""
-    max_draft_tokens: int = DEFAULTS.max_num_draft_tokens
-    use_draft_logits: bool = False
-    """When sampling: the SSM samples its draft with the request's parameters and sends its logits,
-    and the LLM verifies with the min(1, p/q) rule (ignored for greedy decoding and for SSMs that
-    have no logits, whose drafts are then judged as deterministic)."""
-    pipeline: bool = False
-    """Draft round r+1 while the LLM verifies round r (pipelining.py)."""
-    return_log_probs: bool = False
-    """The LLM reports each emitted token's log probability (Round.log_probs)."""
-
-    @property
-    def sampled_drafts(self) -> bool:
-        return self.use_draft_logits and not self.sampling.greedy
 
 
 @dataclass

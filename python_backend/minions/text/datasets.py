@@ -1,4 +1,5 @@
-"""Prompt sets from ../shared/datasets (read in place, never copied into the project)."""
+"""Prompt sets from ../shared/datasets (read in place, never copied into the project), for the benchmarks,
+the load test and distillation; the tests do not need them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import json
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 DATASETS = {
     "finance": "finance_alpaca.jsonl",
     "dialogue": "empathetic_dialogues.jsonl",
@@ -21,8 +21,12 @@ COPY_HEAVY = {
 """Sets whose answers copy from the prompt (whole files, articles): separate workloads, never mixed in."""
 
 
+SHARED_DATASETS = Path(__file__).resolve().parents[4] / "shared" / "datasets"
+"""Beside the project's checkout; MINIONS_DATASETS overrides."""
+
+
 def datasets_dir() -> Path:
-    return Path(os.environ.get("MINIONS_DATASETS", ROOT.parent / "shared" / "datasets"))
+    return Path(os.environ.get("MINIONS_DATASETS", SHARED_DATASETS))
 
 
 def load_prompts(name: str, count: int, offset: int = 0) -> list[str]:

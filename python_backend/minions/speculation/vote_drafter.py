@@ -6,7 +6,8 @@ import asyncio
 import logging
 import time
 
-from minions.speculation.drafters import DraftRound, EngineClient, Proposal, ask_one
+from minions.decoding.engine_call import EngineClient
+from minions.speculation.drafters import DraftRound, Proposal, ask_one
 from minions.speculation.health import SsmHealth
 from minions.speculation.voting import dominant, vote
 from minions.speculation.weights import SsmWeights, draft_score

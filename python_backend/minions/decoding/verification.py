@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minions.speculation.penalties import NO_PENALTIES, Penalties
-from minions.speculation.sampling import SamplingParams, draw, greedy_token, target_probs
+from minions.decoding.penalties import NO_PENALTIES, Penalties
+from minions.decoding.sampling import SamplingParams, draw, greedy_token, target_probs
 from minions.text.bad_words import BadWords
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minions.deploy.config import ROOT, load_deployment
-from minions.deploy.server import SHM_PREFIX, ServerPorts, free_port, start_server, sweep_orphaned_shm, wait_ready
+from minions.deploy.server import ServerPorts, free_port, start_server, wait_ready
+from minions.triton.shm import SHM_PREFIX, sweep_orphaned_shm
 
 
 def stop_process(proc: subprocess.Popen, sig: int, timeout: float) -> None:

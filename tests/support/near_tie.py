@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minions.decoding.engine_call import EngineRequest
+from minions.decoding.tokens import common_prefix_len
 from minions.deploy.artifacts import tokenizer_dir_for
 from minions.deploy.config import Deployment
 from minions.deploy.render import engine_settings
-from minions.engines.api import EngineRequest
 from minions.engines.factory import build_engine
-from minions.engines.sequence_cache import common_prefix_len
 from minions.settings import DEFAULTS
 from minions.text.prompt import encode_prompt
 

@@ -1,0 +1,55 @@
+"""What the decode loop is given for one request (`DecodeRequest`), and the LLM calls it makes of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from minions.decoding.engine_call import EngineRequest
+from minions.decoding.penalties import NO_PENALTIES, Penalties
+from minions.decoding.sampling import GREEDY, SamplingParams, round_seed
+from minions.settings import DEFAULTS
+from minions.speculation.mode import OFF, Speculation
+from minions.text.bad_words import BadWords
+
+
+@dataclass
+class DecodeRequest:
+    """One request: what to decode and how."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = GREEDY
+    penalties: Penalties = NO_PENALTIES
+    """Applied by the LLM alone, to plain tokens and every verified position (speculation/penalties.py)."""
+    seed: int | None = None
+    end_id: int | None = None
+    bad_words: BadWords = field(default_factory=lambda: BadWords([]))
+    speculation: Speculation = OFF
+    num_draft_tokens: int | None = 4
+    """Draft length per round; None: the adaptive selector chooses it (up to max_draft_tokens)."""
+    max_draft_tokens: int = DEFAULTS.max_num_draft_tokens
+    use_draft_logits: bool = False
+    """When sampling: the SSM samples its draft with the request's parameters and sends its logits,
+    and the LLM verifies with the min(1, p/q) rule (ignored for greedy decoding and for SSMs that
+    have no logits, whose drafts are then judged as deterministic)."""
+    pipeline: bool = False
+    """Draft round r+1 while the LLM verifies round r (pipelining.py)."""
+    return_log_probs: bool = False
+    """The LLM reports each emitted token's log probability (Round.log_probs)."""
+
+    @property
+    def sampled_drafts(self) -> bool:
+        return self.use_draft_logits and not self.sampling.greedy
+
+    def llm_call(self, request_id: str, sequence: list[int], seed: int, tokens: int, draft: list[int] | None = None,
+                 draft_logits: np.ndarray | None = None, streaming: bool = False) -> EngineRequest:
+        """The one shape of this request's LLM calls: up to `tokens` new tokens after `sequence` (a
+        verification of `draft` returns its accepted prefix and one token of the LLM's own), with the
+        request's sampling, penalties, bad words and end, seeded per round from `seed`."""
+        return EngineRequest(
+            request_id, list(sequence), tokens, draft=list(draft or []), draft_logits=draft_logits,
+            sampling=self.sampling, seed=round_seed(seed, len(sequence)), end_id=self.end_id,
+            bad_words=self.bad_words, penalties=self.penalties, return_log_probs=self.return_log_probs,
+            exclude_input_in_output=True, streaming=streaming)

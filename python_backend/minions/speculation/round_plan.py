@@ -1,0 +1,61 @@
+"""What the next round of a request does, decided before it runs: stream plain tokens from one LLM
+call (`StreamPlain`), or draft and verify (`Verify`, with no draft: one plain token from one call).
+
+The decision reads like tensorrtllm_backend's `_spec_generate` stop conditions, one named reason per
+line, so the loop (loop.py) only runs the plan it is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minions.speculation.draft_length import DraftLengthSelector, FixedLength
+from minions.speculation.services import Services
+
+
+@dataclass(frozen=True)
+class StreamPlain:
+    """Stream up to `tokens` plain tokens from one call to a streaming LLM, each a round of its own."""
+
+    tokens: int
+    batch: int
+    """Requests decoding when the round was planned (what the length policy learns against)."""
+
+
+@dataclass(frozen=True)
+class Verify:
+    """Draft up to `k` tokens and verify them in one LLM call (k = 0: one plain token, as the prompt's
+    prefill in round 1 or on an LLM that does not stream)."""
+
+    k: int
+    batch: int
+    planned: int
+    """The length policy's choice (k may be shorter: fewer tokens remain; or longer: a probe)."""
+    probe: bool = False
+    """The policy chose plain decoding, but nearly free drafters are asked anyway (Services.probe_pays):
+    a proposal shorter than `probe_min_draft` is then streamed past instead of verified."""
+
+
+RoundPlan = StreamPlain | Verify
+
+
+def plan_round(services: Services, length: DraftLengthSelector | FixedLength, *, drafting: bool, first: bool,
+               remaining: int, drafts_came_back_empty: bool) -> RoundPlan:
+    """The next round's plan. `drafting`: the request has a drafter; `first`: nothing emitted yet
+    (round 1 is plain decoding, so the first token costs one LLM prefill, as in `off`);
+    `drafts_came_back_empty`: the last Verify found nothing worth verifying."""
+    batch = services.load()
+    planned = length.choose(batch) if drafting and not first else 0
+    k = min(planned, remaining - 1)
+    policy_chose_plain = k == 0 and not first
+    probe = policy_chose_plain and drafting and not drafts_came_back_empty and services.probe_pays(length, batch)
+    if probe:
+        k = min(services.probe_tokens, remaining - 1)
+    if services.llm_streams:
+        plain_request = not drafting  # `off`: the whole output from one call
+        if plain_request:
+            return StreamPlain(remaining, batch)
+        nothing_to_verify = drafts_came_back_empty or (k == 0 and not first)
+        if nothing_to_verify:
+            return StreamPlain(min(remaining, services.plain_stretch), batch)
+    return Verify(k, batch, planned, probe)
