@@ -116,7 +116,7 @@ def server_env() -> dict[str, str]:
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Engines pick their own thread counts (deploy.yaml num_threads); keep the BLS from spawning pools.
+    # Engines pick their own thread counts (deploy.yaml num_threads); keep the orchestrator from spawning pools.
     env.setdefault("OMP_NUM_THREADS", "2")
     return env
 

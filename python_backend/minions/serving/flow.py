@@ -23,7 +23,7 @@ from minions.text.detokenizer import IncrementalDetokenizer
 from minions.text.prompt import encode_prompt
 from minions.text.stop_strings import StopStringMatcher
 
-log = logging.getLogger("minions.bls")
+log = logging.getLogger("minions.orchestrator")
 
 
 class Tokenizer(Protocol):

@@ -16,11 +16,11 @@ only a_j is also kept per request.
 Why t is keyed on the batch's mean draft length, not the request's own: under load the LLM verifies
 many requests in one pass, whose time grows with all of their tokens. Keyed on its own s, a request
 that drafts longer than the rest sees the pass its shorter neighbours keep cheap, and every request
-reasons the same way: all drift to long drafts that make every pass slow (measured: 16 streams of
-dialogue settled at s = 16, 11% slower than all at s = 8). Keyed on the batch's length, t(b, s) is
+reasons the same way: all drift to long drafts that make every pass slow (measured in
+docs/adaptive-draft-length.md). Keyed on the batch's length, t(b, s) is
 what a pass costs when everyone drafts s, so a request is charged for the time its tokens add to the
 others' pass too (for a pass linear in tokens, exactly its share). The decode loop reports each
-request's round before verification (`SharedLengthStats.report`).
+request's work before its LLM call (`SharedLengthStats.report`).
 
 Under load t(b, s) grows faster than linearly in s (the LLM's queue), so it is trusted only where it
 was measured: a choice goes at most one candidate beyond the longest length measured at its load, and
@@ -126,9 +126,8 @@ class DraftLengthSelector:
         `shrink` times or more by the margin, as a line search widens its bracket (an interpolated
         length between them would only echo the straight line drawn through it). Further out t(b, s)
         is an extrapolation, and under load it is most wrong there: the LLM's queue makes
-        verification grow faster than linearly (16 streams of dialogue: 0.31, 0.61 and 1.28 s per
-        round at s = 0, 8 and 16). Every request steps together, and a step's cost is seen only once
-        taken. `costs`: J at every length up to the longest candidate (`_costs`)."""
+        verification grow faster than linearly. Every request steps together, and a step's cost is
+        seen only once taken. `costs`: J at every length up to the longest candidate (`_costs`)."""
         table = self.shared.verify
         counts = {n: c for n, c in table.measured_lengths(batch).items() if n <= self.candidates[-1]}
         top = max(counts, default=self.current)

@@ -29,9 +29,8 @@ def buckets_by_nearness(buckets: set[int], batch: int) -> list[int]:
 def server_weight(weight: float, batch: int) -> float:
     """The weight of one request's observation in a server-wide average, when `batch` requests each
     send one per round: `weight` per round of the whole batch, so the average remembers as many rounds
-    at every load. At `weight` per observation, 16 streams' averages held the last 5 requests' rounds,
-    all from one moment: drafting's cost per token swung 4x within two rounds of a wave (while other
-    requests' SSM prefills held the SSMs) and sent the whole batch to s = 0."""
+    at every load. At `weight` per observation, a busy server's averages would hold only the last few
+    requests' rounds, all from one moment, and swing with it."""
     return weight / max(batch, 1)
 
 
@@ -192,8 +191,8 @@ class SharedLengthStats:
         """Each request being decoded: its latest round's LLM work as a draft length (see `report`)."""
 
     def report(self, request_id: str, drafted: int) -> None:
-        """A request sends a round to the LLM now, as much work as a draft of this length (the tokens
-        it puts through the LLM, less one: 0 for a plain round, the prompt's length for a prefill)."""
+        """A request sends a call to the LLM now, as much work as a draft of this length: the tokens it
+        puts through the LLM, less one (0 for plain decoding, the prompt's length for a prefill)."""
         self.drafting[request_id] = drafted
 
     def forget(self, request_id: str) -> None:
@@ -214,9 +213,8 @@ class SharedLengthStats:
         would make drafting look many times dearer than it is).
 
         A pass whose mean work is longer than the longest candidate holds prompts' prefills: no choice
-        of length makes it, so it is not put in t. Kept, a few such points at 70-80 tokens beside
-        the candidates' 0-16 set the slope of the least-squares line that shrinks thin lengths and
-        extends beyond the measured ones, by their leverage alone."""
+        of length makes it, so it is not put in t, where a few such far points would set the slope of
+        the least-squares line by their leverage alone."""
         length = self.batch_length(default=drafted)
         if length <= max(self.policy.candidates):
             self.verify.observe(batch, length, verify_seconds)

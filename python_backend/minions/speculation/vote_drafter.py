@@ -57,9 +57,8 @@ class VoteDrafter:
             return available, None
         if index % self.explore_every != 0:
             return [top], top
-        # Exploring: one challenger at a time, in turn. On a 2-core CPU every extra drafter takes
-        # cycles from the dominant SSM and the LLM (asking all of them every 4th round made `vote`
-        # 15% slower than `single:ssm_q4`).
+        # Exploring: one challenger at a time, in turn: every extra drafter takes cycles from the
+        # dominant SSM and the LLM (docs/architecture.md, "The vote").
         challengers = [s for s in available if s != top]
         if not challengers:
             return [top], top
@@ -110,9 +109,8 @@ class VoteDrafter:
             else:
                 log.debug("SSM %s still exploring after verification: not scored this round", ssm)
         scores = {ssm: score for ssm, draft in proposal.drafts.items() if (score := draft_score(draft, emitted)) is not None}
-        # A late SSM is not scored: under load it is queued, not wrong, and scoring it 0 let a slow
-        # but accurate SSM lose its weight to fast, poor ones (acceptance fell from 0.88 to 0.08 at
-        # 4 streams). The deadline already keeps it from delaying rounds.
+        # A late SSM is not scored: under load it is queued, not wrong, and scoring it 0 would hand
+        # its weight to fast, poor ones. The deadline already keeps it from delaying rounds.
         self.weights.update(scores)
         self.global_weights.update(scores)
         return time.perf_counter() - t0

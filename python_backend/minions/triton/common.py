@@ -22,7 +22,7 @@ def string_parameters(config: dict) -> dict[str, str]:
 def input_arrays(request) -> dict[str, np.ndarray]:
     """The request's inputs as numpy arrays, by name: those it carries, read in one pass (Triton lets
     only the model's declared inputs through). One lookup per declared name would rebuild the
-    request's tensor list each time, 62 times a call for an engine model."""
+    request's tensor list for each of the dozens of names an engine model declares."""
     return {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
 
 
@@ -57,8 +57,7 @@ def setup_logging() -> None:
 
 def release_metrics(owner: object) -> None:
     """Drop the pb_utils metrics and metric families an object holds, and collect them, while the stub
-    can still reach tritonserver: freed later, at the stub's exit, they crashed it (a segfault while
-    garbage-collecting, after "unloaded")."""
+    can still reach tritonserver: freed later, at the stub's exit, they crash it (docs/operations.md)."""
     def is_metric(x: object) -> bool:  # pb_utils names MetricFamily only; Metric is the stub's own class
         return type(x).__name__ in ("Metric", "MetricFamily")
 

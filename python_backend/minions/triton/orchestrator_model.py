@@ -1,4 +1,4 @@
-"""The `minions` BLS model (decoupled): request -> tokens -> speculative decoding -> streamed text.
+"""The `minions` orchestrator model (decoupled): request -> tokens -> speculative decoding -> streamed text.
 
 Each request is handed to its own asyncio task, so concurrency is not bounded by the instance count;
 `execute` returns at once. The request flow (minions.serving.flow) and the decode loop
@@ -33,7 +33,7 @@ from .engine_client import TritonEngineClient
 from .metrics import SpeculationMetrics
 from .model_control import ModelControl
 
-log = logging.getLogger("minions.bls")
+log = logging.getLogger("minions.orchestrator")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
