@@ -36,7 +36,7 @@ from .train import TrainConfig, boost_weights, greedy_predictions, reduced_vocab
 
 log = logging.getLogger("minions.distill")
 BENCH_PROMPTS = 20
-"""The benchmarks read the first prompts of each dataset (benchmarks.datasets, MINIONS_DATASETS to move it);
+"""The benchmarks read the first prompts of each dataset (minions.text.datasets, MINIONS_DATASETS to move it);
 validation starts after them, training after that."""
 
 

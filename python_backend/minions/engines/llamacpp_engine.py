@@ -8,7 +8,7 @@ slot to the longest common prefix of what it holds and what it is sent and evalu
 Calls are batched in flight: each llama.cpp decode step carries the pending tokens of every call in
 progress: one token of each generation, and the uncached tail plus the whole draft of each
 verification (logits at every draft position, so a ragged batch of drafts costs its tokens, no
-padding). A verification finishes in that one step: the draft is judged (speculation/verification.py)
+padding). A verification finishes in that one step: the draft is judged (decoding/verification.py)
 and the KV cells of rejected tokens are removed at once. Calls that arrive meanwhile join at the next
 step, so b calls of s tokens cost about s steps instead of b * s. A streaming generation reports each
 token as it is made (inflight_batching.py sends it on). Measured on this machine with one thread,

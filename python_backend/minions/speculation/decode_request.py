@@ -22,7 +22,7 @@ class DecodeRequest:
     max_new_tokens: int
     sampling: SamplingParams = GREEDY
     penalties: Penalties = NO_PENALTIES
-    """Applied by the LLM alone, to plain tokens and every verified position (speculation/penalties.py)."""
+    """Applied by the LLM alone, to plain tokens and every verified position (decoding/penalties.py)."""
     seed: int | None = None
     end_id: int | None = None
     bad_words: BadWords = field(default_factory=lambda: BadWords([]))
