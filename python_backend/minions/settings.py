@@ -11,9 +11,26 @@ import dataclasses
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, TypeVar
 
 S = TypeVar("S", bound="_Settings")
+
+
+class EngineKind(StrEnum):
+    """What runs a model (deploy.yaml `engine`): the one list of engine kinds."""
+
+    TORCH = "torch"
+    DISTILLED = "distilled"
+    LLAMACPP = "llamacpp"
+    NGRAM = "ngram"
+    SUFFIX = "suffix"
+    TENSORRTLLM = "tensorrtllm"
+    """Served by Triton's own tensorrtllm backend (TrtllmSettings), not by minions.engines."""
+
+    @classmethod
+    def listed(cls) -> str:
+        return ", ".join(kind.value for kind in cls)
 
 
 class _Settings:
@@ -67,7 +84,7 @@ class EngineSettings(_Settings):
 
     model_name: str = ""
     engine: str = ""
-    """torch | distilled | llamacpp | ngram | suffix (tensorrtllm models: TrtllmSettings)"""
+    """An EngineKind (tensorrtllm models have TrtllmSettings instead)."""
     model_path: str = ""
     """Resolved by the renderer from the entry's `source`."""
     num_threads: int = 2

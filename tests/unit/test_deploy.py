@@ -7,10 +7,10 @@ import torch
 import yaml
 
 from minions.deploy.artifacts import repacked_gguf, smollm2_gguf
-from minions.deploy.config import load_deployment
+from minions.deploy.config import DECOUPLED_TEMPLATES, ROOT, TEMPLATE_BY_ENGINE, load_deployment
 from minions.deploy.render import render_repository
 from minions.engines.distilled_model import DistilledDraftModel
-from minions.settings import EngineSettings, OrchestratorSettings
+from minions.settings import EngineKind, EngineSettings, OrchestratorSettings
 from tiny_models import VOCAB
 
 
@@ -108,3 +108,18 @@ def test_every_setting_is_rendered_and_read_back_unchanged(tmp_path, tiny_llm):
         params = {k: v.string_value for k, v in config.parameters.items()}
         assert set(params) == set(settings.params())
         assert type(settings).from_params(params) == settings
+
+
+def test_every_engine_kind_has_a_template_of_its_own_name_or_family():
+    """Templates are named by what serves them, and each engine kind has one."""
+    assert set(TEMPLATE_BY_ENGINE) == set(EngineKind)
+    for kind, template in TEMPLATE_BY_ENGINE.items():
+        assert (ROOT / "model_repository" / template / "config.pbtxt").is_file(), kind
+    assert DECOUPLED_TEMPLATES <= set(TEMPLATE_BY_ENGINE.values())
+
+
+def test_an_unknown_engine_is_refused_with_the_kinds_listed(tmp_path):
+    path = tmp_path / "deploy.yaml"
+    path.write_text(yaml.safe_dump({"llm": {"name": "llm", "engine": "vllm"}, "orchestrator": {}}))
+    with pytest.raises(ValueError, match="unknown engine 'vllm'.*torch, distilled, llamacpp, ngram, suffix, tensorrtllm"):
+        load_deployment(path)

@@ -15,6 +15,7 @@ from pathlib import Path
 from minions.deploy.config import Deployment, resolve
 from minions.deploy.pypi_gguf import PYPI_GGUFS, assembled_gguf
 from minions.engines.sequence_cache import kv_bytes_per_token
+from minions.settings import EngineKind
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ def repacked_gguf(src: Path, file_type: str, cache_dir: Path) -> Path:
 def kv_budget_tokens(dep: Deployment) -> int:
     """The LLM's `kv_budget_mb` in tokens of its KV cache (fp32 K and V, every layer); 0 = unbounded."""
     mb = float(dep.llm.get("kv_budget_mb", 0) or 0)
-    if mb <= 0 or dep.llm["engine"] != "torch":
+    if mb <= 0 or dep.llm["engine"] != EngineKind.TORCH:
         return 0
     config = json.loads((hf_dir_for(dep.llm["source"], dep) / "config.json").read_text())
     return int(mb * 2**20) // kv_bytes_per_token(config)

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import yaml
 
+from minions.settings import EngineKind
+
 ROOT = Path(__file__).resolve().parents[3]
 """The project's root (deploy.yaml, model_repository/, build/)."""
-TRTLLM_ENGINE = "tensorrtllm"
-"""The engine kind of models served by Triton's own tensorrtllm backend (TensorRT-LLM engines on GPUs)."""
-TEMPLATE_BY_ENGINE = {"torch": "llm", "distilled": "llm", "llamacpp": "ssm_q4", "ngram": "ssm_ngram",
-                      "suffix": "ssm_ngram", TRTLLM_ENGINE: "tensorrt_llm"}
-"""Which model_repository/ template serves each engine."""
-DECOUPLED_TEMPLATES = {"ssm_q4", "tensorrt_llm"}
+TEMPLATE_BY_ENGINE = {EngineKind.TORCH: "torch", EngineKind.DISTILLED: "torch", EngineKind.LLAMACPP: "llamacpp",
+                      EngineKind.NGRAM: "lookup", EngineKind.SUFFIX: "lookup", EngineKind.TENSORRTLLM: "tensorrt_llm"}
+"""Which model_repository/ template serves each engine kind."""
+DECOUPLED_TEMPLATES = {"llamacpp", "tensorrt_llm"}
 """Templates of decoupled engine models (in-flight batching); the orchestrator calls them accordingly."""
 
 
@@ -90,7 +90,8 @@ def load_deployment(path: str | Path) -> Deployment:
         raise ValueError(f"{path}: model names must be unique, got {names}")
     for m in [raw["llm"], *raw.get("ssms", [])]:
         if m.get("engine") not in TEMPLATE_BY_ENGINE:
-            raise ValueError(f"{path}: model {m.get('name')!r} has unknown engine {m.get('engine')!r}")
+            raise ValueError(f"{path}: model {m.get('name')!r} has unknown engine {m.get('engine')!r} "
+                             f"(one of {EngineKind.listed()})")
     return Deployment(raw, path, dict(raw.get("server", {})))
 
 
@@ -110,4 +111,4 @@ def distilled_dir(model: dict, dep: Deployment) -> Path:
 def artifacts_present(model: dict, dep: Deployment) -> bool:
     from minions.engines.distilled_model import is_distilled_dir
 
-    return model.get("engine") != "distilled" or is_distilled_dir(distilled_dir(model, dep))
+    return model.get("engine") != EngineKind.DISTILLED or is_distilled_dir(distilled_dir(model, dep))

@@ -27,7 +27,6 @@ from minions.deploy.config import (
     DECOUPLED_TEMPLATES,
     ROOT,
     TEMPLATE_BY_ENGINE,
-    TRTLLM_ENGINE,
     Deployment,
     ServerPorts,
     distilled_dir,
@@ -37,7 +36,7 @@ from minions.deploy.config import (
 from minions.engines.sequence_cache import KV_GROWTH_TOKENS
 from minions.engines.tensors import OWN_INPUTS
 from minions.errors import InvalidRequest
-from minions.settings import EngineSettings, OrchestratorSettings, TrtllmSettings
+from minions.settings import EngineKind, EngineSettings, OrchestratorSettings, TrtllmSettings
 from minions.speculation.mode import Speculation
 
 log = logging.getLogger(__name__)
@@ -50,11 +49,11 @@ TENSORRT_LLM_IO = TEMPLATES / "tensorrt_llm_io.pbtxt"
 def engine_settings(model: dict, dep: Deployment, max_context: int) -> EngineSettings:
     """An engine model's settings: its deploy.yaml entry, its model file resolved from `source`."""
     path = ""
-    if model["engine"] == "torch":
+    if model["engine"] == EngineKind.TORCH:
         path = str(hf_dir_for(model["source"], dep))
-    elif model["engine"] == "llamacpp":
+    elif model["engine"] == EngineKind.LLAMACPP:
         path = str(gguf_for(model["source"], dep, model.get("repack")))
-    elif model["engine"] == "distilled":
+    elif model["engine"] == EngineKind.DISTILLED:
         path = str(distilled_dir(model, dep))
     return EngineSettings.from_yaml(model, model_name=model["name"], model_path=path, max_context=max_context)
 
@@ -81,7 +80,7 @@ def orchestrator_settings(dep: Deployment, grpc_url: str | None = None) -> Orche
         llm_model_name=llm["name"],
         ssm_model_names=tuple(s["name"] for s in dep.ssms),
         decoupled_model_names=tuple(m["name"] for m in engines if TEMPLATE_BY_ENGINE[m["engine"]] in DECOUPLED_TEMPLATES),
-        trtllm_model_names=tuple(m["name"] for m in engines if m["engine"] == TRTLLM_ENGINE),
+        trtllm_model_names=tuple(m["name"] for m in engines if m["engine"] == EngineKind.TENSORRTLLM),
         tokenizer_path=str(tokenizer_dir_for(llm["source"], dep)),
         kv_budget_tokens=kv_budget_tokens(dep),
         kv_chunk_tokens=KV_GROWTH_TOKENS,
@@ -95,7 +94,7 @@ def orchestrator_settings(dep: Deployment, grpc_url: str | None = None) -> Orche
         Speculation.parse(settings.default_speculation, settings.ssm_model_names)
     except InvalidRequest as exc:
         raise ValueError(f"{dep.path}: orchestrator.default_speculation: {exc}") from None
-    if llm["engine"] == TRTLLM_ENGINE:  # TensorRT-LLM schedules at most max_batch_size sequences at once
+    if llm["engine"] == EngineKind.TENSORRTLLM:  # TensorRT-LLM schedules at most max_batch_size sequences at once
         batch = live = TrtllmSettings.from_yaml(llm).max_batch_size
     else:
         engine = EngineSettings.from_yaml(llm)
@@ -156,7 +155,7 @@ def render_repository(dep: Deployment, out_dir: Path, grpc_url: str | None = Non
         log.warning("SSM %s not served: %s is missing (run `make distill`)", model["name"], distilled_dir(model, dep))
     for model in [dep.llm, *dep.ssms]:
         template = TEMPLATES / TEMPLATE_BY_ENGINE[model["engine"]]
-        if model["engine"] == TRTLLM_ENGINE:
+        if model["engine"] == EngineKind.TENSORRTLLM:
             _fill(template, out_dir / model["name"], trtllm_settings(model, dep, orchestrator).params(), native=True)
         else:
             _fill(template, out_dir / model["name"], engine_settings(model, dep, orchestrator.max_context).params())

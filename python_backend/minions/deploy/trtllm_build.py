@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minions.deploy.artifacts import hf_dir_for
-from minions.deploy.config import ROOT, TRTLLM_ENGINE, Deployment, load_deployment, resolve
+from minions.deploy.config import ROOT, Deployment, load_deployment, resolve
 from minions.deploy.render import orchestrator_settings, trtllm_settings
-from minions.settings import TrtllmSettings
+from minions.settings import EngineKind, TrtllmSettings
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class EngineBuild:
 
 def trtllm_models(dep: Deployment) -> list[dict]:
     """The deployment's models served by TensorRT-LLM (the LLM and SSMs)."""
-    return [m for m in [dep.llm, *dep.ssms] if m.get("engine") == TRTLLM_ENGINE]
+    return [m for m in [dep.llm, *dep.ssms] if m.get("engine") == EngineKind.TENSORRTLLM]
 
 
 def hf_config(model: dict, dep: Deployment) -> Path:
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         plan = build_plan(load_deployment(args.deploy))
         if not plan:
-            log.info("%s serves no %s model: nothing to build", args.deploy, TRTLLM_ENGINE)
+            log.info("%s serves no %s model: nothing to build", args.deploy, EngineKind.TENSORRTLLM)
         elif args.dry_run:
             print("\n".join(shlex.join(step) for build in plan for step in build.steps))
         else:

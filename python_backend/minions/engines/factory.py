@@ -8,19 +8,19 @@ a model never loads torch or llama.cpp that it does not run.
 from __future__ import annotations
 
 from minions.engines.api import Engine
-from minions.settings import EngineSettings
+from minions.settings import EngineKind, EngineSettings
 
 
 def build_engine(settings: EngineSettings) -> Engine:
-    """The engine `settings.engine` names (torch, distilled, llamacpp, ngram or suffix), built from `settings`."""
+    """The engine `settings.engine` names (an EngineKind other than tensorrtllm), built from `settings`."""
     kind = settings.engine
-    if kind in ("torch", "distilled"):
+    if kind in (EngineKind.TORCH, EngineKind.DISTILLED):
         import torch
 
         from minions.engines.torch_engine import TorchEngine
 
         torch.set_num_threads(settings.num_threads)
-        if kind == "torch":
+        if kind == EngineKind.TORCH:
             from minions.engines.torch_engine import load_causal_lm
 
             model = load_causal_lm(settings.model_path, settings.dtype, device=settings.device)
@@ -31,19 +31,20 @@ def build_engine(settings: EngineSettings) -> Engine:
         # min_forward_tokens (padding small passes) is the `torch` engine's setting only.
         return TorchEngine(load_draft_model(settings.model_path), settings.max_sequences, settings.max_context,
                            kv_budget_bytes=settings.kv_budget_bytes())
-    if kind == "llamacpp":
+    if kind == EngineKind.LLAMACPP:
         from minions.engines.llamacpp_engine import LlamaCppEngine
 
         return LlamaCppEngine(settings.model_path, settings.num_threads, settings.max_sequences,
                               settings.max_context, settings.draft_min_prob)
-    if kind == "ngram":
+    if kind == EngineKind.NGRAM:
         from minions.engines.ngram_engine import NgramEngine
 
         return NgramEngine(settings.max_ngram, settings.min_ngram)
-    if kind == "suffix":
+    if kind == EngineKind.SUFFIX:
         from minions.engines.suffix_engine import SuffixEngine
 
         return SuffixEngine(max_match=settings.suffix_max_match, min_match=settings.suffix_min_match,
                             min_prob=settings.suffix_min_prob, corpus_tokens=settings.suffix_corpus_tokens,
                             max_sequences=settings.max_sequences, spec_factor=settings.suffix_spec_factor)
-    raise ValueError(f"unknown engine {kind!r}: use torch, distilled, llamacpp, ngram or suffix")
+    raise ValueError(f"engine {kind!r} is not run by minions.engines (one of {EngineKind.listed()}; "
+                     f"{EngineKind.TENSORRTLLM} is Triton's own backend)")
