@@ -160,12 +160,14 @@ ADAPTIVE = "adaptive"
 
 @dataclass(frozen=True)
 class OrchestratorSettings(_Settings):
-    """The `minions` BLS model: request defaults and limits, and the speculation machinery's knobs."""
+    """The `minions` orchestrator model: request defaults and limits, and the speculation machinery's knobs.
+    The request defaults are the shipped deployment's (deploy.yaml repeats them to document them)."""
 
     model_name: str = "minions"
     instance_count: int = 1
-    default_speculation: str = "off"
-    """off | vote | bandit | single:<ssm> (vote:<ssm>,<ssm> for a subset)."""
+    default_speculation: str = "vote"
+    """off | vote | bandit | single:<ssm> (vote:<ssm>,<ssm> for a subset); a deployment that serves no
+    SSM must say `off` (the renderer refuses a vote over none)."""
     default_num_draft_tokens: str = ADAPTIVE
     """`adaptive` or a fixed number of draft tokens per round."""
     draft_length_candidates: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
@@ -175,12 +177,13 @@ class OrchestratorSettings(_Settings):
     max_tokens_limit: int = 1024
     max_context: int = 2048
     default_chat: bool = False
-    default_use_draft_logits: bool = False
-    pipeline: bool = False
+    default_use_draft_logits: bool = True
+    """Sampled requests: a lone SSM samples its draft and sends its logits (the min(1, p/q) rule)."""
+    pipeline: bool = True
     """Draft round r+1 while the LLM verifies round r (a request's `pipeline` overrides)."""
-    pipeline_max_load: int = 0
+    pipeline_max_load: int = 1
     """Early drafts only while at most this many requests decode (0: always)."""
-    pipeline_min_hit: float = 0.0
+    pipeline_min_hit: float = 0.5
     """...or while the selector expects an early draft to be used at least this often (0: never)."""
     vote_deadline_ms: float = 500.0
     vote_explore_every: int = 8
@@ -210,24 +213,28 @@ class OrchestratorSettings(_Settings):
     """Drafting counts as nearly free below this many milliseconds per token (the server's measure)."""
     probe_max_load: int = 4
     """Probes only while at most this many requests decode: a probe's rejected draft is verified in a
-    step every request shares (16 chat streams: 0.76x `off` with probes at every load)."""
+    step every request shares (docs/adaptive-draft-length.md measures it)."""
     draft_pool_size: int = 0
-    """Drafts waiting for the LLM at most (0: the LLM's max_batch_size)."""
+    """Drafts waiting for the LLM at most (0: the LLM's max_batch_size; `draft_pool`)."""
     max_active_requests: int = 0
     """Requests decoding at once at most; later ones wait for a slot (0: the LLM's max_sequences, so that
-    no live sequence is evicted and recomputed)."""
+    no live sequence is evicted and recomputed; `active_requests_limit`)."""
     max_queued_requests: int = 64
     """Requests waiting for a slot at most; beyond, a request is refused at once with UNAVAILABLE (0: no bound)."""
     # Derived by the renderer from the rest of the deployment:
     llm_model_name: str = "llm"
     ssm_model_names: tuple[str, ...] = ()
     decoupled_model_names: tuple[str, ...] = ()
+    llm_max_batch_size: int = EngineSettings.max_batch_size
+    """The LLM's batch (TensorRT-LLM's max_batch_size, else its EngineSettings')."""
+    llm_max_sequences: int = EngineSettings.max_sequences
+    """Sequences the LLM keeps live (for TensorRT-LLM: its max_batch_size)."""
     trtllm_model_names: tuple[str, ...] = ()
     """Engine models served by TensorRT-LLM's own backend: they take tensorrt_llm's inputs only
     (engines/tensors.py OWN_INPUTS are not sent) and keep no sequence between calls (nothing to release)."""
     engine_grpc_url: str = "127.0.0.1:8001"
     """tritonserver's own gRPC endpoint, through which the orchestrator calls the engine models
-    (triton/engine_client.py says why not BLS)."""
+    (triton/engine_client.py says why not Python-backend BLS)."""
     tokenizer_path: str = ""
     kv_budget_tokens: int = 0
     """The LLM's KV budget in tokens (0: none; admission counts sequences only)."""
@@ -237,6 +244,16 @@ class OrchestratorSettings(_Settings):
     def num_draft_tokens(self) -> int | None:
         """The default draft length; None: adaptive."""
         return None if self.default_num_draft_tokens == ADAPTIVE else int(self.default_num_draft_tokens)
+
+    @property
+    def draft_pool(self) -> int:
+        """Drafts waiting for the LLM at most: at most one LLM batch of them unless set."""
+        return self.draft_pool_size or self.llm_max_batch_size
+
+    @property
+    def active_requests_limit(self) -> int:
+        """Requests decoding at once at most: one live sequence each in the LLM, never evicted, unless set."""
+        return self.max_active_requests or self.llm_max_sequences
 
     @property
     def vote_deadline_s(self) -> float:

@@ -3,16 +3,19 @@
 InProcessClient is the tests' EngineClient: it moves every call through the same tensor interface
 the Triton BLS uses (build_engine_inputs -> parse_engine_inputs -> engine -> encode_engine_outputs,
 then the outputs decoded as minions.triton.engine_client does), and releases with a `stop` request.
-The engines behind it are real: TorchEngine and NgramEngine.
+The engines behind it are real: TorchEngine and NgramEngine. Tests synchronise with it on what it has
+seen (`until`: a call started, a release done), never on sleeps, and bound every wait (`within`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
+
+import pytest
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.engines.tensors import (
@@ -39,10 +42,35 @@ class InProcessClient:
         self.engines = engines
         self.calls: list[tuple[str, EngineRequest]] = []
         self.released: list[tuple[str, str]] = []
+        """(model, request id) of every release begun."""
+        self.release_done: list[tuple[str, str]] = []
+        """(model, request id) of every release the engine has carried out."""
+        self._watchers: list[tuple[Callable[[InProcessClient], bool], asyncio.Future]] = []
+
+    def until(self, condition: Callable[[InProcessClient], bool]) -> asyncio.Future:
+        """A future that resolves once `condition(self)` holds: checked now and whenever a call starts or
+        a release is done (or a subclass calls `notify`). Await it through `within`, which bounds the wait."""
+        future = asyncio.get_running_loop().create_future()
+        self._watchers.append((condition, future))
+        self.notify()
+        return future
+
+    def notify(self) -> None:
+        """Resolve the futures of `until` whose condition now holds."""
+        waiting = []
+        for condition, future in self._watchers:
+            if future.done():
+                continue
+            if condition(self):
+                future.set_result(None)
+            else:
+                waiting.append((condition, future))
+        self._watchers = waiting
 
     async def generate(self, model: str, request: EngineRequest) -> EngineResult:
         # Snapshot: the loop passes its live sequence list as input_ids and extends it afterwards.
         self.calls.append((model, dataclasses.replace(request, input_ids=list(request.input_ids))))
+        self.notify()
         tensors = build_engine_inputs(request)
         requests = parse_engine_inputs(tensors, request.request_id)
         engine = self.engines[model]
@@ -54,6 +82,7 @@ class InProcessClient:
     async def stream(self, model: str, request: EngineRequest) -> AsyncIterator[EngineResult]:
         """An in-flight engine's streaming generation, answered from its thread into a queue."""
         self.calls.append((model, dataclasses.replace(request, input_ids=list(request.input_ids))))
+        self.notify()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         self.engines[model].submit([(request, lambda value: loop.call_soon_threadsafe(queue.put_nowait, value))])
@@ -75,6 +104,8 @@ class InProcessClient:
     async def release(self, model: str, request_id: str) -> None:
         self.released.append((model, request_id))
         await self.generate(model, EngineRequest.release(request_id))
+        self.release_done.append((model, request_id))
+        self.notify()
 
 
 class BrokenEngine:
@@ -109,9 +140,13 @@ class Plan:
         return Services(ssms=self.request.speculation.ssms, **self.service_args)
 
 
+TEST_REQUEST = {"num_draft_tokens": 4, "use_draft_logits": False, "pipeline": False}
+"""How the tests' requests speculate unless they say otherwise: a fixed length, no pipeline."""
+
+
 def make_plan(prompt, n, speculation: Speculation = OFF, **kwargs) -> Plan:
-    """DecodeRequest fields from kwargs go to the request, the rest to the services."""
-    request_args = {k: v for k, v in kwargs.items() if k in REQUEST_FIELDS}
+    """DecodeRequest fields from kwargs go to the request (TEST_REQUEST's unless given), the rest to the services."""
+    request_args = TEST_REQUEST | {k: v for k, v in kwargs.items() if k in REQUEST_FIELDS}
     service_args = {k: v for k, v in kwargs.items() if k not in REQUEST_FIELDS}
     return Plan(DecodeRequest(prompt_ids=list(prompt), max_new_tokens=n, speculation=speculation, **request_args),
                 service_args)
@@ -120,6 +155,15 @@ def make_plan(prompt, n, speculation: Speculation = OFF, **kwargs) -> Plan:
 def rounds_of(client, p: Plan, request_id: str = "req"):
     """The loop's round generator for a plan (close it, e.g. with aclosing, to stop early)."""
     return speculative_decode(client, p.request, p.services(), request_id)
+
+
+async def within(awaitable, seconds: float, what: str):
+    """`awaitable`'s result; the test fails, saying that `what` did not happen, if it takes over
+    `seconds` (a guard against a hang, generous: no test asserts on how long anything took)."""
+    try:
+        return await asyncio.wait_for(awaitable, seconds)
+    except TimeoutError:
+        pytest.fail(f"{what}: not within {seconds} s (hung?)")
 
 
 async def collect(client, p: Plan, request_id: str = "req") -> list[Round]:

@@ -3,9 +3,12 @@ values, as tensorrtllm_backend's clients send them by default, and refused other
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from minions.decoding.penalties import Penalties
 from minions.errors import InvalidRequest
 from minions.serving.compat import NEUTRAL_ONLY, UNSUPPORTED_FEATURES
 from minions.serving.request import parse_generation_request
@@ -31,7 +34,11 @@ def test_what_an_end_to_end_client_sends_by_default_is_accepted():
                 return_log_probs=one(False, bool), return_context_logits=one(False, bool),
                 return_generation_logits=one(False, bool), embedding_bias_words=np.zeros((1, 0), dtype=object),
                 embedding_bias_weights=np.zeros((1, 0), dtype=np.float32), pad_id=one(2, np.int32))
-    assert req.text == "hi"
+    # Accepted, and changing nothing but min_tokens (honoured as sent): the same request as without
+    # them, with no penalty, log probs or logits asked for.
+    assert req == dataclasses.replace(parse(), penalties=Penalties(min_tokens=1))
+    assert req.text == "hi" and not req.return_log_probs
+    assert (req.penalties.repetition, req.penalties.presence, req.penalties.frequency) == (1.0, 0.0, 0.0)
 
 
 @pytest.mark.parametrize("name, value, dtype, message", [
@@ -61,9 +68,9 @@ def test_an_unsupported_feature_is_refused_when_given(name, array, feature):
 
 def test_every_refusal_names_a_declared_input():
     """Each input the checks know is declared by the minions model (so a client can send it at all)."""
-    from pathlib import Path
+    from minions.serving.inputs import pbtxt_inputs
 
-    config = (Path(__file__).resolve().parents[2] / "model_repository" / "minions" / "config.pbtxt").read_text()
+    config = pbtxt_inputs()  # what the renderer writes into the model's config.pbtxt
     for name in [*UNSUPPORTED_FEATURES, *NEUTRAL_ONLY, "length_penalty"]:
         assert f'name: "{name}"' in config, name
 

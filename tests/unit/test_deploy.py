@@ -73,7 +73,9 @@ def test_unset_orchestrator_keys_render_their_one_default(tmp_path, tiny_llm):
     repo = render_repository(load_deployment(write_deploy(tmp_path, tiny_llm)), tmp_path / "repo")
     assert param(repo, "minions", "vote_deadline_ms") == str(OrchestratorSettings.vote_deadline_ms)
     assert param(repo, "minions", "draft_length_candidates") == "0,1,2,3,4,6,8"
-    assert param(repo, "minions", "draft_pool_size") == str(EngineSettings.max_batch_size)
+    read_back = OrchestratorSettings.from_params({"draft_pool_size": param(repo, "minions", "draft_pool_size"),
+                                                  "llm_max_batch_size": param(repo, "minions", "llm_max_batch_size")})
+    assert read_back.draft_pool == EngineSettings.max_batch_size
     assert param(repo, "llm", "max_sequences") == str(EngineSettings.max_sequences)
 
 
@@ -102,7 +104,7 @@ def test_every_setting_is_rendered_and_read_back_unchanged(tmp_path, tiny_llm):
     repo = render_repository(dep, tmp_path / "repo")
     expected = {"minions": orchestrator_settings(dep)}
     expected |= {m["name"]: engine_settings(m, dep, expected["minions"].max_context) for m in [dep.llm, dep.ssms[0]]}
-    assert expected["minions"].max_active_requests == EngineSettings.max_sequences
+    assert expected["minions"].active_requests_limit == EngineSettings.max_sequences
     for model, settings in expected.items():
         config = text_format.Parse((repo / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
         params = {k: v.string_value for k, v in config.parameters.items()}

@@ -181,9 +181,10 @@ def test_engine_configs_declare_exactly_the_interface_the_code_speaks():
     dtypes and dims. Every engine template takes its inputs from the one shared file."""
     import re
 
+    from minions.deploy.config import TEMPLATE_BY_ENGINE
     from minions.deploy.render import TEMPLATES, TENSORRT_LLM_IO
 
-    for model in ("llm", "ssm_q4", "ssm_ngram"):
+    for model in set(TEMPLATE_BY_ENGINE.values()) - {"tensorrt_llm"}:
         assert "${tensorrt_llm_io}" in (TEMPLATES / model / "config.pbtxt").read_text(), model
     text = TENSORRT_LLM_IO.read_text()
     inputs_block = text[text.index("input ["): text.index("output [")]

@@ -43,7 +43,9 @@ def test_minimal_request_gets_defaults_from_limits():
     assert req.max_tokens == LIMITS.default_max_tokens
     assert req.num_draft_tokens == LIMITS.num_draft_tokens
     assert req.sampling == SamplingParams(temperature=0.0, top_k=0, top_p=1.0) and req.sampling.greedy
-    assert req.speculation == Speculation(SpeculationMode.OFF)
+    assert req.speculation == Speculation.parse(LIMITS.default_speculation, LIMITS.ssm_model_names)
+    assert req.speculation == Speculation(SpeculationMode.VOTE, LIMITS.ssm_model_names), "the shipped default"
+    assert (req.pipeline, req.use_draft_logits) == (LIMITS.pipeline, LIMITS.default_use_draft_logits) == (True, True)
     assert req.seed is None and req.end_id is None
     assert req.stop_words == () and req.bad_words == ()
     assert not req.stream and not req.exclude_input_in_output and not req.return_perf_metrics

@@ -96,7 +96,7 @@ def test_the_orchestrator_treats_the_tensorrt_llm_models_as_native_decoupled_eng
     assert settings.trtllm_model_names == TRTLLM_MODELS
     assert set(TRTLLM_MODELS) <= set(settings.decoupled_model_names)
     assert settings.ssm_model_names == ("ssm_qwen05", "ssm_ngram", "ssm_suffix")
-    assert settings.max_active_requests == 64, "TensorRT-LLM schedules at most max_batch_size sequences"
+    assert settings.active_requests_limit == settings.draft_pool == 64, "TensorRT-LLM schedules at most max_batch_size sequences"
 
 
 PENALISED = Penalties(repetition=1.2, min_tokens=5, prompt_length=3)

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from minions.decoding.sampling import GREEDY
 from minions.errors import InvalidRequest
 from minions.serving.admission import Admission
 from minions.serving.flow import RequestPerf, TextStream, admit, decode_request, response_arrays
-from minions.serving.request import GenerationRequest
-from minions.settings import OrchestratorSettings
+from minions.serving.request import GenerationRequest, parse_generation_request
+from minions.settings import DEFAULTS, OrchestratorSettings
 from minions.speculation.mode import Speculation, SpeculationMode
 from minions.speculation.rounds import Round
 from minions.text.prompt import chat_messages
@@ -48,10 +48,13 @@ def ids(text: str) -> list[int]:
 
 
 def greq(**kwargs) -> GenerationRequest:
+    """A request as the parser makes it from "say hi" with the default settings (serving no SSM, so
+    plain decoding), then `kwargs`."""
     kwargs.setdefault("text", "say hi")
     kwargs.setdefault("max_tokens", 32)
-    kwargs.setdefault("stream", False)
-    return GenerationRequest(sampling=GREEDY, seed=None, **kwargs)
+    limits = replace(DEFAULTS, default_speculation="off")
+    parsed = parse_generation_request({"text_input": np.array([[b"say hi"]], dtype=object)}, limits)
+    return replace(parsed, **kwargs)
 
 
 def rnd(text: str, last: bool = False, tokens: list[int] | None = None) -> Round:

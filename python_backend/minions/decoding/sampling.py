@@ -98,6 +98,12 @@ def pick_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Genera
     return draw(target_probs(logits, params, banned), rng)
 
 
+def request_seed(seed: int | None, random_seed: int | None) -> int | None:
+    """A request's seed from tensorrt_llm's `seed`, else its older name `random_seed`: the one rule of
+    both interfaces' parsers (the `minions` model's and the engine models')."""
+    return seed if seed is not None else random_seed
+
+
 def round_seed(seed: int, position: int, stream: int = 0) -> int:
     """A per-round seed from the request's seed and the sequence length (reproducible); `stream`
     keeps the SSM's draws independent of the LLM's."""

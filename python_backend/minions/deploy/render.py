@@ -2,7 +2,7 @@
 
 Fills the `${...}` placeholders of the config.pbtxt templates in `model_repository/` (as
 tensorrtllm_backend's fill_template.py does) into `build/model_repository/`: each engine model from
-its EngineSettings, the `minions` BLS from OrchestratorSettings (minions/settings.py holds every
+its EngineSettings, the `minions` orchestrator from OrchestratorSettings (minions/settings.py holds every
 default), with model paths, names and budgets resolved from the rest of the deployment.
 """
 
@@ -36,6 +36,7 @@ from minions.deploy.config import (
 from minions.engines.sequence_cache import KV_GROWTH_TOKENS
 from minions.engines.tensors import OWN_INPUTS
 from minions.errors import InvalidRequest
+from minions.serving.inputs import pbtxt_inputs
 from minions.settings import EngineKind, EngineSettings, OrchestratorSettings, TrtllmSettings
 from minions.speculation.mode import Speculation
 
@@ -70,7 +71,7 @@ def trtllm_settings(model: dict, dep: Deployment, orchestrator: OrchestratorSett
 
 
 def orchestrator_settings(dep: Deployment, grpc_url: str | None = None) -> OrchestratorSettings:
-    """The BLS's settings: the orchestrator section, with the served models, the tokenizer, the KV
+    """The orchestrator's settings: the orchestrator section, with the served models, the tokenizer, the KV
     budget and the server's gRPC endpoint (`grpc_url`, else the deployment's) taken from the rest."""
     orch, llm = dep.orchestrator, dep.llm
     engines = [llm, *dep.ssms]
@@ -99,11 +100,7 @@ def orchestrator_settings(dep: Deployment, grpc_url: str | None = None) -> Orche
     else:
         engine = EngineSettings.from_yaml(llm)
         batch, live = engine.max_batch_size, engine.max_sequences
-    if not settings.draft_pool_size:  # at most one LLM batch of drafts waits
-        settings = dataclasses.replace(settings, draft_pool_size=batch)
-    if not settings.max_active_requests:  # one live sequence per request in the LLM, never evicted
-        settings = dataclasses.replace(settings, max_active_requests=live)
-    return settings
+    return dataclasses.replace(settings, llm_max_batch_size=batch, llm_max_sequences=live)
 
 
 def parameter_blocks(params: dict[str, str]) -> str:
@@ -115,12 +112,13 @@ def parameter_blocks(params: dict[str, str]) -> str:
 def _fill(template_dir: Path, out_dir: Path, params: dict[str, str], native: bool = False) -> None:
     """Copy a model's template, its config.pbtxt filled in: placeholders from `params`, every one of them
     as a string parameter (`${parameters}`), so a new setting needs no template change, and the engine
-    models' shared tensorrt_llm inputs and outputs (`${tensorrt_llm_io}`; `native`: only tensorrt_llm's own)."""
+    models' shared tensorrt_llm inputs and outputs (`${tensorrt_llm_io}`; `native`: only tensorrt_llm's own),
+    and the `minions` model's inputs (`${minions_inputs}`, serving/inputs.py)."""
     shutil.copytree(template_dir, out_dir, ignore=shutil.ignore_patterns("__pycache__"))
     config = out_dir / "config.pbtxt"
     io = tensorrt_llm_native_io() if native else _tensorrt_llm_io()
     config.write_text(string.Template(config.read_text()).substitute(
-        params, parameters=parameter_blocks(params), tensorrt_llm_io=io))
+        params, parameters=parameter_blocks(params), tensorrt_llm_io=io, minions_inputs=pbtxt_inputs()))
 
 
 def _tensorrt_llm_io() -> str:

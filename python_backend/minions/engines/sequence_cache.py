@@ -13,7 +13,6 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-
 State = TypeVar("State")
 
 KV_GROWTH_TOKENS = 128

@@ -18,7 +18,7 @@ import numpy as np
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.decoding.penalties import NO_PENALTIES, Penalties
-from minions.decoding.sampling import SamplingParams
+from minions.decoding.sampling import SamplingParams, request_seed
 from minions.decoding.tokens import common_prefix_len
 from minions.engines.compat import ENGINE_NEUTRAL_ONLY, ENGINE_UNSUPPORTED, check_unsupported
 from minions.engines.sequence_cache import KV_GROWTH_TOKENS
@@ -53,6 +53,9 @@ ENGINE_INPUTS: dict[str, tuple[type, list[int]]] = {
     "streaming": (np.bool_, [1]),  # one response per token (in-flight engines' generations)
     "stop": (np.bool_, [1]),
 }
+
+_SAMPLING = SamplingParams()
+"""Sampling's defaults: what an absent input means."""
 
 
 def _row(inputs: Mapping[str, np.ndarray], name: str, b: int):
@@ -92,10 +95,7 @@ def parse_engine_inputs(inputs: Mapping[str, np.ndarray], request_id: str) -> li
         out_len = int(_row_scalar(inputs, "request_output_len", b, len(draft) + 1))
         if out_len < 1 and not _row_scalar(inputs, "stop", b, False):
             raise InvalidRequest(f"'request_output_len' must be >= 1, got {out_len}")
-        top_k = int(_row_scalar(inputs, "runtime_top_k", b, 0))
-        seed = _row_scalar(inputs, "random_seed", b, None)
-        if seed is None:
-            seed = _row_scalar(inputs, "seed", b, None)
+        seed = request_seed(_row_scalar(inputs, "seed", b, None), _row_scalar(inputs, "random_seed", b, None))
         end_id = _row_scalar(inputs, "end_id", b, None)
         requests.append(
             EngineRequest(
@@ -105,9 +105,9 @@ def parse_engine_inputs(inputs: Mapping[str, np.ndarray], request_id: str) -> li
                 draft=draft,
                 draft_logits=draft_logits,
                 sampling=SamplingParams(
-                    temperature=float(_row_scalar(inputs, "temperature", b, 0.0)),
-                    top_k=top_k,
-                    top_p=float(_row_scalar(inputs, "runtime_top_p", b, 1.0)),
+                    temperature=float(_row_scalar(inputs, "temperature", b, _SAMPLING.temperature)),
+                    top_k=int(_row_scalar(inputs, "runtime_top_k", b, _SAMPLING.top_k)),
+                    top_p=float(_row_scalar(inputs, "runtime_top_p", b, _SAMPLING.top_p)),
                 ),
                 seed=None if seed is None else int(seed),
                 end_id=None if end_id is None else int(end_id),

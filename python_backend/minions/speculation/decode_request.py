@@ -10,13 +10,14 @@ from minions.decoding.engine_call import EngineRequest
 from minions.decoding.penalties import NO_PENALTIES, Penalties
 from minions.decoding.sampling import GREEDY, SamplingParams, round_seed
 from minions.settings import DEFAULTS
-from minions.speculation.mode import OFF, Speculation
+from minions.speculation.mode import Speculation
 from minions.text.bad_words import BadWords
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DecodeRequest:
-    """One request: what to decode and how."""
+    """One request: what to decode and how. How to speculate has no default here: serving/flow.py
+    fills it from the parsed request, whose defaults are the deployment's (serving/inputs.py)."""
 
     prompt_ids: list[int]
     max_new_tokens: int
@@ -26,15 +27,15 @@ class DecodeRequest:
     seed: int | None = None
     end_id: int | None = None
     bad_words: BadWords = field(default_factory=lambda: BadWords([]))
-    speculation: Speculation = OFF
-    num_draft_tokens: int | None = 4
+    speculation: Speculation
+    num_draft_tokens: int | None
     """Draft length per round; None: the adaptive selector chooses it (up to max_draft_tokens)."""
     max_draft_tokens: int = DEFAULTS.max_num_draft_tokens
-    use_draft_logits: bool = False
+    use_draft_logits: bool
     """When sampling: the SSM samples its draft with the request's parameters and sends its logits,
     and the LLM verifies with the min(1, p/q) rule (ignored for greedy decoding and for SSMs that
     have no logits, whose drafts are then judged as deterministic)."""
-    pipeline: bool = False
+    pipeline: bool
     """Draft round r+1 while the LLM verifies round r (pipelining.py)."""
     return_log_probs: bool = False
     """The LLM reports each emitted token's log probability (Round.log_probs)."""

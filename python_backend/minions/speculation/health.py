@@ -12,9 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from minions.settings import OrchestratorSettings
-
-DEFAULTS = OrchestratorSettings()
+from minions.settings import DEFAULTS
 
 
 class SsmHealth:

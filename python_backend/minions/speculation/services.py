@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from minions.settings import DEFAULTS, EngineSettings, OrchestratorSettings
+from minions.settings import DEFAULTS, OrchestratorSettings
 from minions.speculation.bandit import BanditDrafter, Ucb1
 from minions.speculation.decode_request import DecodeRequest
 from minions.speculation.draft_length import DraftLengthSelector, FixedLength
@@ -72,7 +72,7 @@ class Services:
             llm=settings.llm_model_name,
             health=SsmHealth(settings.ssm_breaker_threshold, settings.ssm_breaker_cooldown_s, settings.ssm_call_timeout_s),
             length_stats=SharedLengthStats(LengthPolicy(candidates=settings.draft_length_candidates)),
-            pool=DraftPool(settings.draft_pool_size or EngineSettings().max_batch_size),
+            pool=DraftPool(settings.draft_pool),
             load=load,
             vote_deadline_s=settings.vote_deadline_s,
             vote_explore_every=settings.vote_explore_every,

@@ -90,7 +90,7 @@ class TritonPythonModel:
         self.client = TritonEngineClient(self.settings.engine_grpc_url, frozenset(self.settings.decoupled_model_names),
                                          self.settings.engine_stall_timeout_s, frozenset(self.settings.trtllm_model_names))
         self.metrics = SpeculationMetrics(self.name)
-        self.admission = Admission(self.settings.max_active_requests, self.settings.kv_budget_tokens,
+        self.admission = Admission(self.settings.active_requests_limit, self.settings.kv_budget_tokens,
                                    self.settings.kv_chunk_tokens, self.settings.max_queued_requests)
         self.services = Services.from_settings(self.settings, load=lambda: self.admission.running)
         self.models = ModelControl(self.client, Path(args["model_repository"]).parent, self.settings.ssm_model_names,
