@@ -42,8 +42,12 @@ def _llm_tokens(server) -> float:
     def read() -> float:
         return metric_value(server.metrics_url, "minions_engine_batch_total", model="llm", what="tokens")
 
+    # The gauge settles within a flush or two once the requests are over; the deadline only bounds a
+    # gauge that keeps moving (the LLM computing for nobody), which fails the test.
+    deadline = time.monotonic() + 20 * (METRICS_FLUSH_INTERVAL_S + 0.2)
     values = [read()]
     while len(values) < 2 or values[-1] != values[-2]:
+        assert time.monotonic() < deadline, f"the LLM's computed-token count never settled after the requests: {values}"
         time.sleep(METRICS_FLUSH_INTERVAL_S + 0.2)
         values.append(read())
     return values[-1]

@@ -3,7 +3,7 @@ one final flag, and nothing after it."""
 
 from __future__ import annotations
 
-import time
+import threading
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -21,16 +21,25 @@ def _inputs(prompt: str, stream: bool, max_tokens: int):
 
 
 def test_each_request_on_a_shared_stream_gets_one_final_and_nothing_after(server):
+    """Nothing follows a final flag: a later request sent on the same stream once both finals are in
+    ("after", a whole generation of its own) gets its own final last, so any response sent after
+    the first two requests' finals would have come before it (one stream delivers in order)."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    events: list[tuple[str, bool, float]] = []
+    events: list[tuple[str, bool]] = []
     errors = []
+    changed = threading.Condition()
 
     def on_response(result, error):
-        if error is not None:
-            errors.append(error)
-            return
-        response = result.get_response()
-        events.append((response.id, response.parameters["triton_final_response"].bool_param, time.monotonic()))
+        with changed:
+            if error is not None:
+                errors.append(error)
+            else:
+                response = result.get_response()
+                events.append((response.id, response.parameters["triton_final_response"].bool_param))
+            changed.notify_all()
+
+    def finals(*request_ids: str) -> bool:
+        return bool(errors) or all((rid, True) in events for rid in request_ids)
 
     client.start_stream(callback=on_response)
     try:
@@ -38,16 +47,24 @@ def test_each_request_on_a_shared_stream_gets_one_final_and_nothing_after(server
                                   enable_empty_final_response=True)
         client.async_stream_infer("minions", _inputs("Name a color.", False, 12), request_id="whole",
                                   enable_empty_final_response=True)
-        deadline = time.monotonic() + 120
-        while sum(final for _, final, _ in events) < 2 and time.monotonic() < deadline and not errors:
-            time.sleep(0.05)
-        time.sleep(1.0)  # anything sent after a final flag would arrive in this window
+        with changed:
+            assert changed.wait_for(lambda: finals("streamed", "whole"), timeout=120), \
+                f"no final response for both requests within 120 s: {events}"
+        client.async_stream_infer("minions", _inputs("Name a tree.", True, 12), request_id="after",
+                                  enable_empty_final_response=True)
+        with changed:
+            assert changed.wait_for(lambda: finals("after"), timeout=120), \
+                f"no final response for the later request within 120 s: {events}"
     finally:
         client.stop_stream()
         client.close()
     assert not errors
-    for request_id, expect_many in (("streamed", True), ("whole", False)):
-        mine = [(final, t) for rid, final, t in events if rid == request_id]
-        finals = [i for i, (final, _) in enumerate(mine) if final]
-        assert finals == [len(mine) - 1], f"{request_id}: one final flag, on the last response: {mine}"
+    assert events[-1] == ("after", True), f"a response came after the later request's final: {events}"
+    for request_id, expect_many in (("streamed", True), ("whole", False), ("after", True)):
+        mine = [final for rid, final in events if rid == request_id]
+        finals_at = [i for i, final in enumerate(mine) if final]
+        assert finals_at == [len(mine) - 1], f"{request_id}: one final flag, on the last response: {mine}"
         assert (len(mine) > 1) if expect_many else (len(mine) == 1)
+    first_after = next(i for i, (rid, _) in enumerate(events) if rid == "after")
+    assert {rid for rid, _ in events[first_after:]} == {"after"}, \
+        f"nothing for the first two requests once both their finals were in: {events}"

@@ -41,10 +41,24 @@ def test_vote_exports_per_ssm_metrics(server):
 def test_sampled_vote_and_bandit_work(server, mode):
     """Sampled requests succeed. Their outputs follow the LLM's distribution (the chi-square tests in
     tests/unit), but are not reproducible by seed alone: which SSM drafts depends on what the shared
-    policy has learnt by then, and the accept/resample draws depend on the draft (docs/api.md, `seed`)."""
+    policy has learnt by then, and the accept/resample draws depend on the draft (docs/api.md, `seed`).
+    What is reproducible whatever the drafts and the seed: a sampled request whose distribution at
+    every step is the LLM's top token alone (top_p below any token's probability) decodes exactly
+    the greedy output, through the sampled path (SSMs' sampled drafts, accept/resample draws)."""
     params = GenerationParams(max_tokens=24, chat=True, temperature=0.8, top_p=0.95, seed=77, speculation=mode,
                               return_perf_metrics=True)
     out = generate_grpc(server.grpc_url, "minions", COPY_PROMPT, params)
     # A sampled end-of-sequence token may end the line early (plain `off` sampling does so for some seeds too).
     assert (out.finish_reason, out.num_output_tokens == 24) in {("length", True), ("stop", False)}
-    assert out.text and out.num_verifications < out.num_output_tokens
+    assert out.text
+
+    greedy = generate_grpc(server.grpc_url, "minions", COPY_PROMPT,
+                           GenerationParams(max_tokens=24, chat=True, speculation="off"))
+    for seed in (77, 78):
+        # A fixed draft length: every round drafts (an adaptive one may settle on plain decoding).
+        top_only = generate_grpc(server.grpc_url, "minions", COPY_PROMPT, GenerationParams(
+            max_tokens=24, chat=True, temperature=0.8, top_p=1e-6, seed=seed, speculation=mode, num_draft_tokens=4,
+            return_perf_metrics=True))
+        assert (top_only.text, top_only.num_output_tokens) == (greedy.text, greedy.num_output_tokens), f"seed {seed}"
+        assert top_only.total_draft_tokens > 0 and top_only.num_rounds < top_only.num_output_tokens, \
+            f"seed {seed}: the copied code was drafted and accepted"

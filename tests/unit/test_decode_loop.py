@@ -9,7 +9,8 @@ from contextlib import aclosing
 import numpy as np
 import pytest
 
-from decoding import PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_released, decode, make_plan, rounds_of
+from decoding import (PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_released, decode, make_plan, rounds_of,
+                      within)
 from minions.decoding.penalties import NO_PENALTIES, Penalties
 from minions.decoding.sampling import SamplingParams, log_prob, round_seed
 from minions.engines.torch_engine import TorchEngine
@@ -218,7 +219,8 @@ def test_a_failing_ssm_never_fails_the_request(engines, tiny_llm):
 
 
 class HungClient(InProcessClient):
-    """An SSM that never answers a draft (a stalled stub); releasing it still works."""
+    """An SSM that never answers a draft (a stalled stub); releasing it still works. `waiting`: the
+    draft calls hanging now (wait for one with `until`)."""
 
     def __init__(self, engines: dict, hung: str) -> None:
         super().__init__(engines)
@@ -228,7 +230,11 @@ class HungClient(InProcessClient):
     async def generate(self, model: str, request):
         if model == self.hung and not request.stop:
             self.waiting += 1
-            await asyncio.Event().wait()
+            self.notify()
+            try:
+                await asyncio.Event().wait()
+            finally:
+                self.waiting -= 1
         return await super().generate(model, request)
 
 
@@ -256,12 +262,15 @@ def test_a_request_cancelled_while_an_ssm_hangs_releases_every_engine(engines):
 
     async def cancel_while_drafting():
         task = asyncio.ensure_future(decode_all(client, plan(PROMPTS[0], 30, "self", num_draft_tokens=2), "gone"))
-        while not client.waiting:
-            await asyncio.sleep(0.01)
+        await within(client.until(lambda c: c.waiting > 0), 30, "the request asking the hung SSM for a draft")
+        assert not task.done() and len(engines["llm"].cache) == 1, "cancelled mid-request, the LLM holding its state"
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await task
-        await asyncio.sleep(0.05)  # the shielded clean-up finishes after the cancellation
+            await within(task, 30, "the cancelled request ending")
+        # The clean-up is shielded from the cancellation: wait for the engines to have released.
+        await within(client.until(lambda c: {("llm", "gone"), ("self", "gone")} <= set(c.release_done)), 30,
+                     "every engine's release after the cancellation")
+        assert client.waiting == 0, "the hung draft call was cancelled with its request"
 
     asyncio.run(cancel_while_drafting())
     assert {m for m, rid in client.released if rid == "gone"} == {"llm", "self"}
@@ -292,8 +301,16 @@ def test_sampled_drafts_send_logits_and_stay_reproducible(client):
 
 
 def test_ngram_drafts_fall_back_to_the_deterministic_rule(client):
-    """An SSM without logits: its draft is judged as deterministic (still exact), no draft_logits sent."""
+    """An SSM without logits: its draft is judged as deterministic (still exact), no draft_logits sent.
+    Seed 1's sampled tokens repeat earlier ones, so the n-gram drafts (asked for logits, it has none)."""
     p = plan([3, 7, 3, 7, 3, 7, 3], 10, ssm="ngram", num_draft_tokens=3,
              sampling=SamplingParams(temperature=0.9), seed=1, use_draft_logits=True)
-    decode(client, p)
-    assert all(r.draft_logits is None for m, r in client.calls if m == "llm")
+    first, stats, _ = decode(client, p)
+    ngram_calls = [r for m, r in client.calls if m == "ngram" and not r.stop]
+    assert ngram_calls and all(r.return_generation_logits for r in ngram_calls), "a sampled draft was asked for"
+    llm_calls = [r for m, r in client.calls if m == "llm" and not r.stop]
+    verifications = [r for r in llm_calls if r.draft]
+    assert verifications and stats.draft_tokens == sum(len(r.draft) for r in verifications) > 0, (
+        "the n-gram's drafts were verified")
+    assert all(r.draft_logits is None for r in llm_calls), "no draft logits: the deterministic rule judged them"
+    assert decode(client, p, request_id="again")[0] == first, "same seed, same output"

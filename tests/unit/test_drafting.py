@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from decoding import PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_released, decode, make_plan
+from decoding import PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_released, collect, decode, make_plan, within
 from laws import goodness_of_fit
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.decoding.sampling import SamplingParams, target_probs
@@ -92,18 +92,62 @@ class SlowClient(InProcessClient):
         return await super().generate(model, request)
 
 
+class LateClient(InProcessClient):
+    """One model's drafts answer only once the LLM has begun verifying the round after the one they were
+    asked for (a slow SSM, one round late), so a round that waited for such a draft would never be
+    verified (decode_late's deadline then fails the test). Records, for each LLM verification (round),
+    how many of the slow model's calls were still unanswered as it began, and in which round each
+    slow call was asked."""
+
+    def __init__(self, engines, slow: str) -> None:
+        super().__init__(engines)
+        self.slow = slow
+        self.in_flight = self.most_in_flight = self.started = self.answered = 0
+        self.verifications = 0
+        self.pending_at_verification: list[int] = []
+        self.asked_in_round: list[int] = []
+
+    async def generate(self, model: str, request: EngineRequest) -> EngineResult:
+        if model == "llm" and not request.stop:
+            self.pending_at_verification.append(self.in_flight)
+            self.verifications += 1
+        elif model == self.slow and not request.stop:
+            asked = self.verifications  # rounds verified before this one: its index
+            self.asked_in_round.append(asked)
+            self.in_flight += 1
+            self.started += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            try:
+                await self.until(lambda c: c.verifications > asked + 1)
+            finally:
+                self.in_flight -= 1
+            self.answered += 1
+        return await super().generate(model, request)
+
+
+def decode_late(client: LateClient, p: Plan):
+    """decode(), failing the test if the request does not end (a round waiting for the late SSM)."""
+    rounds = asyncio.run(within(collect(client, p), 60, "the request's rounds going on without the late SSM"))
+    return [t for r in rounds for t in r.tokens], rounds
+
+
 def test_a_round_waits_for_the_deadline_not_for_the_slowest_ssm(engines, tiny_llm):
     """A late SSM is dropped from the round and not scored; it is slow, not broken, so no breaker opens."""
-    client = SlowClient(engines, "other", delay_s=0.5)
+    client = LateClient(engines, "other")
     health = SsmHealth(threshold=2)
     weights = SsmWeights(ALL)
-    tokens, _, rounds = decode(client, vote_plan(PROMPTS[1], 10, num_draft_tokens=2, vote_deadline_s=0.05,
-                                                 vote_explore_every=1, health=health, weights=weights))
+    tokens, rounds = decode_late(client, vote_plan(PROMPTS[1], 10, num_draft_tokens=2, vote_deadline_s=0.05,
+                                                   vote_explore_every=1, health=health, weights=weights))
     assert tokens == hf_greedy(tiny_llm, PROMPTS[1], 10)
     voted = [r for r in rounds if r.drafts]
     assert voted[0].failed == ("other",)
     assert all(r.failed in ((), ("other",)) and "other" not in r.drafts for r in voted)
-    assert all(r.draft_seconds < 0.4 for r in voted)
+    assert len(client.pending_at_verification) == len(rounds)
+    late = [i for i, r in enumerate(rounds) if "other" in r.failed]
+    assert late and set(late) <= set(client.asked_in_round), "a round reports it late only if it asked it"
+    assert all(client.pending_at_verification[i] == 1 for i in late), \
+        "each such round was verified while the late SSM was still drafting"
+    assert client.answered > 0, "the late SSM did answer, after its round"
     assert health.available("other")
     assert weights.snapshot()["other"] == 1.0, "queued is not wrong: its weight is left alone"
 
@@ -170,16 +214,18 @@ def test_sampled_vote_is_lossless(client, tiny_llm):
 
 def test_exploration_rounds_wait_only_for_the_dominant_ssm(engines, tiny_llm):
     """The others are scored if they finish during verification, and are never counted as failures."""
-    client = SlowClient(engines, "other", delay_s=0.3)
+    client = LateClient(engines, "other")
     weights = SsmWeights(ALL, initial={"self": 10.0, "other": 0.1, "ngram": 0.1})
-    tokens, _, rounds = decode(client, vote_plan(PROMPTS[0], 12, num_draft_tokens=2, weights=weights,
-                                                 vote_explore_every=1, vote_deadline_s=5.0))
+    tokens, rounds = decode_late(client, vote_plan(PROMPTS[0], 12, num_draft_tokens=2, weights=weights,
+                                                   vote_explore_every=1, vote_deadline_s=5.0))
     assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 12)
     drafted = [r for r in rounds if r.drafts]
     assert drafted and all(r.failed == () for r in rounds)
     assert any("ngram" in r.drafts for r in drafted), "a fast challenger joins its round"
     assert all("other" not in r.drafts for r in drafted), "a slow one does not delay it"
-    assert all(r.draft_seconds < 0.25 for r in drafted)
+    assert client.asked_in_round, "the slow challenger was asked"
+    assert all(client.pending_at_verification[i] == 1 and "self" in rounds[i].drafts for i in client.asked_in_round), \
+        "each round it explored in was verified on the dominant SSM's draft while it still drafted"
 
 
 def test_a_dominant_ssm_slower_than_the_deadline_still_drafts_its_exploration_rounds(engines, tiny_llm):
@@ -196,9 +242,9 @@ def test_a_dominant_ssm_slower_than_the_deadline_still_drafts_its_exploration_ro
 
 def test_a_slow_ssm_never_has_two_calls_in_flight_for_one_request(engines, tiny_llm):
     """Otherwise its late calls queue up behind each other faster than it drains them."""
-    client = SlowClient(engines, "other", delay_s=0.2)
-    tokens, _, rounds = decode(client, vote_plan(PROMPTS[0], 16, num_draft_tokens=1, vote_deadline_s=0.02,
-                                                 vote_explore_every=1))
+    client = LateClient(engines, "other")
+    tokens, rounds = decode_late(client, vote_plan(PROMPTS[0], 16, num_draft_tokens=1, vote_deadline_s=0.02,
+                                                   vote_explore_every=1))
     assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 16)
     assert client.most_in_flight == 1
     assert 0 < client.started < len([r for r in rounds if r.drafts or r.failed]), "rounds went on without the busy SSM"

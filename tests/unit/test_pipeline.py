@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 
 import numpy as np
 import pytest
 
-from decoding import PROMPTS, Plan, assert_all_released, collect, decode, make_plan, rounds_of
+from decoding import PROMPTS, InProcessClient, Plan, assert_all_released, collect, decode, make_plan, rounds_of, within
 from laws import goodness_of_fit
 from minions.decoding.sampling import SamplingParams, target_probs
 from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
@@ -197,21 +198,70 @@ def test_cancelling_requests_mid_pipeline_frees_everything_and_does_not_deadlock
                     break
         return rounds
 
+    def verifications(c, request_id: str) -> int:
+        return sum(1 for m, r in c.calls if m == "llm" and r.request_id == request_id and not r.stop)
+
     async def scenario():
         tasks = [asyncio.ensure_future(consume(i, PROMPTS[i % 3], 100)) for i in range(6)]
-        await asyncio.sleep(0.05)
+        # Every request past its plain first round and into speculation (none can have finished: 30
+        # tokens take more than 2 rounds of at most 3), contending for the pool's 2 slots.
+        await within(client.until(lambda c: all(verifications(c, f"x{i}") >= 2 for i in range(6))), 60,
+                     "every request reaching its second verification")
+        assert not any(t.done() for t in tasks) and pool.waits > 0, "all mid-request, some waiting for a slot"
         for t in tasks[::2]:
             t.cancel()  # cancelled while drafting, verifying or waiting for a slot
-        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=60)
-        closed = await asyncio.wait_for(consume(9, PROMPTS[0], 3), timeout=60)  # stopped early by the consumer
-        after = await asyncio.wait_for(consume(10, PROMPTS[1], 100), timeout=60)
+        done = await within(asyncio.gather(*tasks, return_exceptions=True), 60, "the requests ending")
+        closed = await within(consume(9, PROMPTS[0], 3), 60, "a request stopped early by its consumer")
+        after = await within(consume(10, PROMPTS[1], 100), 60, "a request after the cancellations")
         return done, closed, after
 
     done, closed, after = asyncio.run(scenario())
-    assert any(isinstance(d, asyncio.CancelledError) for d in done)
+    assert isinstance(done[0], asyncio.CancelledError), "a request cancelled mid-pipeline ends cancelled"
+    for i, d in enumerate(done):
+        # A cancellation that lands just as an SSM's draft call completes is lost on Python 3.11 (see
+        # test_a_request_cancelled_as_its_draft_arrives_ends_cancelled): that request decodes on.
+        assert (i % 2 == 0 and isinstance(d, asyncio.CancelledError)) or \
+            [t for r in d for t in r.tokens] == hf_greedy(tiny_llm, PROMPTS[i % 3], 30), f"x{i}: {d!r}"
     assert len(closed) == 3
     assert [t for r in after for t in r.tokens] == hf_greedy(tiny_llm, PROMPTS[1], 30)
     assert pool.held == 0 and pool.peak <= 2
+    assert_all_released(engines)
+
+
+class DraftAnsweredClient(InProcessClient):
+    """Counts the SSM's answered draft calls, telling `until` as each answer is handed back."""
+
+    def __init__(self, engines: dict, ssm: str) -> None:
+        super().__init__(engines)
+        self.ssm = ssm
+        self.drafts_answered = 0
+
+    async def generate(self, model: str, request):
+        result = await super().generate(model, request)
+        if model == self.ssm and not request.stop:
+            self.drafts_answered += 1
+            self.notify()
+        return result
+
+
+@pytest.mark.xfail(sys.version_info < (3, 12), strict=True,
+                   reason="asyncio.wait_for (drafters.ask_one) loses a cancellation that lands as the awaited "
+                          "call completes before Python 3.12 (CPython gh-86296): the request decodes on")
+def test_a_request_cancelled_as_its_draft_arrives_ends_cancelled(engines):
+    client = DraftAnsweredClient(engines, "self")
+
+    async def scenario():
+        task = asyncio.ensure_future(collect(client, make_plan(PROMPTS[0], 30, Speculation(SpeculationMode.SINGLE, ("self",)),
+                                                               num_draft_tokens=2), "late-cancel"))
+        # Woken as the first draft call returns, before the request's task has taken its answer.
+        await within(client.until(lambda c: c.drafts_answered >= 1), 30, "the SSM answering a draft")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            rounds = await within(task, 30, "the cancelled request ending")
+            print(f"not cancelled: decoded {sum(len(r.tokens) for r in rounds)} tokens")
+
+    asyncio.run(scenario())
+    assert {m for m, rid in client.released if rid == "late-cancel"} == {"llm", "self"}
     assert_all_released(engines)
 
 
