@@ -73,7 +73,10 @@ class Drafter(Protocol):
 async def ask_one(client: EngineClient, health: SsmHealth, ssm: str, rnd: DraftRound, sampled: bool) -> Proposal:
     """One SSM's draft, or an empty proposal naming it as failed."""
     try:
-        result = await asyncio.wait_for(client.generate(ssm, rnd.engine_request(sampled)), health.call_timeout_s)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation that lands as the
+        # call completes (CPython gh-86296), and the cancelled request would decode on.
+        async with asyncio.timeout(health.call_timeout_s):
+            result = await client.generate(ssm, rnd.engine_request(sampled))
     except TimeoutError:
         _record_failure(health, ssm, rnd.request_id, f"no draft in {health.call_timeout_s:.0f} s")
         return Proposal(failed=(ssm,))
