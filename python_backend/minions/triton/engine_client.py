@@ -128,8 +128,9 @@ class TritonEngineClient:
         return _infer_request(model, request, f"{request.request_id}/{next(self._calls)}", model in self.native_models)
 
     async def _within_timeout(self, model: str, awaitable):
-        try:
-            return await asyncio.wait_for(awaitable, self.stall_timeout_s)
+        try:  # asyncio.timeout: 3.11's wait_for can drop a cancellation (drafters.ask_one says how)
+            async with asyncio.timeout(self.stall_timeout_s):
+                return await awaitable
         except TimeoutError:
             log.error("engine model %s did not answer for %.0f s", model, self.stall_timeout_s)
             raise EngineCallError(model, f"no response for {self.stall_timeout_s:.0f} s") from None
