@@ -23,6 +23,11 @@ COPY_PROMPT = ("Copy this Python code exactly:\n```python\ndef add(a, b):\n    r
 """Copy-heavy: prompt lookup and suffix matching draft on it, and the LLM accepts."""
 
 
+def kept_prompts(name: str) -> list[str]:
+    """A set of real prompts kept with the tests (prompts.json), so the tests need nothing outside the project."""
+    return json.loads((Path(__file__).with_name("prompts.json")).read_text())[name]
+
+
 def http_post(url: str, body: dict | str, timeout: float = 120.0) -> tuple[int, str]:
     data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})

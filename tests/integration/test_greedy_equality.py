@@ -1,7 +1,7 @@
 """Lossless greedy: every speculation mode emits exactly what plain decoding (`off`) emits.
 
 Real SmolLM2 verifiers (llama.cpp F16 in the default deployment, torch fp32 in deploy.torch.yaml), real
-prompts from ../shared/datasets. On torch every mode must match `off` exactly. llama.cpp computes a
+prompts (tests/integration/prompts.json, taken from the shared prompt sets). On torch every mode must match `off` exactly. llama.cpp computes a
 k-token verification step with other kernels than a 1-token step, so there an output may leave `off`
 only at a near tie of the LLM's logits, printed with its gap (prompt 9 under `single:ssm_suffix`
 does, at a gap of 0.005); anything else fails.
@@ -12,10 +12,9 @@ from __future__ import annotations
 import pytest
 
 from client.api import GenerationParams, generate_grpc
-from minions.text.datasets import load_prompts
-from tests.integration.helpers import NearTies
+from tests.integration.helpers import NearTies, kept_prompts
 
-PROMPTS = load_prompts("alpaca", 4) + load_prompts("finance", 3) + load_prompts("dialogue", 2) + load_prompts("mt_bench", 1)
+PROMPTS = kept_prompts("greedy_equality")
 MODES = {
     "server": ["single:ssm_suffix", "single:ssm_ngram", "vote", "bandit"],
     "torch_server": ["single:ssm_q4", "single:ssm_ngram", "vote", "bandit"],

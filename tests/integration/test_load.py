@@ -9,10 +9,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from client.api import GenerationParams, generate_grpc
-from minions.text.datasets import load_prompts
-from tests.integration.helpers import NearTies, metric_value
+from tests.integration.helpers import NearTies, kept_prompts, metric_value
 
-PROMPTS = load_prompts("finance", 3, offset=5) + load_prompts("dialogue", 3, offset=5) + load_prompts("alpaca", 2, offset=5)
+PROMPTS = kept_prompts("load")
 
 
 def _run(server, prompt: str, **params):

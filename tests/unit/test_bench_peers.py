@@ -3,17 +3,29 @@ output agreement with Minions `off`, the pin the llama-server build reads."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from benchmarks.bench_peers import HELD_OUT, workload_prompts
 from benchmarks.peers.llama_server_build import pinned_version
 from benchmarks.peers.report import summarize
 from benchmarks.peers.streams import Cell, Sample
-from minions.text.datasets import load_prompts
+from minions.text.datasets import COPY_HEAVY, DATASETS, load_prompts
+
+
+@pytest.fixture
+def prompt_sets(tmp_path, monkeypatch):
+    """Every prompt set as a small file of distinct prompts (the tests need nothing outside the project)."""
+    for name, file in (DATASETS | COPY_HEAVY).items():
+        key = "turns" if name == "mt_bench" else "prompt"
+        rows = [{key: [f"{name} {i}"] if key == "turns" else f"{name} {i}"} for i in range(200)]
+        (tmp_path / file).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setenv("MINIONS_DATASETS", str(tmp_path))
 
 
 @pytest.mark.parametrize("workload", ["chat", "code_edit"])
-def test_every_cell_gets_prompts_no_other_cell_or_benchmark_warm_up_uses(workload):
+def test_every_cell_gets_prompts_no_other_cell_or_benchmark_warm_up_uses(prompt_sets, workload):
     cells = workload_prompts(workload, [4, 8, 16])
     assert [len(c) for c in cells] == [4, 8, 16]
     flat = [p for c in cells for p in c]
