@@ -1,6 +1,6 @@
 """`make bench-peers`: Minions against llama.cpp's own llama-server on the same GGUF, in one run.
 
-Starts the real tritonserver with the deployment and llama-server (built once from the llama.cpp that
+Starts the real tritonserver with the deployment (one per Minions mode: `off` and the default) and llama-server (built once from the llama.cpp that
 the pinned llama-cpp-python vendors: peers/llama_server_build.py) in several configurations: plain on
 the LLM's GGUF as shipped and re-encoded as F16, and its two speculative modes (a draft model, the
 deployment's llama.cpp SSM; n-gram cache). Per workload (mixed chat sets, code editing, summarisation)
@@ -8,7 +8,10 @@ and concurrency, every system in turn streams the same held-out prompts, greedy,
 96 output tokens at most (EOS ends earlier, for all alike). Per cell: output tokens/s over the cell's
 wall time, TTFT (mean, p50), ITL, tokens/s over the plain llama-server configuration that was faster
 over the run (in the same cell), how many outputs are identical to Minions `off`, and the CPU other
-processes took meanwhile. Writes a table, JSON (with every output) and PNG under bench_results/peers.
+processes took meanwhile. The multi-turn workloads (peers/conversations.py) re-send each
+conversation's history every turn and report TTFT p50/p99 per turn against llama-server's (plain, the
+LLM's GGUF as the deployment computes with it). Writes tables, JSON (with every output) and PNG under
+bench_results/peers.
 """
 
 from __future__ import annotations
@@ -30,16 +33,22 @@ from tests.support.triton_process import ROOT, TritonProcess
 from .bench_load import RESPONSE_TIMEOUT_S
 from .peers import ggufs
 from .peers.foreign_cpu import ForeignCpu
-from .peers.llama_server import LlamaServer, ServerConfig, chat_completion
+from .peers.conversations import WORKLOADS as MULTI_TURN
+from .peers.conversations import (ConversationCell, Converse, conversations, format_turns, messages_text,
+                                  run_conversations)
+from .peers.llama_server import LlamaServer, ServerConfig, chat_completion, conversation_turn
 from .peers.llama_server_build import llama_server, pinned_version
 from .peers.report import format_table, plot, summarize
 from .peers.streams import Cell, Request, Sample, run_cell
 
-WORKLOADS = ("chat", *COPY_HEAVY)
+WORKLOADS = ("chat", *COPY_HEAVY, *MULTI_TURN)
 HELD_OUT = 8
 """Prompts before this index of each set warm or drive other benchmarks and tests (bench_load,
 test_load, the greedy-equality test); each concurrency here takes its own block after it, so no
 server has seen a cell's prompts before (llama-server reuses a cached prompt's KV across requests)."""
+MULTI_TURN_FROM = 48
+"""The multi-turn workloads' conversations start at this row of their sets (MT-bench has 80), past
+the blocks the single-turn cells take at the default counts."""
 SPEC_DRAFT_N_MAX = 8
 MINIONS_OFF = "minions off"
 SYSTEM_KEYS = ("minions-off", "minions-default", "plain", "draft", "ngram")
@@ -69,8 +78,18 @@ def minions_request(url: str, model: str, speculation: str | None, max_tokens: i
     return request
 
 
+def minions_converse(url: str, model: str, speculation: str | None, max_tokens: int) -> Converse:
+    """A conversation's turn over gRPC streaming: the messages as the `chat` input's JSON list."""
+    request = minions_request(url, model, speculation, max_tokens)
+    return lambda messages: request(messages_text(messages))
+
+
 def llama_request(url: str, max_tokens: int) -> Request:
     return lambda prompt: chat_completion(url, prompt, max_tokens, RESPONSE_TIMEOUT_S)
+
+
+def llama_converse(url: str, max_tokens: int) -> Converse:
+    return lambda messages: conversation_turn(url, messages, max_tokens, RESPONSE_TIMEOUT_S)
 
 
 def server_configs(dep: Deployment, keys: list[str]) -> tuple[list[ServerConfig], list[str]]:
@@ -95,6 +114,45 @@ def _exit_on_sigterm(signum: int, frame) -> None:
     sys.exit(128 + signum)
 
 
+def run_single_turn(workloads: list[str], args: argparse.Namespace, systems: dict[str, Request],
+                    sessions: set[int]) -> list[Cell]:
+    cells = []
+    for workload in workloads:
+        count = args.prompts if workload == "chat" else args.copy_prompts
+        for streams, prompts in zip(args.streams, workload_prompts(workload, [max(count, s) for s in args.streams])):
+            for name, request in systems.items():
+                with ForeignCpu(sessions) as foreign:
+                    cell = run_cell(name, workload, request, prompts, streams)
+                cell.foreign_cores = foreign.cores
+                cells.append(cell)
+                r = cell.row()
+                print(f"{workload:<13} {streams:>3} streams {name:<26} {r['tokens_per_s']:6.1f} tok/s  "
+                      f"ITL {r['itl_ms'] or 0:5.1f} ms  others {r['foreign_cores'] or 0:.2f} cores"
+                      + (f"  {r['errors']} errors: {cell.errors[0]}" if cell.errors else ""), flush=True)
+    return cells
+
+
+def run_multi_turn(workloads: list[str], args: argparse.Namespace, conversers: dict[str, Converse],
+                   sessions: set[int]) -> list[ConversationCell]:
+    """Every conversation of a cell through every system; each concurrency has conversations of its own."""
+    cells = []
+    for workload in workloads:
+        offset = MULTI_TURN_FROM
+        for streams in args.streams:
+            count = max(args.conversations, streams)
+            users = conversations(workload, count, offset)
+            offset += count
+            for name, converse in conversers.items():
+                with ForeignCpu(sessions):
+                    cell = run_conversations(name, workload, converse, users, streams)
+                cells.append(cell)
+                for r in cell.rows():
+                    print(f"{workload:<15} {streams:>3} streams {name:<26} turn {r['turn']}  TTFT p50 "
+                          f"{r['ttft_p50_ms']:7.0f} ms  p99 {r['ttft_p99_ms']:7.0f} ms"
+                          + (f"  {len(cell.errors)} errors: {cell.errors[0]}" if cell.errors else ""), flush=True)
+    return cells
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
@@ -102,6 +160,8 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=16, help="prompts per chat cell (at least one per stream)")
     p.add_argument("--copy-prompts", type=int, default=8,
                    help="prompts per code_edit / summarization cell (at least one per stream)")
+    p.add_argument("--conversations", type=int, default=8,
+                   help="conversations per multi-turn cell (at least one per stream)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     p.add_argument("--systems", nargs="+", choices=SYSTEM_KEYS, default=list(SYSTEM_KEYS))
@@ -114,46 +174,48 @@ def main() -> None:
     orchestrator = OrchestratorSettings.from_yaml(dep.orchestrator)
     binary = llama_server()
     configs, plain = server_configs(dep, args.systems)
+    reference_label = f"llama-server {ggufs.file_type(ggufs.llm_gguf(dep))}"
     parallel = max(args.streams)
     systems: dict[str, Request] = {}
+    conversers: dict[str, Converse] = {}
     sessions: set[int] = set()
     """The servers' process sessions, whose CPU time is the benchmark's own."""
     commands: dict[str, str] = {}
-    # The default first: drafters that learn from finished requests (suffix) must not see a cell's
-    # answers before it, as they would after `off` on the same prompts. None sends no speculation.
+    # Each Minions mode has a server of its own, as each llama-server configuration has: no mode finds
+    # another's prompts in its prefix cache, and drafters that learn from finished requests (suffix)
+    # never see another mode's answers. None sends no speculation (the deployment's default).
     minions_modes = {"minions-default": (f"minions {orchestrator.default_speculation}", None),
                      "minions-off": (MINIONS_OFF, "off")}
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with ExitStack() as stack:
-        if wanted := [key for key in minions_modes if key in args.systems]:
-            triton = stack.enter_context(TritonProcess(args.deploy, log_path=out / "tritonserver.log"))
+        for key in [key for key in minions_modes if key in args.systems]:
+            label, speculation = minions_modes[key]
+            triton = stack.enter_context(TritonProcess(args.deploy, log_path=out / f"tritonserver-{key}.log"))
             sessions.add(triton.proc.pid)
-            for key in wanted:
-                label, speculation = minions_modes[key]
-                systems[label] = minions_request(triton.grpc_url, orchestrator.model_name, speculation, args.max_tokens)
+            systems[label] = minions_request(triton.grpc_url, orchestrator.model_name, speculation, args.max_tokens)
+            conversers[label] = minions_converse(triton.grpc_url, orchestrator.model_name, speculation,
+                                                 args.max_tokens)
         for config in configs:
             server = stack.enter_context(LlamaServer(binary, config, args.threads, parallel, orchestrator.max_context,
                                                      out / f"{config.label.replace(' ', '_')}.log"))
             systems[config.label] = llama_request(server.url, args.max_tokens)
+            conversers[config.label] = llama_converse(server.url, args.max_tokens)
             sessions.add(server.proc.pid)
             commands[config.label] = " ".join(server.command)
         for name, request in systems.items():  # first calls pay one-off costs
             run_cell(name, "warm-up", request, mixed_prompts(2), 2)
-        cells: list[Cell] = []
-        for workload in args.workloads:
-            count = args.prompts if workload == "chat" else args.copy_prompts
-            for streams, prompts in zip(args.streams, workload_prompts(workload, [max(count, s) for s in args.streams])):
-                for name, request in systems.items():
-                    with ForeignCpu(sessions) as foreign:
-                        cell = run_cell(name, workload, request, prompts, streams)
-                    cell.foreign_cores = foreign.cores
-                    cells.append(cell)
-                    r = cell.row()
-                    print(f"{workload:<13} {streams:>3} streams {name:<26} {r['tokens_per_s']:6.1f} tok/s  "
-                          f"ITL {r['itl_ms'] or 0:5.1f} ms  others {r['foreign_cores'] or 0:.2f} cores" + (f"  {r['errors']} errors: {cell.errors[0]}"
-                                                               if cell.errors else ""), flush=True)
+        cells = run_single_turn([w for w in args.workloads if w not in MULTI_TURN], args, systems, sessions)
+        # Multi-turn: Minions' modes and llama-server plain on the file the deployment computes with.
+        turn_systems = {label for label, _ in minions_modes.values()} | {reference_label}
+        turn_cells = run_multi_turn([w for w in args.workloads if w in MULTI_TURN], args,
+                                    {n: c for n, c in conversers.items() if n in turn_systems}, sessions)
     rows, winner = summarize(cells, plain, MINIONS_OFF)
-    text = format_table(rows, winner, MINIONS_OFF)
+    text = format_table(rows, winner, MINIONS_OFF) if cells else ""
+    turn_rows = [r for cell in turn_cells for r in cell.rows()]
+    if turn_rows:
+        reference = {(r["workload"], r["streams"], r["turn"]): r for r in turn_rows if r["system"] == reference_label}
+        text += ("\n\nMulti-turn (each turn re-sends the history), TTFT per turn:\n\n"
+                 + format_turns(turn_rows, reference))
     print(text)
     (out / "peers.md").write_text(text + "\n")
     meta = {"deploy": str(dep.path), "llm": dep.llm, "default_speculation": orchestrator.default_speculation,
@@ -161,10 +223,12 @@ def main() -> None:
             "streams": args.streams, "prompts": {"chat": args.prompts, "copy_heavy": args.copy_prompts},
             "held_out_from": HELD_OUT}
     outputs = [{"system": c.system, "workload": c.workload, "streams": c.streams,
-                "texts": {i: s.text for i, s in sorted(c.samples.items())}, "errors": c.errors} for c in cells]
-    (out / "peers.json").write_text(json.dumps({"meta": meta, "plain_winner": winner, "rows": rows, "outputs": outputs},
-                                               indent=1, default=str))
-    plot(rows, out / "peers.png", f"Minions vs llama-server on {ggufs.llm_gguf(dep).name}, "
+                "texts": {str(i): s.text for i, s in sorted(c.samples.items())}, "errors": c.errors}
+               for c in [*cells, *turn_cells]]
+    (out / "peers.json").write_text(json.dumps({"meta": meta, "plain_winner": winner, "rows": rows,
+                                                "turn_rows": turn_rows, "outputs": outputs}, indent=1, default=str))
+    if rows:
+        plot(rows, out / "peers.png", f"Minions vs llama-server on {ggufs.llm_gguf(dep).name}, "
                                   f"{os.cpu_count()} CPU cores, greedy, {args.max_tokens} tokens")
     print(f"\nwrote {out / 'peers.md'}, peers.json and peers.png")
 

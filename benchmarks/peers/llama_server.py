@@ -89,8 +89,13 @@ class LlamaServer:
 
 
 def chat_completion(url: str, prompt: str, max_tokens: int, timeout_s: float = 180.0) -> Sample:
-    """One greedy streamed chat completion; output tokens as the server counted them (`usage`)."""
-    body = {"messages": [{"role": "user", "content": prompt}], "stream": True, "temperature": 0.0,
+    """One greedy streamed chat completion of one user message."""
+    return conversation_turn(url, [{"role": "user", "content": prompt}], max_tokens, timeout_s)
+
+
+def conversation_turn(url: str, messages: list[dict], max_tokens: int, timeout_s: float = 180.0) -> Sample:
+    """One greedy streamed chat completion of a conversation; output tokens as the server counted them (`usage`)."""
+    body = {"messages": messages, "stream": True, "temperature": 0.0,
             "max_tokens": max_tokens, "stream_options": {"include_usage": True}}
     request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})

@@ -94,6 +94,11 @@ class EngineSettings(_Settings):
     instance_count: int = 1
     max_sequences: int = 8
     """Sequences whose state (KV cache, llama.cpp sequence) the engine keeps, LRU beyond."""
+    prefix_caching: bool = True
+    stream_interval_ms: float = 0.0
+    """llama.cpp: a streamed generation's first token goes out at once, later ones at most this often
+    (0: every token), coalescing the hops to the client (engines/inflight_batching.py)."""
+    """llama.cpp: finished sequences stay as prefixes that new requests share (engines/prefix_cache.py)."""
     max_context: int = 2048
     """Set from orchestrator.max_context by the renderer."""
     dtype: str = "float32"

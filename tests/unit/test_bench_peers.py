@@ -65,3 +65,23 @@ def test_the_build_reads_the_llama_cpp_python_pin(tmp_path):
     req = tmp_path / "requirements.txt"
     req.write_text("numpy>=1\nllama-cpp-python==0.3.36  # the engine\n")
     assert pinned_version(req) == "0.3.36"
+
+
+def test_a_conversation_re_sends_its_history_with_the_system_s_own_answers(prompt_sets):
+    from benchmarks.peers.conversations import conversations, run_conversations
+
+    users = conversations("multi_turn_code", 3, HELD_OUT)
+    assert [len(turns) for turns in users] == [3, 3, 3]
+    seen: list[list[dict]] = []
+
+    def converse(messages: list[dict]) -> Sample:
+        seen.append(messages)
+        return Sample(f"answer {len(messages)}", 4, 0.1 * len(messages), 1.0)
+
+    cell = run_conversations("sys", "multi_turn_code", converse, users, streams=2)
+    assert len(seen) == 9 and not cell.errors
+    third = [m for m in seen if len(m) == 5]
+    assert all(m[1]["content"] == "answer 1" and m[3]["content"] == "answer 3" for m in third)
+    rows = cell.rows()
+    assert [r["turn"] for r in rows] == [1, 2, 3]
+    assert [round(r["ttft_p50_ms"]) for r in rows] == [100, 300, 500]

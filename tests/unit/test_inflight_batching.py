@@ -19,6 +19,7 @@ class Job:
     request: EngineRequest
     steps_left: int
     steps: int = 0
+    streamed: int = 0
 
 
 @dataclass
@@ -52,8 +53,17 @@ class RecordingStepper:
         self.events.append(("done", job.request.request_id, job.request.input_ids[0]))
         return EngineResult([job.steps])
 
+    def partial(self, job: Job) -> EngineResult | None:
+        """A streaming job's steps since its last partial, one token each (the step's number)."""
+        new = list(range(job.streamed + 1, job.steps + 1))
+        job.streamed = job.steps
+        return EngineResult(new, final=False) if new else None
+
     def release(self, request_id: str) -> None:
         self.events.append(("release", request_id))
+
+    def drop(self, request_id: str) -> None:
+        self.events.append(("drop", request_id))
 
 
 def call(request_id: str, steps: int, tag: int = 0) -> EngineRequest:
@@ -116,7 +126,9 @@ def test_a_failing_step_fails_its_calls_only_and_the_batcher_goes_on(stepper, ba
     stepper.fail_when = "bad"
     results = batcher.run([call("good", 2), call("bad", 2)])
     assert all(isinstance(r, RuntimeError) for r in results)
-    assert ("release", "good") in stepper.events and ("release", "bad") in stepper.events
+    # Their state is dropped, not kept for reuse as a released sequence's is.
+    assert ("drop", "good") in stepper.events and ("drop", "bad") in stepper.events
+    assert not any(e[0] == "release" for e in stepper.events)
     stepper.fail_when = None
     assert batcher.run([call("good", 2)])[0].tokens == [2]
 
@@ -139,3 +151,33 @@ def test_a_closed_batcher_refuses_calls(stepper):
     batcher.close()
     with pytest.raises(RuntimeError, match="closed"):
         batcher.submit([(call("late", 1), lambda r: None)])
+
+
+
+@pytest.mark.parametrize(("interval_s", "parts"), [(0.0, [[1], [2], [3], [4], [5]]), (3600.0, [[1], [2, 3, 4, 5]])])
+def test_a_stream_s_first_token_goes_out_at_once_and_later_ones_at_the_interval(interval_s, parts):
+    """Every step's token at interval 0; with an interval longer than the call, its first token alone,
+    then the rest with the final answer (which carries what was not streamed)."""
+
+    class Streaming(RecordingStepper):
+        def result(self, job: Job) -> EngineResult:
+            rest = self.partial(job)
+            return EngineResult(rest.tokens if rest else [])
+
+    batcher = InflightBatcher(Streaming(), capacity=2, stream_interval_s=interval_s)
+    answers: list[EngineResult] = []
+    finished = threading.Event()
+
+    def answer(value: EngineResult | Exception) -> None:
+        assert isinstance(value, EngineResult)
+        answers.append(value)
+        if value.final:
+            finished.set()
+
+    try:
+        batcher.submit([(EngineRequest("s", [0], 5, streaming=True), answer)])
+        assert finished.wait(30)
+    finally:
+        batcher.close()
+    assert [a.tokens for a in answers] == parts
+    assert [a.final for a in answers] == [False] * (len(parts) - 1) + [True]

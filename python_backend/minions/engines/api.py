@@ -2,7 +2,8 @@
 
 Every engine serves `Engine` (one call, and the release of a finished sequence's state). The others
 are capabilities the Triton adapter (triton/engine_model.py) checks for by name instead of probing
-attributes: a whole dynamic batch in one call, in-flight batching, and the state its metrics read.
+attributes: a whole dynamic batch in one call, in-flight batching, and the state its metrics read
+(cached sequences and batching, prefix-cache hits).
 The tensors these requests travel in are engines/tensors.py's.
 
 Semantics kept from TensorRT-LLM:
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.engines.prefix_cache import PrefixCacheStats
 from minions.engines.sequence_cache import SequenceCache
 
 
@@ -86,6 +88,13 @@ class MeteredEngine(Protocol):
     stats: BatchStats
 
     def cached_bytes(self) -> int | None: ...
+
+
+@runtime_checkable
+class PrefixCachingEngine(Protocol):
+    """An engine whose new requests share the KV of cached prefixes: what its prefix-cache counters read."""
+
+    prefix_stats: PrefixCacheStats
 
 
 class SplitBatchEngine:

@@ -35,7 +35,9 @@ def build_engine(settings: EngineSettings) -> Engine:
         from minions.engines.llamacpp_engine import LlamaCppEngine
 
         return LlamaCppEngine(settings.model_path, settings.num_threads, settings.max_sequences,
-                              settings.max_context, settings.draft_min_prob)
+                              settings.max_context, settings.draft_min_prob,
+                              prefix_caching=settings.prefix_caching,
+                              stream_interval_s=settings.stream_interval_ms / 1000)
     if kind == EngineKind.NGRAM:
         from minions.engines.ngram_engine import NgramEngine
 

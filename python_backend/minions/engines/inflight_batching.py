@@ -11,9 +11,12 @@ The rules the scheduler keeps (the `Stepper` does the arithmetic):
   draft and the regular draft that replaced it): each sees the state the one before left;
 - a `stop` call releases the id's state after its earlier calls, never during one; a streaming call
   of that id running when the stop arrives is ended before the next step (it keeps what it has made);
-- a streaming call's new tokens are answered after every step (partial results), then its final one;
+- a streaming call's new tokens are answered after a step (partial results), then its final one: its
+  first token at once, later ones at most every `stream_interval_s` (0: after every step), so that a
+  fast engine's tokens cross the processes between it and the client a few at a time, as TensorRT-LLM's
+  and vLLM's `stream_interval` coalesce them;
 - at most `capacity` sequences step at once; more wait for a place, in order;
-- a step that fails fails the sequences in it (their state is dropped) and no others;
+- a step that fails fails the sequences in it (their state is dropped, not kept) and no others;
 - every submitted call gets exactly one final answer: its result or its exception.
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -52,7 +56,11 @@ class Stepper(Protocol[Job]):
     def result(self, job: Job) -> EngineResult: ...
 
     def release(self, request_id: str) -> None:
-        """Free the id's state (after its last call, or after a failed step)."""
+        """The id is done (after its last call): its state may be kept for later requests to reuse."""
+        ...
+
+    def drop(self, request_id: str) -> None:
+        """Forget the id's state, which a failed step left unknown."""
         ...
 
 
@@ -60,14 +68,18 @@ class Stepper(Protocol[Job]):
 class _Call:
     request: EngineRequest
     answer: Answer
+    answered_at: float | None = None
+    """When a partial result was last answered (monotonic s); None before the first."""
 
 
 class InflightBatcher(Generic[Job]):
     """One thread that steps every call with work, taking in new calls before each step (the rules above)."""
 
-    def __init__(self, stepper: Stepper[Job], capacity: int, name: str = "engine") -> None:
+    def __init__(self, stepper: Stepper[Job], capacity: int, name: str = "engine",
+                 stream_interval_s: float = 0.0) -> None:
         self.stepper = stepper
         self.capacity = capacity
+        self.stream_interval_s = stream_interval_s
         self._queue: list[_Call] = []
         self._cond = threading.Condition()
         self._closed = False
@@ -163,20 +175,26 @@ class InflightBatcher(Generic[Job]):
         except Exception as exc:  # llama.cpp refusing a step fails the calls in it, not the model
             log.exception("decode step of %d sequences failed", len(active))
             for _, call in active:
-                self._release(call.request.request_id)  # what the slot holds is unknown now
+                self._drop(call.request.request_id)  # what the slot holds is unknown now
                 self._answer(call, exc)
             return []
         still = []
+        now = time.monotonic()
         for (job, call), finished in zip(active, done):
             if finished:
                 self._finish(job, call)
             else:
-                if call.request.streaming:
+                if call.request.streaming and self._due(call, now):
                     partial = self.stepper.partial(job)
                     if partial is not None:
                         self._answer(call, partial)
+                        call.answered_at = now
                 still.append((job, call))
         return still
+
+    def _due(self, call: _Call, now: float) -> bool:
+        """Whether a streaming call's new tokens go out after this step."""
+        return call.answered_at is None or now - call.answered_at >= self.stream_interval_s
 
     def _end_stopped_streams(self, active: list[tuple[Job, _Call]]) -> list[tuple[Job, _Call]]:
         """Finish the streaming calls whose id a stop is waiting for; the stop then releases the id."""
@@ -203,6 +221,12 @@ class InflightBatcher(Generic[Job]):
             log.exception("releasing %s failed", request_id)
             return exc
         return EngineResult([])
+
+    def _drop(self, request_id: str) -> None:
+        try:
+            self.stepper.drop(request_id)
+        except Exception:
+            log.exception("dropping %s failed", request_id)
 
     @staticmethod
     def _answer(call: _Call, value: EngineResult | Exception) -> None:

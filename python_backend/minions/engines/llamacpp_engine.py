@@ -2,8 +2,11 @@
 decoder, or a cheap self-draft.
 
 One llama.cpp context holds up to `max_sequences` sequences (a sequence id each, one unified KV
-buffer); a request keeps its slot while it lives (LRU among idle ones beyond that). Each call rewinds the
-slot to the longest common prefix of what it holds and what it is sent and evaluates only the rest.
+buffer); a request keeps its slot while it lives. Each call rewinds the slot to the longest common
+prefix of what it holds and what it is sent and evaluates only the rest. Across requests the slots are a
+prefix cache (prefix_cache.py): a finished request's slot stays as an idle prefix, and a new request
+shares the KV cells of the longest common prefix of any slot, finished or live (`seq_cp` on the
+unified buffer shares cells, it copies nothing), so a re-sent conversation or file is not prefilled again.
 
 Calls are batched in flight: each llama.cpp decode step carries the pending tokens of every call in
 progress: one token of each generation, and the uncached tail plus the whole draft of each
@@ -26,7 +29,8 @@ from minions.decoding.tokens import common_prefix_len
 from minions.decoding.verification import verify_draft
 from minions.engines.api import Answer, BatchStats, result_or_raise
 from minions.engines.inflight_batching import InflightBatcher
-from minions.engines.sequence_cache import CachedSequence, SequenceCache
+from minions.engines.prefix_cache import PrefixCache
+from minions.engines.sequence_cache import CachedSequence
 from minions.errors import InvalidRequest
 
 
@@ -69,12 +73,17 @@ class LlamaCppEngine:
         n_ctx: int = 2048,
         draft_min_prob: float = 0.0,
         n_batch: int = 512,
+        prefix_caching: bool = True,
+        stream_interval_s: float = 0.0,
     ) -> None:
-        self.stepper = LlamaCppStepper(model_path, num_threads, max_sequences, n_ctx, draft_min_prob, n_batch)
-        self.cache = self.stepper.cache
+        self.stepper = LlamaCppStepper(model_path, num_threads, max_sequences, n_ctx, draft_min_prob, n_batch,
+                                       prefix_caching)
+        self.cache = self.stepper.slots.live
         self.stats = self.stepper.stats  # passes = llama.cpp decode calls
+        self.prefix_stats = self.stepper.slots.stats
         self.n_vocab = self.stepper.n_vocab
-        self.batcher: InflightBatcher[_Job] = InflightBatcher(self.stepper, max_sequences, name="llamacpp")
+        self.batcher: InflightBatcher[_Job] = InflightBatcher(self.stepper, max_sequences, name="llamacpp",
+                                                                  stream_interval_s=stream_interval_s)
 
     def generate(self, request: EngineRequest) -> EngineResult:
         return result_or_raise(self.batcher.run([request])[0])
@@ -102,7 +111,7 @@ class LlamaCppStepper:
     """One llama.cpp context and the decode steps over it; used from the batcher's thread only."""
 
     def __init__(self, model_path: str, num_threads: int, max_sequences: int, n_ctx: int,
-                 draft_min_prob: float, n_batch: int) -> None:
+                 draft_min_prob: float, n_batch: int, prefix_caching: bool) -> None:
         from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
         from llama_cpp._logger import set_verbose
 
@@ -113,8 +122,7 @@ class LlamaCppStepper:
         self.draft_min_prob = draft_min_prob
         self.n_ctx = n_ctx
         self.n_batch = n_batch
-        self.cache: SequenceCache[int] = SequenceCache(max_sequences)
-        self.free_slots = list(range(max_sequences))
+        self.slots = PrefixCache(max_sequences, enabled=prefix_caching)
         self._stepping: set[str] = set()  # ids with a call in progress: their slots are never evicted
         # Loaded eagerly so that a bad path fails at model load.
         self._model = LlamaModel(path_model=model_path, params=LlamaModel.default_params(), verbose=False)
@@ -140,8 +148,8 @@ class LlamaCppStepper:
         total = len(request.input_ids) + max(request.request_output_len, len(draft) + 1)
         if total > self.n_ctx:
             raise InvalidRequest(f"sequence of {total} tokens exceeds the context of {self.n_ctx}")
-        entry = self._slot_for(request.request_id)
         sequence = list(request.input_ids)
+        entry = self._slot_for(request.request_id, sequence)
         keep = min(common_prefix_len(entry.tokens, sequence), len(sequence) - 1)
         self._ctx.kv_cache_seq_rm(entry.state, keep, -1)
         entry.tokens = sequence[:keep]
@@ -177,10 +185,17 @@ class LlamaCppStepper:
         return job.log_probs[job.streamed:] if job.request.return_log_probs else None
 
     def release(self, request_id: str) -> None:
+        """The request is done: its slot stays as an idle prefix for later requests."""
         self._stepping.discard(request_id)
-        entry = self.cache.release(request_id)
-        if entry is not None:
-            self._free(entry)
+        if (cleared := self.slots.finish(request_id)) is not None:
+            self._ctx.kv_cache_seq_rm(cleared, -1, -1)
+
+    def drop(self, request_id: str) -> None:
+        """Forget a sequence whose cells are unknown after a failed step: its slot is cleared."""
+        self._stepping.discard(request_id)
+        slot = self.slots.drop(request_id)
+        if slot is not None:
+            self._ctx.kv_cache_seq_rm(slot, -1, -1)
 
     # -- internals ---------------------------------------------------------------------------------
     def _decode(self, jobs: list[_Job]) -> list[list[np.ndarray]]:
@@ -255,19 +270,16 @@ class LlamaCppStepper:
         shifted = np.exp(logits - logits[token])  # logits[token] is the max when greedy
         return 1.0 / float(shifted.sum()) < self.draft_min_prob
 
-    def _slot_for(self, request_id: str) -> CachedSequence[int]:
-        entry = self.cache.get(request_id)
+    def _slot_for(self, request_id: str, sequence: list[int]) -> CachedSequence[int]:
+        """The request's slot; a new request's starts with the KV cells of the longest cached prefix."""
+        entry = self.slots.live.get(request_id)
         if entry is not None:
             return entry
-        if len(self.cache) >= self.cache.capacity:  # the least recently used idle sequence makes room
-            idle = self.cache.pop_oldest(keep=self._stepping)
-            if idle is None:  # the batcher starts at most capacity calls at once, so this cannot happen
-                raise RuntimeError(f"all {self.cache.capacity} llama.cpp sequences are in use")
-            self._free(idle)
-        entry = CachedSequence(self.free_slots.pop(), [])
-        self.cache.put(request_id, entry)
+        # The batcher starts at most max_sequences calls at once, so a slot is always found.
+        entry, choice = self.slots.place(request_id, sequence, busy=self._stepping)
+        if choice.evicted is not None:
+            self._ctx.kv_cache_seq_rm(choice.evicted, -1, -1)
+        if choice.donor is not None and choice.donor != choice.slot:
+            self._ctx.kv_cache_seq_cp(choice.donor, choice.slot, 0, choice.shared)
+        self._ctx.kv_cache_seq_rm(choice.slot, choice.shared, -1)
         return entry
-
-    def _free(self, entry: CachedSequence[int]) -> None:
-        self._ctx.kv_cache_seq_rm(entry.state, -1, -1)
-        self.free_slots.append(entry.state)

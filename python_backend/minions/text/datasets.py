@@ -31,17 +31,22 @@ def datasets_dir() -> Path:
 
 def load_prompts(name: str, count: int, offset: int = 0) -> list[str]:
     """`count` prompts of a dataset from its `offset`-th on (MT-bench: the first turn of each question)."""
+    return [turns[0] for turns in load_turns(name, count, offset)]
+
+
+def load_turns(name: str, count: int, offset: int = 0) -> list[list[str]]:
+    """The user turns of `count` rows of a dataset from its `offset`-th on: MT-bench's two, else the prompt alone."""
     path = datasets_dir() / (DATASETS | COPY_HEAVY)[name]
-    prompts = []
+    rows = []
     with path.open() as f:
         for line in f:
             row = json.loads(line)
-            text = row["turns"][0] if "turns" in row else row["prompt"]
-            if text.strip():
-                prompts.append(text)
-            if len(prompts) >= offset + count:
+            turns = row["turns"] if "turns" in row else [row["prompt"]]
+            if all(t.strip() for t in turns):
+                rows.append(turns)
+            if len(rows) >= offset + count:
                 break
-    return prompts[offset:]
+    return rows[offset:]
 
 
 def mixed_prompts(count: int, datasets: list[str] | None = None, offset: int = 0) -> list[str]:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import triton_python_backend_utils as pb_utils
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
-from minions.engines.api import BatchEngine, BatchStats, InflightEngine, MeteredEngine
+from minions.engines.api import BatchEngine, BatchStats, InflightEngine, MeteredEngine, PrefixCachingEngine
 from minions.engines.factory import build_engine
 from minions.engines.tensors import CallTimes, encode_engine_outputs, parse_engine_inputs
 from minions.errors import InvalidRequest
@@ -74,6 +74,17 @@ class TritonPythonModel:
             kind=pb_utils.MetricFamily.GAUGE,
         )
         self.kv_gauge = self.kv_family.Metric(labels={"model": self.name})
+        # vLLM's prefix-cache counters (prefix_cache_queries, prefix_cache_hits), in tokens.
+        self.prefix_families = {
+            what: pb_utils.MetricFamily(name=f"minions_prefix_cache_{what}", description=description,
+                                        kind=pb_utils.MetricFamily.COUNTER)
+            for what, description in (
+                ("queries", "Prompt tokens of new sequences looked up in the engine's prefix cache"),
+                ("hits", "Prompt tokens of new sequences found in the engine's prefix cache (not computed again)"),
+            )
+        }
+        self.prefix_counters = {what: family.Metric(labels={"model": self.name})
+                                for what, family in self.prefix_families.items()}
         self._exported: dict[object, float] = {}
         """The value each gauge was last set to: a set is a round trip to tritonserver, made only on change."""
 
@@ -190,6 +201,12 @@ class TritonPythonModel:
             if self._exported.get(gauge) != value:
                 gauge.set(value)
                 self._exported[gauge] = value
+        if isinstance(self.engine, PrefixCachingEngine):
+            for what, value in dataclasses.asdict(self.engine.prefix_stats).items():
+                counter = self.prefix_counters[what]
+                if (delta := value - self._exported.get(counter, 0)) > 0:
+                    counter.increment(delta)
+                    self._exported[counter] = value
 
     def finalize(self) -> None:
         if isinstance(self.engine, InflightEngine):

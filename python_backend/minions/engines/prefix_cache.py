@@ -1,0 +1,129 @@
+"""Automatic prefix caching for an engine whose sequences live in a fixed set of slots (llama.cpp's
+sequence ids in one unified KV buffer).
+
+A finished sequence's slot is not cleared: it stays as an idle prefix, least recently used first. A
+new request starts from the longest common prefix of its tokens with any slot's, finished or live
+(token-exact, as llama-server picks a slot by longest common prefix), shares those KV cells and
+computes only the rest. Which slot it gets, in this order: a free one; the least recently used idle
+prefix that is not its donor; its donor, when the donor is idle (taken over, its tail past the shared
+prefix dropped); the least recently used live sequence with no call in progress that is not its
+donor. A sequence with a call in progress is never evicted. The KV budget holds: every slot, idle or
+live, is held to one sequence's context, and there are no more slots than the engine was given.
+Disabled, a finished sequence's slot is cleared and nothing is shared (every request is computed
+from scratch).
+
+This module is the bookkeeping alone; the engine moves the cells (engines/llamacpp_engine.py).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Container
+from dataclasses import dataclass
+
+from minions.decoding.tokens import common_prefix_len
+from minions.engines.sequence_cache import CachedSequence, SequenceCache
+
+
+@dataclass
+class PrefixCacheStats:
+    """vLLM's prefix-cache counters, in tokens: prompt tokens of new sequences looked up, and those of
+    them found cached (hit rate = hits / queries)."""
+
+    queries: int = 0
+    hits: int = 0
+
+
+@dataclass
+class SlotChoice:
+    """Where a new sequence goes: its slot, the slot it shares its first `shared` tokens with (None:
+    nothing shared, or the slot itself when an idle prefix is taken over), and the slot to clear first
+    (an evicted sequence's; None when the slot was free)."""
+
+    slot: int
+    donor: int | None
+    shared: int
+    evicted: int | None
+
+
+class PrefixCache:
+    """Slot bookkeeping: live sequences by request id, idle prefixes by age, free slots."""
+
+    def __init__(self, num_slots: int, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.live: SequenceCache[int] = SequenceCache(num_slots)
+        self.idle: OrderedDict[int, CachedSequence[int]] = OrderedDict()  # slot -> entry, oldest first
+        self.free = list(range(num_slots))
+        self.stats = PrefixCacheStats()
+
+    def __len__(self) -> int:
+        """Sequences held, live or idle."""
+        return len(self.live) + len(self.idle)
+
+    def place(self, request_id: str, tokens: list[int], busy: Container[str]) -> tuple[CachedSequence[int], SlotChoice]:
+        """The live entry of a new request id (its `tokens` already those of the shared prefix) and how
+        its slot was found. `busy`: ids with a call in progress, never evicted. At most len(tokens) - 1
+        tokens are shared: the last one is evaluated for its logits. Raises RuntimeError when every slot
+        holds a sequence with a call in progress."""
+        donor, shared = self._best_donor(tokens) if self.enabled else (None, 0)
+        shared = min(shared, max(len(tokens) - 1, 0))
+        if self.enabled:
+            self.stats.queries += len(tokens)
+            self.stats.hits += shared
+        donor_slot = donor.state if donor is not None and shared > 0 else None
+        slot, evicted = self._free_slot(donor_slot, busy)
+        entry = CachedSequence(slot, list(tokens[:shared]) if donor_slot is not None else [])
+        self.live.put(request_id, entry)
+        return entry, SlotChoice(slot, donor_slot, shared if donor_slot is not None else 0, evicted)
+
+    def finish(self, request_id: str) -> int | None:
+        """A request is done: its slot becomes an idle prefix. An empty one, or any when caching is
+        disabled, is freed: returned, for its cells to be cleared."""
+        entry = self.live.release(request_id)
+        if entry is None:
+            return None
+        if entry.tokens and self.enabled:
+            self.idle[entry.state] = entry
+            return None
+        self.free.append(entry.state)
+        return entry.state
+
+    def drop(self, request_id: str) -> int | None:
+        """Forget a live sequence whose cells are unknown (a failed step): its slot, now free, to clear."""
+        entry = self.live.release(request_id)
+        if entry is None:
+            return None
+        self.free.append(entry.state)
+        return entry.state
+
+    def cached_tokens(self) -> int:
+        return self.live.cached_tokens() + sum(len(e.tokens) for e in self.idle.values())
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _best_donor(self, tokens: list[int]) -> tuple[CachedSequence[int] | None, int]:
+        best, length = None, 0
+        for _, entry in self.live.items():
+            if (n := common_prefix_len(entry.tokens, tokens)) > length:
+                best, length = entry, n
+        for entry in self.idle.values():
+            if (n := common_prefix_len(entry.tokens, tokens)) > length:
+                best, length = entry, n
+        return best, length
+
+    def _free_slot(self, donor: int | None, busy: Container[str]) -> tuple[int, int | None]:
+        """A slot for a new sequence, and the slot evicted to make it (None: it was free)."""
+        if self.free:
+            return self.free.pop(), None
+        oldest_idle = next((slot for slot in self.idle if slot != donor), None)
+        if oldest_idle is not None:
+            del self.idle[oldest_idle]
+            return oldest_idle, oldest_idle
+        if donor is not None and donor in self.idle:  # take the donor over: nothing to clear or copy
+            del self.idle[donor]
+            return donor, None
+        victim = next((rid for rid, entry in self.live.items() if rid not in busy and entry.state != donor), None)
+        if victim is None:
+            raise RuntimeError(f"all {self.live.capacity} sequences have a call in progress")
+        entry = self.live.evict(victim)
+        assert entry is not None
+        return entry.state, entry.state

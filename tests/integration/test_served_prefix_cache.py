@@ -1,0 +1,50 @@
+"""The LLM's prefix cache on the real server: a re-sent prompt, or a conversation's next turn, is not
+prefilled again (engines/prefix_cache.py), and vLLM's prefix-cache counters say so."""
+
+from __future__ import annotations
+
+import uuid
+
+from client.api import GenerationParams, generate_grpc
+from tests.integration.helpers import kept_prompts, metric_above, metric_value
+
+OFF = GenerationParams(max_tokens=4, speculation="off", return_perf_metrics=True)
+
+
+def long_prompt() -> str:
+    """About 800 tokens no earlier request began with (a fresh tag first)."""
+    text = "\n\n".join(kept_prompts("greedy_equality"))
+    while len(text) < 3000:
+        text += "\n\n" + text
+    return f"[{uuid.uuid4().hex}] Summarise these questions in one line.\n\n{text[:3200]}"
+
+
+def test_a_repeated_prompt_skips_its_prefill_and_the_counters_count_it(server):
+    prompt = long_prompt()
+    queries, hits = (metric_value(server.metrics_url, f"minions_prefix_cache_{what}", model="llm")
+                     for what in ("queries", "hits"))
+    first = generate_grpc(server.grpc_url, "minions", prompt, OFF)
+    second = generate_grpc(server.grpc_url, "minions", prompt, OFF)
+    assert second.text == first.text
+    assert first.num_input_tokens > 600
+    ratio = first.ttft_s / second.ttft_s
+    print(f"TTFT of a {first.num_input_tokens}-token prompt: {first.ttft_s:.3f} s, repeated {second.ttft_s:.3f} s "
+          f"({ratio:.1f}x)")
+    assert ratio > 3, "the repeated prompt was prefilled again"
+    # The second request found all of its prompt but the last token (evaluated for its logits).
+    assert metric_above(server.metrics_url, "minions_prefix_cache_hits", hits + first.num_input_tokens - 2,
+                        model="llm") >= hits + first.num_input_tokens - 1
+    assert metric_value(server.metrics_url, "minions_prefix_cache_queries", model="llm") >= \
+        queries + 2 * first.num_input_tokens
+
+
+def test_a_conversation_s_next_turn_reuses_the_first_turn_and_its_answer(server):
+    turn1 = long_prompt()
+    answer = generate_grpc(server.grpc_url, "minions", turn1, OFF)
+    hits = metric_value(server.metrics_url, "minions_prefix_cache_hits", model="llm")
+    turn2 = generate_grpc(server.grpc_url, "minions", turn1 + answer.text + "\n\nAnd in French?", OFF)
+    assert turn2.num_input_tokens > answer.num_input_tokens + 4
+    # The whole first turn and most of its answer (detokenised and tokenised again, the answer's
+    # tokens may split differently at the join) were cached.
+    assert metric_above(server.metrics_url, "minions_prefix_cache_hits", hits + answer.num_input_tokens - 1,
+                        model="llm") >= hits + answer.num_input_tokens

@@ -1,0 +1,109 @@
+"""The prefix cache's bookkeeping (engines/prefix_cache.py): which slot a new sequence gets, what it
+shares, what is evicted. The llama.cpp engine's use of it is checked in test_llamacpp_prefix_cache.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from minions.engines.prefix_cache import PrefixCache, SlotChoice
+
+CONVERSATION = list(range(100, 140))
+
+
+def placed(cache: PrefixCache, request_id: str, tokens: list[int], busy=()) -> SlotChoice:
+    entry, choice = cache.place(request_id, tokens, busy=set(busy))
+    assert entry.state == choice.slot and entry.tokens == tokens[: choice.shared]
+    return choice
+
+
+def finished(cache: PrefixCache, request_id: str, tokens: list[int]) -> None:
+    """The request evaluated `tokens` (as the engine records them), then ended."""
+    cache.live.get(request_id).tokens = list(tokens)
+    cache.finish(request_id)
+
+
+def test_a_repeated_prompt_shares_all_but_its_last_token_and_the_stats_count_it():
+    cache = PrefixCache(4)
+    first = placed(cache, "a", CONVERSATION)
+    assert first.donor is None and first.shared == 0
+    finished(cache, "a", CONVERSATION + [7, 8])
+    again = placed(cache, "b", CONVERSATION)
+    assert again.donor == first.slot and again.shared == len(CONVERSATION) - 1
+    assert again.slot != first.slot, "a free slot is used: the idle prefix stays for later requests"
+    assert cache.stats.queries == 2 * len(CONVERSATION) and cache.stats.hits == len(CONVERSATION) - 1
+
+
+def test_a_partial_match_shares_the_common_prefix_only():
+    cache = PrefixCache(4)
+    placed(cache, "a", CONVERSATION)
+    finished(cache, "a", CONVERSATION)
+    other = CONVERSATION[:25] + [9, 9, 9]
+    assert placed(cache, "b", other).shared == 25
+
+
+def test_an_extended_conversation_shares_the_whole_earlier_turn():
+    cache = PrefixCache(4)
+    placed(cache, "turn1", CONVERSATION)
+    answer = [5, 6, 7]
+    finished(cache, "turn1", CONVERSATION + answer)
+    turn2 = CONVERSATION + answer + [11, 12, 13]
+    assert placed(cache, "turn2", turn2).shared == len(CONVERSATION) + len(answer)
+
+
+def test_the_longest_of_several_prefixes_wins_live_or_idle():
+    cache = PrefixCache(4)
+    placed(cache, "short", CONVERSATION[:10])
+    finished(cache, "short", CONVERSATION[:10])
+    live = placed(cache, "long", CONVERSATION)
+    cache.live.get("long").tokens = CONVERSATION[:30]  # evaluated so far; its call goes on
+    choice = placed(cache, "new", CONVERSATION + [1])
+    assert choice.donor == live.slot and choice.shared == 30
+
+
+def test_a_full_cache_evicts_the_oldest_idle_prefix_not_the_donor_and_never_a_busy_sequence():
+    cache = PrefixCache(3)
+    for name, base in (("old", 1000), ("donor", 2000), ("live", 3000)):
+        placed(cache, name, [base + i for i in range(8)])
+        cache.live.get(name).tokens = [base + i for i in range(8)]
+    cache.finish("old")
+    cache.finish("donor")
+    choice = placed(cache, "new", [2000 + i for i in range(5)] + [1], busy={"live"})
+    assert choice.evicted is not None and choice.donor is not None and choice.evicted != choice.donor
+    assert choice.shared == 5
+    assert list(cache.idle) == [choice.donor], "the oldest idle prefix made room, the donor stays"
+    assert len(cache) == 3, "never more sequences than slots: the KV budget holds"
+
+
+def test_the_idle_donor_is_taken_over_when_it_is_the_only_room():
+    cache = PrefixCache(2)
+    placed(cache, "busy", [1, 2, 3])
+    placed(cache, "a", CONVERSATION)
+    finished(cache, "a", CONVERSATION)
+    choice = placed(cache, "b", CONVERSATION[:20] + [0], busy={"busy"})
+    assert choice.slot == choice.donor and choice.evicted is None and choice.shared == 20
+    assert not cache.idle
+
+
+def test_a_live_sequence_is_evicted_only_when_idle_ones_are_gone_and_never_while_busy():
+    cache = PrefixCache(2)
+    placed(cache, "resting", [1, 2, 3])  # live, no call in progress
+    placed(cache, "busy", [4, 5, 6])
+    choice = placed(cache, "new", [7, 8], busy={"busy"})
+    assert choice.evicted is not None and "resting" not in cache.live and "busy" in cache.live
+    with pytest.raises(RuntimeError, match="call in progress"):
+        cache.place("more", [9], busy={"busy", "new"})
+
+
+def test_a_dropped_sequence_is_not_kept_as_a_prefix():
+    cache = PrefixCache(2)
+    choice = placed(cache, "failed", CONVERSATION)
+    cache.live.get("failed").tokens = CONVERSATION
+    assert cache.drop("failed") == choice.slot
+    assert not cache.idle and placed(cache, "again", CONVERSATION).shared == 0
+
+
+def test_an_empty_finished_sequence_frees_its_slot():
+    cache = PrefixCache(1)
+    placed(cache, "nothing", [1])
+    cache.finish("nothing")
+    assert not cache.idle and placed(cache, "next", [2]).evicted is None
