@@ -4,9 +4,12 @@ self-draft with logits) for what needs a model SSM."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.integration.helpers import openai_frontend, served
+from minions.text.datasets import DATASETS
+from tests.integration.helpers import kept_prompts, openai_frontend, served
 from tests.support.triton_process import ROOT
 
 
@@ -36,3 +39,17 @@ def torch_server(tmp_path_factory):
 def openai_url(server):
     """The OpenAI-compatible frontend (python -m minions.frontend) in front of `server`: its /v1 URL."""
     yield from openai_frontend(server)
+
+
+@pytest.fixture
+def kept_datasets(tmp_path, monkeypatch):
+    """The chat prompt sets that the load tools read (minions.text.datasets), made of the prompts kept
+    with the tests, so that those tools run from the project's own files."""
+    prompts = kept_prompts("greedy_equality") + kept_prompts("load")
+    folder = tmp_path / "datasets"
+    folder.mkdir()
+    for name, file in DATASETS.items():
+        rows = [{"turns": [p]} if name == "mt_bench" else {"prompt": p} for p in prompts]
+        (folder / file).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setenv("MINIONS_DATASETS", str(folder))
+    return folder

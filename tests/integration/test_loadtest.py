@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2_grpc
 from loadtest.run import main
 
 
-def test_a_short_loadtest_reports_every_request(server, tmp_path):
+def test_a_short_loadtest_reports_every_request(server, tmp_path, kept_datasets):
     rc = main(["--host", server.http_url, "--grpc-host", server.grpc_url, "--users", "2", "--spawn-rate", "2",
                "--time", "10", "--stop-timeout", "15", "--max-tokens", "16", "--out", str(tmp_path)])
 
@@ -61,7 +61,7 @@ class _RefusingGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):
         context.abort(grpc.StatusCode.UNAVAILABLE, "server overloaded")
 
 
-def test_an_overloaded_server_s_refusals_count_as_unavailable_not_as_errors(tmp_path):
+def test_an_overloaded_server_s_refusals_count_as_unavailable_not_as_errors(tmp_path, kept_datasets):
     """Stand-ins for a server at capacity: HTTP 503 and gRPC UNAVAILABLE on every request."""
     http = ThreadingHTTPServer(("127.0.0.1", 0), _RefusingHttp)
     threading.Thread(target=http.serve_forever, daemon=True).start()

@@ -51,8 +51,9 @@ def load_turns(name: str, count: int, offset: int = 0) -> list[list[str]]:
 
 def mixed_prompts(count: int, datasets: list[str] | None = None, offset: int = 0) -> list[str]:
     """count prompts taken in turn from each dataset (default: finance, dialogue, alpaca, MT-bench),
-    starting at each one's prompt `offset`."""
+    starting at each one's prompt `offset`; fewer when the sets run out."""
     names = datasets or list(DATASETS)
     per = -(-count // len(names))
     pools = [load_prompts(name, per, offset) for name in names]
-    return [pools[i % len(pools)][i // len(pools)] for i in range(count)]
+    interleaved = [pool[i] for i in range(per) for pool in pools if i < len(pool)]
+    return interleaved[:count]
