@@ -1,10 +1,11 @@
-"""What Triton and the orchestrator (the `minions` BLS model) add to a plain token: Minions `off` streamed through the real server against
-the same llama.cpp engine stepping alone in process, one stream, same prompts and settings.
+"""What Triton and the orchestrator add to a plain token: Minions `off` streamed through the real
+server against the same llama.cpp engine stepping alone in process, one stream, same prompts and settings.
 
-`off` is one streaming engine call (the engine model sends a response per token over gRPC, the BLS forwards
-each), so the server's cost per token is what those hops take beyond the engine's own step.
+`off` is one streaming engine call (the engine model sends its tokens over gRPC as they are made, at
+most every `stream_interval_ms`; the orchestrator forwards each response), so the server's cost per
+token is what those hops take beyond the engine's own step.
 
-    python -m benchmarks.bench_stream_overhead [--prompts 6] [--max-tokens 128]
+    python -m benchmarks.bench_stream_overhead [--deploy deploy.yaml] [--prompts 6] [--max-tokens 128]
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 from client.api import GenerationParams, generate_grpc
 from minions.decoding.engine_call import EngineRequest
@@ -25,9 +27,9 @@ from minions.text.prompt import encode_prompt
 from tests.support.triton_process import ROOT, TritonProcess
 
 
-def served_ms_per_token(prompts: list[str], max_tokens: int) -> tuple[float, list[int]]:
+def served_ms_per_token(deploy: Path, prompts: list[str], max_tokens: int) -> tuple[float, list[int]]:
     """Median inter-token time of `off` streamed through the server; the output lengths."""
-    with TritonProcess(ROOT / "deploy.yaml") as server:
+    with TritonProcess(deploy) as server:
         params = GenerationParams(max_tokens=max_tokens, chat=True, speculation="off", temperature=0.0)
         generate_grpc(server.grpc_url, "minions", prompts[0], params)  # warm
         itls, lengths = [], []
@@ -38,11 +40,11 @@ def served_ms_per_token(prompts: list[str], max_tokens: int) -> tuple[float, lis
     return 1000 * statistics.median(itls), lengths
 
 
-def engine_ms_per_token(prompts: list[str], lengths: list[int]) -> float:
+def engine_ms_per_token(deploy: Path, prompts: list[str], lengths: list[int]) -> float:
     """Median per-token time of the same engine generating the same lengths alone, in process."""
     from transformers import AutoTokenizer
 
-    dep = load_deployment(ROOT / "deploy.yaml")
+    dep = load_deployment(deploy)
     engine = build_engine(engine_settings(dep.llm, dep, DEFAULTS.max_context))
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir_for(dep.llm["source"], dep))
     times = []
@@ -58,13 +60,14 @@ def engine_ms_per_token(prompts: list[str], lengths: list[int]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deploy", type=Path, default=ROOT / "deploy.yaml")
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
     prompts = mixed_prompts(args.prompts, offset=40)  # past the prompts other benches warm with
-    served, lengths = served_ms_per_token(prompts, args.max_tokens)
-    alone = engine_ms_per_token(prompts, lengths)
-    print(f"off through Triton and the BLS: {served:.2f} ms/token; the engine alone: {alone:.2f} ms/token; "
+    served, lengths = served_ms_per_token(args.deploy, prompts, args.max_tokens)
+    alone = engine_ms_per_token(args.deploy, prompts, lengths)
+    print(f"off through Triton and the orchestrator: {served:.2f} ms/token; the engine alone: {alone:.2f} ms/token; "
           f"overhead {served - alone:+.2f} ms/token ({served / alone - 1:+.1%})")
 
 

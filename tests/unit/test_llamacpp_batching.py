@@ -135,22 +135,20 @@ def test_release_ends_the_sequence_and_a_stop_request_releases(engine):
 
 
 def test_seeded_sampled_drafts_reproduce_and_return_their_logits(engine):
-    """Computed alike, a seeded draft reproduces. The first run computes its prompt from scratch, the
-    later ones from the cached prefix (another batch shape, other rounding): their logits agree within
-    the tolerance, but a sample from a flat distribution may still differ, so they are compared apart."""
+    """A seeded sampled call is computed from scratch (no prefix shared, none left behind): a cached
+    prefix rounds the logits otherwise, enough to change a draw from a flat distribution."""
     sampling = SamplingParams(temperature=0.9, top_p=0.95)
     make = [EngineRequest(f"x{i}", p, 4, sampling=sampling, seed=5, return_generation_logits=True)
             for i, p in enumerate(prompts(2, seed=13))]
-    runs = []
-    for _ in range(3):
-        runs.append(engine.generate_batch(make))
-        release_all(engine, make)
-    fresh, cached, again = runs
-    assert [r.cached_tokens for r in fresh] == [0, 0] and all(r.cached_tokens > 0 for r in cached)
-    assert [r.tokens for r in cached] == [r.tokens for r in again]
-    for r, c in zip(fresh, cached):
+    hits = engine.prefix_stats.hits
+    a = engine.generate_batch(make)
+    release_all(engine, make)
+    b = engine.generate_batch(make)
+    release_all(engine, make)
+    assert [r.tokens for r in a] == [r.tokens for r in b]
+    assert [r.cached_tokens for r in a + b] == [0] * 4 and engine.prefix_stats.hits == hits
+    for r in a:
         assert r.logits.shape == (len(r.tokens), engine.n_vocab)
-        np.testing.assert_allclose(r.logits[0], c.logits[0], rtol=0, atol=LOGIT_TOLERANCE)
 
 
 def test_a_call_submitted_while_another_drafts_joins_its_steps(engine):

@@ -10,8 +10,8 @@ from minions.engines.prefix_cache import PrefixCache, SlotChoice
 CONVERSATION = list(range(100, 140))
 
 
-def placed(cache: PrefixCache, request_id: str, tokens: list[int], busy=()) -> SlotChoice:
-    entry, choice = cache.place(request_id, tokens, busy=set(busy))
+def placed(cache: PrefixCache, request_id: str, tokens: list[int], busy=(), share: bool = True) -> SlotChoice:
+    entry, choice = cache.place(request_id, tokens, busy=set(busy), share=share)
     assert entry.state == choice.slot and entry.tokens == tokens[: choice.shared]
     return choice
 
@@ -107,3 +107,16 @@ def test_an_empty_finished_sequence_frees_its_slot():
     placed(cache, "nothing", [1])
     cache.finish("nothing")
     assert not cache.idle and placed(cache, "next", [2]).evicted is None
+
+
+def test_a_sequence_that_does_not_share_uses_no_prefix_lends_none_and_leaves_none():
+    cache = PrefixCache(3)
+    placed(cache, "a", CONVERSATION)
+    finished(cache, "a", CONVERSATION)
+    queries = cache.stats.queries
+    seeded = placed(cache, "seeded", CONVERSATION, share=False)
+    assert seeded.donor is None and seeded.shared == 0 and cache.stats.queries == queries
+    cache.live.get("seeded").tokens = CONVERSATION
+    assert placed(cache, "other", CONVERSATION).donor != seeded.slot, "it lends its cells to no other"
+    cache.finish("seeded")
+    assert seeded.slot in cache.free and seeded.slot not in cache.idle

@@ -104,7 +104,10 @@ def request_seed(seed: int | None, random_seed: int | None) -> int | None:
     return seed if seed is not None else random_seed
 
 
-def round_seed(seed: int, position: int, stream: int = 0) -> int:
+def round_seed(seed: int | None, position: int, stream: int = 0) -> int | None:
     """A per-round seed from the request's seed and the sequence length (reproducible); `stream`
-    keeps the SSM's draws independent of the LLM's."""
+    keeps the SSM's draws independent of the LLM's. None for a request without a seed: the engines
+    draw from fresh entropy, and their prefix caches may serve it (engines/prefix_cache.py)."""
+    if seed is None:
+        return None
     return int(np.random.SeedSequence([seed, position, stream]).generate_state(1, np.uint64)[0])

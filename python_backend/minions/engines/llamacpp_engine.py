@@ -149,7 +149,7 @@ class LlamaCppStepper:
         if total > self.n_ctx:
             raise InvalidRequest(f"sequence of {total} tokens exceeds the context of {self.n_ctx}")
         sequence = list(request.input_ids)
-        entry = self._slot_for(request.request_id, sequence)
+        entry = self._slot_for(request, sequence)
         keep = min(common_prefix_len(entry.tokens, sequence), len(sequence) - 1)
         self._ctx.kv_cache_seq_rm(entry.state, keep, -1)
         entry.tokens = sequence[:keep]
@@ -270,13 +270,15 @@ class LlamaCppStepper:
         shifted = np.exp(logits - logits[token])  # logits[token] is the max when greedy
         return 1.0 / float(shifted.sum()) < self.draft_min_prob
 
-    def _slot_for(self, request_id: str, sequence: list[int]) -> CachedSequence[int]:
+    def _slot_for(self, request: EngineRequest, sequence: list[int]) -> CachedSequence[int]:
         """The request's slot; a new request's starts with the KV cells of the longest cached prefix."""
-        entry = self.slots.live.get(request_id)
+        entry = self.slots.live.get(request.request_id)
         if entry is not None:
             return entry
-        # The batcher starts at most max_sequences calls at once, so a slot is always found.
-        entry, choice = self.slots.place(request_id, sequence, busy=self._stepping)
+        # The batcher starts at most max_sequences calls at once, so a slot is always found. A seeded
+        # sampled request is computed from scratch, so that the same seed repeats the same draws.
+        seeded = request.seed is not None and not request.sampling.greedy
+        entry, choice = self.slots.place(request.request_id, sequence, busy=self._stepping, share=not seeded)
         if choice.evicted is not None:
             self._ctx.kv_cache_seq_rm(choice.evicted, -1, -1)
         if choice.donor is not None and choice.donor != choice.slot:

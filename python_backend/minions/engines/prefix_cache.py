@@ -10,7 +10,9 @@ prefix dropped); the least recently used live sequence with no call in progress 
 donor. A sequence with a call in progress is never evicted. The KV budget holds: every slot, idle or
 live, is held to one sequence's context, and there are no more slots than the engine was given.
 Disabled, a finished sequence's slot is cleared and nothing is shared (every request is computed
-from scratch).
+from scratch). A sequence placed with `share` false (a seeded sampled request: a cached prefix would
+round its logits otherwise than a recomputed one, and a repeated seed must repeat its draws) is
+computed from scratch, lends its cells to no other, and is cleared when it finishes.
 
 This module is the bookkeeping alone; the engine moves the cells (engines/llamacpp_engine.py).
 """
@@ -54,20 +56,26 @@ class PrefixCache:
         self.live: SequenceCache[int] = SequenceCache(num_slots)
         self.idle: OrderedDict[int, CachedSequence[int]] = OrderedDict()  # slot -> entry, oldest first
         self.free = list(range(num_slots))
+        self.private: set[str] = set()
+        """Live ids placed with `share` false."""
         self.stats = PrefixCacheStats()
 
     def __len__(self) -> int:
         """Sequences held, live or idle."""
         return len(self.live) + len(self.idle)
 
-    def place(self, request_id: str, tokens: list[int], busy: Container[str]) -> tuple[CachedSequence[int], SlotChoice]:
+    def place(self, request_id: str, tokens: list[int], busy: Container[str], share: bool = True
+              ) -> tuple[CachedSequence[int], SlotChoice]:
         """The live entry of a new request id (its `tokens` already those of the shared prefix) and how
         its slot was found. `busy`: ids with a call in progress, never evicted. At most len(tokens) - 1
         tokens are shared: the last one is evaluated for its logits. Raises RuntimeError when every slot
         holds a sequence with a call in progress."""
-        donor, shared = self._best_donor(tokens) if self.enabled else (None, 0)
+        share = share and self.enabled
+        if not share:
+            self.private.add(request_id)
+        donor, shared = self._best_donor(tokens) if share else (None, 0)
         shared = min(shared, max(len(tokens) - 1, 0))
-        if self.enabled:
+        if share:
             self.stats.queries += len(tokens)
             self.stats.hits += shared
         donor_slot = donor.state if donor is not None and shared > 0 else None
@@ -80,9 +88,11 @@ class PrefixCache:
         """A request is done: its slot becomes an idle prefix. An empty one, or any when caching is
         disabled, is freed: returned, for its cells to be cleared."""
         entry = self.live.release(request_id)
+        private = request_id in self.private
+        self.private.discard(request_id)
         if entry is None:
             return None
-        if entry.tokens and self.enabled:
+        if entry.tokens and not private:
             self.idle[entry.state] = entry
             return None
         self.free.append(entry.state)
@@ -91,6 +101,7 @@ class PrefixCache:
     def drop(self, request_id: str) -> int | None:
         """Forget a live sequence whose cells are unknown (a failed step): its slot, now free, to clear."""
         entry = self.live.release(request_id)
+        self.private.discard(request_id)
         if entry is None:
             return None
         self.free.append(entry.state)
@@ -102,8 +113,8 @@ class PrefixCache:
     # -- internals ---------------------------------------------------------------------------------
     def _best_donor(self, tokens: list[int]) -> tuple[CachedSequence[int] | None, int]:
         best, length = None, 0
-        for _, entry in self.live.items():
-            if (n := common_prefix_len(entry.tokens, tokens)) > length:
+        for request_id, entry in self.live.items():
+            if request_id not in self.private and (n := common_prefix_len(entry.tokens, tokens)) > length:
                 best, length = entry, n
         for entry in self.idle.values():
             if (n := common_prefix_len(entry.tokens, tokens)) > length:
@@ -126,4 +137,5 @@ class PrefixCache:
             raise RuntimeError(f"all {self.live.capacity} sequences have a call in progress")
         entry = self.live.evict(victim)
         assert entry is not None
+        self.private.discard(victim)
         return entry.state, entry.state

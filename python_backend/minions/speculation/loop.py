@@ -22,8 +22,6 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from minions.decoding.engine_call import EngineClient
 from minions.decoding.tokens import common_prefix_len
 from minions.speculation.decode_request import DecodeRequest
@@ -64,7 +62,7 @@ class _Decode:
     def __init__(self, client: EngineClient, request: DecodeRequest, services: Services, request_id: str) -> None:
         self.client, self.request, self.services, self.request_id = client, request, services, request_id
         self.progress = _Progress(list(request.prompt_ids), request.max_new_tokens, request.end_id)
-        self.seed = request.seed if request.seed is not None else int(np.random.default_rng().integers(2**62))
+        self.seed = request.seed
         self.drafter = services.drafter(request)
         self.length = services.draft_length(request, drafting=self.drafter is not None)
         self.source = (DraftSource(client, self.drafter, services.pool, request_id, request.sampling, self.seed)

@@ -61,7 +61,7 @@ class DraftSource:
     slot until it reaches the LLM; early drafts for the next round while this one verifies."""
 
     def __init__(self, client: EngineClient, drafter: Drafter, pool: DraftPool | None, request_id: str,
-                 sampling: SamplingParams, seed: int) -> None:
+                 sampling: SamplingParams, seed: int | None) -> None:
         self.client, self.drafter, self.pool = client, drafter, pool
         self.request_id, self.sampling, self.seed = request_id, sampling, seed
         self.early: EarlyDraft | None = None
