@@ -95,9 +95,10 @@ class EngineSettings(_Settings):
     max_sequences: int = 8
     """Sequences whose state (KV cache, llama.cpp sequence) the engine keeps, LRU beyond."""
     prefix_caching: bool = True
-    stream_interval_ms: float = 0.0
+    stream_interval_ms: float = 100.0
     """llama.cpp: a streamed generation's first token goes out at once, later ones at most this often
-    (0: every token), coalescing the hops to the client (engines/inflight_batching.py)."""
+    (0: every token): each response crosses two Python stubs and tritonserver, so fewer of them leave
+    the cores to the engine (docs/engines.md, the per-token hop)."""
     """llama.cpp: finished sequences stay as prefixes that new requests share (engines/prefix_cache.py)."""
     max_context: int = 2048
     """Set from orchestrator.max_context by the renderer."""

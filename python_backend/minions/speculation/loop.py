@@ -79,7 +79,8 @@ class _Decode:
         return plan
 
     async def stream_plain(self, plan: StreamPlain) -> AsyncIterator[Round]:
-        """Up to plan.tokens plain tokens streamed from one LLM call, a round each (timed from the one before)."""
+        """Up to plan.tokens plain tokens streamed from one LLM call, a round per response (timed from the
+        one before; an engine may send several steps' tokens at once, each a plain step to the policy)."""
         if self.source is not None:
             self.source.drop_early()
         self._report_work(0)
@@ -90,7 +91,7 @@ class _Decode:
             async for result in stream:
                 now = time.perf_counter()
                 tokens = result.tokens[: plan.tokens]
-                last = self._observe(tokens, plan.batch, 0, 0, None, now - t)
+                last = self._observe(tokens, plan.batch, 0, 0, None, now - t, steps=len(tokens))
                 yield Round(tokens=tokens, ssm=None, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=now - t,
                             last=last, llm_call=new_call, log_probs=_first(result.log_probs, plan.tokens))
                 t, new_call = now, False
@@ -151,12 +152,15 @@ class _Decode:
         self.services.length_stats.report(self.request_id, len(self.progress.sequence) - 1 if first else drafted)
 
     def _observe(self, tokens: list[int], batch: int, drafted: int, accepted: int, draft_seconds: float | None,
-                 llm_seconds: float) -> bool:
+                 llm_seconds: float, steps: int = 1) -> bool:
         """Advance by a round's tokens and let the length policy learn from it, verified or streamed
-        (round 1 is the prompt's prefill, not a step of decoding); True once no round follows."""
+        (round 1 is the prompt's prefill, not a step of decoding; `steps` plain steps share
+        `llm_seconds`); True once no round follows."""
         last = self.progress.advance(tokens)
         if self.progress.index > 1:
-            self.length.observe(batch, drafted, accepted, draft_seconds if self.drafted_before else None, llm_seconds)
+            for _ in range(max(steps, 1)):
+                self.length.observe(batch, drafted, accepted, draft_seconds if self.drafted_before else None,
+                                    llm_seconds / max(steps, 1))
         self.drafted_before = self.drafted_before or drafted > 0
         return last
 
