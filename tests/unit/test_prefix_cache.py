@@ -60,18 +60,39 @@ def test_the_longest_of_several_prefixes_wins_live_or_idle():
     assert choice.donor == live.slot and choice.shared == 30
 
 
-def test_a_full_cache_evicts_the_oldest_idle_prefix_not_the_donor_and_never_a_busy_sequence():
+def test_a_full_cache_evicts_the_oldest_idle_prefix_not_a_donor_barely_shared_and_never_a_busy_sequence():
     cache = PrefixCache(3)
     for name, base in (("old", 1000), ("donor", 2000), ("live", 3000)):
         placed(cache, name, [base + i for i in range(8)])
         cache.live.get(name).tokens = [base + i for i in range(8)]
     cache.finish("old")
     cache.finish("donor")
-    choice = placed(cache, "new", [2000 + i for i in range(5)] + [1], busy={"live"})
+    choice = placed(cache, "new", [2000 + i for i in range(3)] + [1], busy={"live"})
     assert choice.evicted is not None and choice.donor is not None and choice.evicted != choice.donor
-    assert choice.shared == 5
+    assert choice.shared == 3
     assert list(cache.idle) == [choice.donor], "the oldest idle prefix made room, the donor stays"
     assert len(cache) == 3, "never more sequences than slots: the KV budget holds"
+
+
+def test_a_conversation_s_next_turn_takes_over_its_own_idle_prefix_and_evicts_no_other():
+    cache = PrefixCache(2)
+    for name, base in (("other", 1000), ("turn1", 2000)):
+        placed(cache, name, [base + i for i in range(8)])
+        finished(cache, name, [base + i for i in range(10)])
+    turn2 = [2000 + i for i in range(10)] + [7, 7]
+    choice = placed(cache, "turn2", turn2)
+    assert choice.slot == choice.donor and choice.evicted is None and choice.shared == 10
+    assert len(cache.idle) == 1, "the other conversation's prefix stays"
+
+
+def test_a_live_donor_whose_end_has_not_arrived_is_taken_over_when_all_others_are_busy():
+    cache = PrefixCache(2)
+    placed(cache, "busy", [1, 2, 3])
+    placed(cache, "turn1", CONVERSATION)
+    cache.live.get("turn1").tokens = CONVERSATION  # answered; its release is still on its way
+    choice = placed(cache, "turn2", CONVERSATION + [5], busy={"busy"})
+    assert choice.slot == choice.donor and choice.shared == len(CONVERSATION) and choice.evicted is None
+    assert "turn1" not in cache.live and "busy" in cache.live
 
 
 def test_the_idle_donor_is_taken_over_when_it_is_the_only_room():

@@ -4,10 +4,12 @@ sequence ids in one unified KV buffer).
 A finished sequence's slot is not cleared: it stays as an idle prefix, least recently used first. A
 new request starts from the longest common prefix of its tokens with any slot's, finished or live
 (token-exact, as llama-server picks a slot by longest common prefix), shares those KV cells and
-computes only the rest. Which slot it gets, in this order: a free one; the least recently used idle
-prefix that is not its donor; its donor, when the donor is idle (taken over, its tail past the shared
-prefix dropped); the least recently used live sequence with no call in progress that is not its
-donor. A sequence with a call in progress is never evicted. The KV budget holds: every slot, idle or
+computes only the rest. Which slot it gets, in this order: a free one; its idle donor when at least
+half of what the donor holds is shared (a conversation's next turn: taken over, its tail dropped);
+the least recently used idle prefix that is not its donor; its idle donor; the least recently used
+live sequence with no call in progress that is not its donor; its live donor when that is the only
+one resting (a request whose end has not arrived yet). A sequence with a call in progress is never
+evicted. The KV budget holds: every slot, idle or
 live, is held to one sequence's context, and there are no more slots than the engine was given.
 Disabled, a finished sequence's slot is cleared and nothing is shared (every request is computed
 from scratch). A sequence placed with `share` false (a seeded sampled request: a cached prefix would
@@ -71,17 +73,18 @@ class PrefixCache:
         tokens are shared: the last one is evaluated for its logits. Raises RuntimeError when every slot
         holds a sequence with a call in progress."""
         share = share and self.enabled
-        if not share:
-            self.private.add(request_id)
         donor, shared = self._best_donor(tokens) if share else (None, 0)
         shared = min(shared, max(len(tokens) - 1, 0))
         if share:
             self.stats.queries += len(tokens)
             self.stats.hits += shared
-        donor_slot = donor.state if donor is not None and shared > 0 else None
-        slot, evicted = self._free_slot(donor_slot, busy)
+        donor = donor if shared > 0 else None
+        donor_slot = donor.state if donor is not None else None
+        slot, evicted = self._free_slot(donor, shared, busy)
         entry = CachedSequence(slot, list(tokens[:shared]) if donor_slot is not None else [])
         self.live.put(request_id, entry)
+        if not share:
+            self.private.add(request_id)
         return entry, SlotChoice(slot, donor_slot, shared if donor_slot is not None else 0, evicted)
 
     def finish(self, request_id: str) -> int | None:
@@ -121,18 +124,30 @@ class PrefixCache:
                 best, length = entry, n
         return best, length
 
-    def _free_slot(self, donor: int | None, busy: Container[str]) -> tuple[int, int | None]:
-        """A slot for a new sequence, and the slot evicted to make it (None: it was free)."""
+    def _free_slot(self, donor: CachedSequence[int] | None, shared: int, busy: Container[str]
+                   ) -> tuple[int, int | None]:
+        """A slot for a new sequence, and the slot evicted to make it (None: it was free or is taken over)."""
         if self.free:
             return self.free.pop(), None
-        oldest_idle = next((slot for slot in self.idle if slot != donor), None)
+        donor_slot = donor.state if donor is not None else None
+        donor_idle = donor_slot is not None and donor_slot in self.idle
+        if donor_idle and 2 * shared >= len(donor.tokens):  # little of the donor would be lost: take it over
+            del self.idle[donor_slot]
+            return donor_slot, None
+        oldest_idle = next((slot for slot in self.idle if slot != donor_slot), None)
         if oldest_idle is not None:
             del self.idle[oldest_idle]
             return oldest_idle, oldest_idle
-        if donor is not None and donor in self.idle:  # take the donor over: nothing to clear or copy
-            del self.idle[donor]
-            return donor, None
-        victim = next((rid for rid, entry in self.live.items() if rid not in busy and entry.state != donor), None)
+        if donor_idle:
+            del self.idle[donor_slot]
+            return donor_slot, None
+        resting = [(rid, entry) for rid, entry in self.live.items() if rid not in busy]  # no call in progress
+        victim = next((rid for rid, entry in resting if entry.state != donor_slot), None)
+        if victim is None and resting:  # only the live donor rests (its request's end not yet seen): take it over
+            victim, _ = resting[0]
+            self.live.evict(victim)
+            self.private.discard(victim)
+            return donor_slot, None
         if victim is None:
             raise RuntimeError(f"all {self.live.capacity} sequences have a call in progress")
         entry = self.live.evict(victim)
