@@ -95,10 +95,6 @@ class EngineSettings(_Settings):
     max_sequences: int = 8
     """Sequences whose state (KV cache, llama.cpp sequence) the engine keeps, LRU beyond."""
     prefix_caching: bool = True
-    stream_interval_ms: float = 100.0
-    """llama.cpp: a streamed generation's first token goes out at once, later ones at most this often
-    (0: every token): each response crosses two Python stubs and tritonserver, so fewer of them leave
-    the cores to the engine (docs/engines.md, the per-token hop)."""
     """llama.cpp: finished sequences stay as prefixes that new requests share (engines/prefix_cache.py)."""
     max_context: int = 2048
     """Set from orchestrator.max_context by the renderer."""
@@ -193,6 +189,11 @@ class OrchestratorSettings(_Settings):
     """...or while the selector expects an early draft to be used at least this often (0: never)."""
     vote_deadline_ms: float = 500.0
     vote_explore_every: int = 8
+    llm_stream_interval_ms: float = 100.0
+    """The LLM's streamed plain tokens reach the orchestrator the first at once, later ones at most this
+    often (0: every token): each response crosses two Python stubs and tritonserver, so fewer of them
+    leave the cores to the engine (docs/engines.md, the per-token hop). Other clients of an engine
+    model get every token, as from tensorrt_llm."""
     engine_stall_timeout_s: float = 60.0
     """An engine call, or a stream between two tokens, silent this long fails its request with an error
     instead of hanging it (a dead or stalled engine stub)."""

@@ -9,7 +9,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from client.api import GenerationParams, generate_grpc
-from tests.integration.helpers import COPY_PROMPT
+from tests.integration.helpers import COPY_PROMPT, metric_above, metric_value, wait_until
 
 PROMPT = "What is the capital of France?"
 PERF_OUTPUTS = ["kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
@@ -152,6 +152,19 @@ def test_the_inflight_batcher_clients_request_to_llm_is_greedy_decoding(server, 
     off = generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(max_tokens=16, speculation="off"))
     tokens = _ifb_tokens(server, tokenizer, streaming)
     assert tokenizer.decode(tokens, skip_special_tokens=True) == off.text
+
+
+def test_a_clients_whole_requests_end_their_sequences_and_share_the_prefix_cache(server, tokenizer):
+    """A tensorrt_llm client's request names no sequence to continue: once answered its sequence ends
+    (the LLM holds no live one for it) and stays as a prefix, which the same prompt sent again reuses."""
+    hits = metric_value(server.metrics_url, "minions_prefix_cache_hits", model="llm")
+    first, again = (_ifb_tokens(server, tokenizer, False) for _ in range(2))
+    assert first == again
+    ids = tokenizer.encode(PROMPT, add_special_tokens=False)
+    assert metric_above(server.metrics_url, "minions_prefix_cache_hits", hits + len(ids) - 2, model="llm") \
+        >= hits + len(ids) - 1
+    wait_until(lambda: metric_value(server.metrics_url, "minions_engine_cached_sequences", model="llm") == 0,
+               timeout=20, what="no live sequence left in the LLM")
 
 
 def test_the_llm_answers_perf_metrics_to_the_inflight_batcher_client(server, tokenizer):

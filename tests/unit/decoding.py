@@ -140,8 +140,9 @@ class Plan:
         return Services(ssms=self.request.speculation.ssms, **self.service_args)
 
 
-TEST_REQUEST = {"num_draft_tokens": 4, "use_draft_logits": False, "pipeline": False}
-"""How the tests' requests speculate unless they say otherwise: a fixed length, no pipeline."""
+TEST_REQUEST = {"num_draft_tokens": 4, "use_draft_logits": False, "pipeline": False, "stream_interval_s": 0.0}
+"""How the tests' requests speculate unless they say otherwise: a fixed length, no pipeline, and a
+streaming LLM's every token in a response of its own."""
 
 
 def make_plan(prompt, n, speculation: Speculation = OFF, **kwargs) -> Plan:

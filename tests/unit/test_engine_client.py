@@ -40,3 +40,13 @@ def test_an_engines_answer_decodes_to_its_new_tokens():
         response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
     assert _decoded(request, response).tokens == [11, 12, 13]
 
+
+
+def test_a_streamed_stretch_asks_our_engines_and_not_tensorrt_llm_for_its_stream_interval():
+    from minions.decoding.engine_call import STREAM_INTERVAL_PARAMETER
+
+    request = EngineRequest("r-3", [5, 6], 16, streaming=True, stream_interval_s=0.1)
+    assert _infer_request("llm", request, "r-3/1").parameters[STREAM_INTERVAL_PARAMETER].int64_param == 100
+    assert STREAM_INTERVAL_PARAMETER not in _infer_request("llm", request, "r-3/1", native=True).parameters
+    unstreamed = EngineRequest("r-3", [5, 6], 4, stream_interval_s=0.1)
+    assert STREAM_INTERVAL_PARAMETER not in _infer_request("llm", unstreamed, "r-3/2").parameters

@@ -164,7 +164,7 @@ def test_a_stream_s_first_token_goes_out_at_once_and_later_ones_at_the_interval(
             rest = self.partial(job)
             return EngineResult(rest.tokens if rest else [])
 
-    batcher = InflightBatcher(Streaming(), capacity=2, stream_interval_s=interval_s)
+    batcher = InflightBatcher(Streaming(), capacity=2)
     answers: list[EngineResult] = []
     finished = threading.Event()
 
@@ -175,7 +175,7 @@ def test_a_stream_s_first_token_goes_out_at_once_and_later_ones_at_the_interval(
             finished.set()
 
     try:
-        batcher.submit([(EngineRequest("s", [0], 5, streaming=True), answer)])
+        batcher.submit([(EngineRequest("s", [0], 5, streaming=True, stream_interval_s=interval_s), answer)])
         assert finished.wait(30)
     finally:
         batcher.close()

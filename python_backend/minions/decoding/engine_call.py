@@ -18,6 +18,10 @@ from minions.decoding.sampling import SamplingParams, log_prob, pick_token
 from minions.text.bad_words import BadWords
 
 
+STREAM_INTERVAL_PARAMETER = "stream_interval_ms"
+"""The Triton request parameter that carries EngineRequest.stream_interval_s (in ms) to our engine models."""
+
+
 @dataclass
 class EngineRequest:
     request_id: str
@@ -37,6 +41,9 @@ class EngineRequest:
     return_perf_metrics: bool = False
     exclude_input_in_output: bool = False
     streaming: bool = False
+    stream_interval_s: float = 0.0
+    """A streaming call's tokens after its first go out at most this often (0: every token, as
+    tensorrt_llm streams); a request parameter (STREAM_INTERVAL_PARAMETER), not a tensor."""
     stop: bool = False
 
     @classmethod

@@ -36,8 +36,7 @@ def build_engine(settings: EngineSettings) -> Engine:
 
         return LlamaCppEngine(settings.model_path, settings.num_threads, settings.max_sequences,
                               settings.max_context, settings.draft_min_prob,
-                              prefix_caching=settings.prefix_caching,
-                              stream_interval_s=settings.stream_interval_ms / 1000)
+                              prefix_caching=settings.prefix_caching)
     if kind == EngineKind.NGRAM:
         from minions.engines.ngram_engine import NgramEngine
 

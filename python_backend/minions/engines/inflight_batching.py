@@ -12,9 +12,9 @@ The rules the scheduler keeps (the `Stepper` does the arithmetic):
 - a `stop` call releases the id's state after its earlier calls, never during one; a streaming call
   of that id running when the stop arrives is ended before the next step (it keeps what it has made);
 - a streaming call's new tokens are answered after a step (partial results), then its final one: its
-  first token at once, later ones at most every `stream_interval_s` (0: after every step), so that a
-  fast engine's tokens cross the processes between it and the client a few at a time, as TensorRT-LLM's
-  and vLLM's `stream_interval` coalesce them;
+  first token at once, later ones at most every `stream_interval_s` of its request (0: after every
+  step), so that a fast engine's tokens cross the processes between it and the client a few at a time,
+  as TensorRT-LLM's and vLLM's `stream_interval` coalesce them;
 - at most `capacity` sequences step at once; more wait for a place, in order;
 - a step that fails fails the sequences in it (their state is dropped, not kept) and no others;
 - every submitted call gets exactly one final answer: its result or its exception.
@@ -75,11 +75,9 @@ class _Call:
 class InflightBatcher(Generic[Job]):
     """One thread that steps every call with work, taking in new calls before each step (the rules above)."""
 
-    def __init__(self, stepper: Stepper[Job], capacity: int, name: str = "engine",
-                 stream_interval_s: float = 0.0) -> None:
+    def __init__(self, stepper: Stepper[Job], capacity: int, name: str = "engine") -> None:
         self.stepper = stepper
         self.capacity = capacity
-        self.stream_interval_s = stream_interval_s
         self._queue: list[_Call] = []
         self._cond = threading.Condition()
         self._closed = False
@@ -194,7 +192,7 @@ class InflightBatcher(Generic[Job]):
 
     def _due(self, call: _Call, now: float) -> bool:
         """Whether a streaming call's new tokens go out after this step."""
-        return call.answered_at is None or now - call.answered_at >= self.stream_interval_s
+        return call.answered_at is None or now - call.answered_at >= call.request.stream_interval_s
 
     def _end_stopped_streams(self, active: list[tuple[Job, _Call]]) -> list[tuple[Job, _Call]]:
         """Finish the streaming calls whose id a stop is waiting for; the stop then releases the id."""

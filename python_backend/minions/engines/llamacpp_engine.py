@@ -74,7 +74,6 @@ class LlamaCppEngine:
         draft_min_prob: float = 0.0,
         n_batch: int = 512,
         prefix_caching: bool = True,
-        stream_interval_s: float = 0.0,
     ) -> None:
         self.stepper = LlamaCppStepper(model_path, num_threads, max_sequences, n_ctx, draft_min_prob, n_batch,
                                        prefix_caching)
@@ -82,8 +81,7 @@ class LlamaCppEngine:
         self.stats = self.stepper.stats  # passes = llama.cpp decode calls
         self.prefix_stats = self.stepper.slots.stats
         self.n_vocab = self.stepper.n_vocab
-        self.batcher: InflightBatcher[_Job] = InflightBatcher(self.stepper, max_sequences, name="llamacpp",
-                                                                  stream_interval_s=stream_interval_s)
+        self.batcher: InflightBatcher[_Job] = InflightBatcher(self.stepper, max_sequences, name="llamacpp")
 
     def generate(self, request: EngineRequest) -> EngineResult:
         return result_or_raise(self.batcher.run([request])[0])

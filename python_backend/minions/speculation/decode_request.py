@@ -31,6 +31,9 @@ class DecodeRequest:
     num_draft_tokens: int | None
     """Draft length per round; None: the adaptive selector chooses it (up to max_draft_tokens)."""
     max_draft_tokens: int = DEFAULTS.max_num_draft_tokens
+    stream_interval_s: float
+    """How often the LLM sends a streamed stretch's tokens after the first (EngineRequest.stream_interval_s;
+    the deployment's llm_stream_interval_ms)."""
     use_draft_logits: bool
     """When sampling: the SSM samples its draft with the request's parameters and sends its logits,
     and the LLM verifies with the min(1, p/q) rule (ignored for greedy decoding and for SSMs that
@@ -53,4 +56,4 @@ class DecodeRequest:
             request_id, list(sequence), tokens, draft=list(draft or []), draft_logits=draft_logits,
             sampling=self.sampling, seed=round_seed(seed, len(sequence)), end_id=self.end_id,
             bad_words=self.bad_words, penalties=self.penalties, return_log_probs=self.return_log_probs,
-            exclude_input_in_output=True, streaming=streaming)
+            exclude_input_in_output=True, streaming=streaming, stream_interval_s=self.stream_interval_s)

@@ -23,7 +23,7 @@ import numpy as np
 from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 from tritonclient.utils import np_to_triton_dtype
 
-from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.decoding.engine_call import STREAM_INTERVAL_PARAMETER, EngineRequest, EngineResult
 from minions.engines.tensors import build_engine_inputs, decode_engine_outputs
 
 log = logging.getLogger("minions.engines")
@@ -195,6 +195,8 @@ def _infer_request(model: str, request: EngineRequest, call_id: str, native: boo
     correlation id (`sequence_id`)."""
     message = service_pb2.ModelInferRequest(model_name=model, id=call_id)
     message.parameters["sequence_id"].string_param = request.request_id
+    if request.streaming and request.stream_interval_s > 0 and not native:
+        message.parameters[STREAM_INTERVAL_PARAMETER].int64_param = round(1000 * request.stream_interval_s)
     for name, array in build_engine_inputs(request, native).items():
         tensor = message.inputs.add(name=name, datatype=np_to_triton_dtype(array.dtype))
         tensor.shape.extend(array.shape)

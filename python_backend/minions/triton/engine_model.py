@@ -13,6 +13,7 @@ models answer their whole dynamic batch from `execute`."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import queue
 import threading
@@ -22,7 +23,7 @@ from collections.abc import Callable
 
 import triton_python_backend_utils as pb_utils
 
-from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.decoding.engine_call import STREAM_INTERVAL_PARAMETER, EngineRequest, EngineResult
 from minions.engines.api import BatchEngine, BatchStats, InflightEngine, MeteredEngine, PrefixCachingEngine
 from minions.engines.factory import build_engine
 from minions.engines.tensors import CallTimes, encode_engine_outputs, parse_engine_inputs
@@ -107,10 +108,10 @@ class TritonPythonModel:
             results = [exc] * len(flat)
         done = time.time_ns()
         offset = 0
-        for i, request, engine_requests, anonymous in parsed:
+        for i, request, engine_requests, ends in parsed:
             mine = results[offset : offset + len(engine_requests)]
             offset += len(engine_requests)
-            if anonymous:  # no id, no reuse: compute, then free at once
+            if ends:  # a whole request: its sequence ends (kept as a prefix where the engine caches them)
                 for r in engine_requests:
                     self.engine.release(r.request_id)
             responses[i] = self._respond(request, engine_requests, mine, CallTimes(arrival, done, done))
@@ -123,7 +124,7 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                engine_requests, anonymous = self._parse(request)
+                engine_requests, ends = self._parse(request)
             except InvalidRequest as exc:
                 sender.send(pb_utils.InferenceResponse(error=error(str(exc), pb_utils.TritonError.INVALID_ARG)),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -138,7 +139,7 @@ class TritonPythonModel:
                 sender.send(self._respond(request, [], [], CallTimes(now, now, now)),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
-            collect = _Collector(self, request, sender, engine_requests, anonymous)
+            collect = _Collector(self, request, sender, engine_requests, ends)
             calls.extend((r, collect.answer_for(i)) for i, r in enumerate(engine_requests))
         if calls:
             try:
@@ -150,13 +151,21 @@ class TritonPythonModel:
         return None
 
     def _parse(self, request):
-        # The sequence a call continues: its correlation id (Minions' orchestrator gives every call an
-        # id of its own), else its request id, as a tensorrt_llm client sends it.
-        request_id = str(request.correlation_id() or "") or request.request_id()
-        anonymous = not request_id
-        if anonymous:
-            request_id = f"anonymous-{uuid.uuid4().hex}"
-        return parse_engine_inputs(input_arrays(request), request_id), anonymous
+        """The request's engine calls, and whether its sequence ends with this call. A call continues
+        a sequence only when it names one as its correlation id (Minions' orchestrator does, and sends
+        `stop` at the end); a tensorrt_llm client's request is whole, so its sequence ends once it is
+        answered, and stays in the prefix cache for later requests. Keyed by its request id (a fresh
+        one when it has none)."""
+        sequence_id = str(request.correlation_id() or "")
+        ends = not sequence_id
+        request_id = sequence_id or request.request_id() or f"request-{uuid.uuid4().hex}"
+        engine_requests = parse_engine_inputs(input_arrays(request), request_id)
+        interval_ms = json.loads(request.parameters() or "{}").get(STREAM_INTERVAL_PARAMETER, 0)
+        if not isinstance(interval_ms, (int, float)) or interval_ms < 0:
+            raise InvalidRequest(f"request parameter {STREAM_INTERVAL_PARAMETER!r} must be a number of ms >= 0")
+        for r in engine_requests:
+            r.stream_interval_s = interval_ms / 1000
+        return engine_requests, ends
 
     def _generate(self, engine_requests: list) -> list:
         """Every request's result, or its exception in its place."""
@@ -270,10 +279,10 @@ class _Collector:
     and sends its response, FINAL, once the last one is in; a streaming row's partial results go out
     as they come."""
 
-    def __init__(self, model: TritonPythonModel, request, sender, engine_requests: list, anonymous: bool) -> None:
+    def __init__(self, model: TritonPythonModel, request, sender, engine_requests: list, ends: bool) -> None:
         self.model, self.request, self.sender = model, request, sender
         self.engine_requests = engine_requests
-        self.anonymous = anonymous
+        self.ends = ends
         self.results: list = [None] * len(engine_requests)
         self.missing = len(engine_requests)
         self.arrival_ns = time.time_ns()
@@ -301,12 +310,12 @@ class _Collector:
             return
         response = self.model._respond(self.request, self.engine_requests, self.results, times)
         self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        if self.anonymous:  # no id, no reuse: free at once, after the answer is out
+        if self.ends:  # a whole request: its sequence ends, after the answer is out
             try:
                 self.model.engine.submit([(EngineRequest.release(r.request_id), _ignore)
                                           for r in self.engine_requests])
             except RuntimeError as exc:  # shutting down: the context goes with the engine
-                log.warning("%s: could not free anonymous sequences: %s", self.model.name, exc)
+                log.warning("%s: could not end the sequences of a whole request: %s", self.model.name, exc)
 
 
 def _ignore(_result) -> None:
