@@ -1,9 +1,10 @@
 """`make bench-peers`: Minions against llama.cpp's own llama-server on the same GGUF, in one run.
 
-Starts the real tritonserver with the deployment (one per Minions mode: `off` and the default) and llama-server (built once from the llama.cpp that
-the pinned llama-cpp-python vendors: peers/llama_server_build.py) in several configurations: plain on
-the LLM's GGUF as shipped and re-encoded as F16, and its two speculative modes (a draft model, the
-deployment's llama.cpp SSM; n-gram cache). Per workload (mixed chat sets, code editing, summarisation)
+Starts the real tritonserver with the deployment (one per Minions mode: `off` and the default) and
+llama-server (built once from the llama.cpp that the pinned llama-cpp-python vendors:
+peers/llama_server_build.py) in several configurations: plain on the LLM's GGUF as shipped and as
+the deployment computes with it, and its two speculative modes (a draft model, the deployment's
+llama.cpp SSM; n-gram cache). Per workload (mixed chat sets, code editing, summarisation)
 and concurrency, every system in turn streams the same held-out prompts, greedy, chat template,
 96 output tokens at most (EOS ends earlier, for all alike). Per cell: output tokens/s over the cell's
 wall time, TTFT (mean, p50), ITL, tokens/s over the plain llama-server configuration that was faster
@@ -94,10 +95,10 @@ def llama_converse(url: str, max_tokens: int) -> Converse:
 
 def server_configs(dep: Deployment, keys: list[str]) -> tuple[list[ServerConfig], list[str]]:
     """The llama-server configurations to run and the labels of the plain ones. Plain: the LLM's GGUF
-    as shipped, as the deployment computes with it (when re-encoded) and as F16. The speculative ones
-    run the deployment's own file as the target."""
+    as shipped and as the deployment computes with it (when re-encoded). The speculative ones run the
+    deployment's own file as the target."""
     target = ggufs.llm_gguf(dep)
-    plain_files = dict.fromkeys([ggufs.shipped_gguf(dep), target, ggufs.f16_gguf(dep)]) if "plain" in keys else {}
+    plain_files = dict.fromkeys([ggufs.shipped_gguf(dep), target]) if "plain" in keys else {}
     configs = [ServerConfig(f"llama-server {ggufs.file_type(f)}", f) for f in plain_files]
     if "draft" in keys:
         draft = ggufs.draft_gguf(dep)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minions.deploy.artifacts import gguf_for, repacked_gguf
+from minions.deploy.artifacts import gguf_for
 from minions.deploy.config import Deployment
 
 
@@ -25,11 +25,6 @@ def llm_gguf(dep: Deployment) -> Path:
 def shipped_gguf(dep: Deployment) -> Path:
     """The LLM's GGUF as its source ships it (no re-encoding)."""
     return gguf_for(dep.llm["source"], dep)
-
-
-def f16_gguf(dep: Deployment) -> Path:
-    """The shipped GGUF re-encoded as F16 (once, under cache_dir)."""
-    return repacked_gguf(shipped_gguf(dep), "F16", dep.cache_dir)
 
 
 def draft_gguf(dep: Deployment) -> Path:

@@ -47,8 +47,9 @@ class DecodeRequest:
     def sampled_drafts(self) -> bool:
         return self.use_draft_logits and not self.sampling.greedy
 
-    def llm_call(self, request_id: str, sequence: list[int], seed: int | None, tokens: int, draft: list[int] | None = None,
-                 draft_logits: np.ndarray | None = None, streaming: bool = False) -> EngineRequest:
+    def llm_call(self, request_id: str, sequence: list[int], seed: int | None, tokens: int,
+                 draft: list[int] | None = None, draft_logits: np.ndarray | None = None,
+                 streaming: bool = False) -> EngineRequest:
         """The one shape of this request's LLM calls: up to `tokens` new tokens after `sequence` (a
         verification of `draft` returns its accepted prefix and one token of the LLM's own), with the
         request's sampling, penalties, bad words and end, seeded per round from `seed`."""
