@@ -37,9 +37,10 @@ log = logging.getLogger("minions.orchestrator")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-CANCEL_CHECK_INTERVAL_S = 0.05
+CANCEL_CHECK_INTERVAL_S = 0.25
 """How often a request asks Triton whether its client cancelled, whatever it is waiting for: the
-question is a round trip to tritonserver, too dear to ask for every streamed token."""
+question is a round trip to tritonserver that spins on the cores the engines need, too dear to ask
+for every streamed token or every 50 ms (docs/engines.md, the per-token hop)."""
 
 
 class RequestCancelled(Exception):
