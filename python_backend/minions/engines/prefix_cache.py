@@ -75,21 +75,21 @@ class PrefixCache:
         share = share and self.enabled
         donor, shared = self._best_donor(tokens) if share else (None, 0)
         shared = min(shared, max(len(tokens) - 1, 0))
+        if shared == 0:
+            donor = None
+        slot, evicted = self._free_slot(donor, shared, busy)
         if share:
             self.stats.queries += len(tokens)
             self.stats.hits += shared
-        donor = donor if shared > 0 else None
-        donor_slot = donor.state if donor is not None else None
-        slot, evicted = self._free_slot(donor, shared, busy)
-        entry = CachedSequence(slot, list(tokens[:shared]) if donor_slot is not None else [])
-        self.live.put(request_id, entry)
-        if not share:
+        else:
             self.private.add(request_id)
-        return entry, SlotChoice(slot, donor_slot, shared if donor_slot is not None else 0, evicted)
+        entry = CachedSequence(slot, list(tokens[:shared]))
+        self.live.put(request_id, entry)
+        return entry, SlotChoice(slot, donor.state if donor is not None else None, shared, evicted)
 
     def finish(self, request_id: str) -> int | None:
-        """A request is done: its slot becomes an idle prefix. An empty one, or any when caching is
-        disabled, is freed: returned, for its cells to be cleared."""
+        """A request is done: its slot becomes an idle prefix. An empty one, one placed with `share`
+        false, or any when caching is disabled, is freed: returned, for its cells to be cleared."""
         entry = self.live.release(request_id)
         private = request_id in self.private
         self.private.discard(request_id)
