@@ -185,15 +185,12 @@ class LlamaCppStepper:
     def release(self, request_id: str) -> None:
         """The request is done: its slot stays as an idle prefix for later requests."""
         self._stepping.discard(request_id)
-        if (cleared := self.slots.finish(request_id)) is not None:
-            self._ctx.kv_cache_seq_rm(cleared, -1, -1)
+        self._clear(self.slots.finish(request_id))
 
     def drop(self, request_id: str) -> None:
         """Forget a sequence whose cells are unknown after a failed step: its slot is cleared."""
         self._stepping.discard(request_id)
-        slot = self.slots.drop(request_id)
-        if slot is not None:
-            self._ctx.kv_cache_seq_rm(slot, -1, -1)
+        self._clear(self.slots.drop(request_id))
 
     # -- internals ---------------------------------------------------------------------------------
     def _decode(self, jobs: list[_Job]) -> list[list[np.ndarray]]:
@@ -277,9 +274,13 @@ class LlamaCppStepper:
         # sampled request is computed from scratch, so that the same seed repeats the same draws.
         seeded = request.seed is not None and not request.sampling.greedy
         entry, choice = self.slots.place(request.request_id, sequence, busy=self._stepping, share=not seeded)
-        if choice.evicted is not None:
-            self._ctx.kv_cache_seq_rm(choice.evicted, -1, -1)
+        self._clear(choice.evicted)
         if choice.donor is not None and choice.donor != choice.slot:
             self._ctx.kv_cache_seq_cp(choice.donor, choice.slot, 0, choice.shared)
         self._ctx.kv_cache_seq_rm(choice.slot, choice.shared, -1)
         return entry
+
+    def _clear(self, slot: int | None) -> None:
+        """Remove every KV cell of a slot the bookkeeping freed or evicted (None: nothing to clear)."""
+        if slot is not None:
+            self._ctx.kv_cache_seq_rm(slot, -1, -1)

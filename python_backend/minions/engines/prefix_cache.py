@@ -9,8 +9,8 @@ half of what the donor holds is shared (a conversation's next turn: taken over, 
 the least recently used idle prefix that is not its donor; its idle donor; the least recently used
 live sequence with no call in progress that is not its donor; its live donor when that is the only
 one resting (a request whose end has not arrived yet). A sequence with a call in progress is never
-evicted. The KV budget holds: every slot, idle or
-live, is held to one sequence's context, and there are no more slots than the engine was given.
+evicted. The KV budget holds: every slot, idle or live, is held to one sequence's context, and there
+are no more slots than the engine was given.
 Disabled, a finished sequence's slot is cleared and nothing is shared (every request is computed
 from scratch). A sequence placed with `share` false (a seeded sampled request: a cached prefix would
 round its logits otherwise than a recomputed one, and a repeated seed must repeat its draws) is
@@ -40,9 +40,9 @@ class PrefixCacheStats:
 
 @dataclass
 class SlotChoice:
-    """Where a new sequence goes: its slot, the slot it shares its first `shared` tokens with (None:
-    nothing shared, or the slot itself when an idle prefix is taken over), and the slot to clear first
-    (an evicted sequence's; None when the slot was free)."""
+    """Where a new sequence goes: its slot, the slot it shares its first `shared` tokens with (None when
+    nothing is shared; the slot itself when the donor is taken over), and the slot to clear first (an
+    evicted sequence's; None when the slot was free or is taken over)."""
 
     slot: int
     donor: int | None
@@ -58,8 +58,8 @@ class PrefixCache:
         self.live: SequenceCache[int] = SequenceCache(num_slots)
         self.idle: OrderedDict[int, CachedSequence[int]] = OrderedDict()  # slot -> entry, oldest first
         self.free = list(range(num_slots))
-        self.private: set[str] = set()
-        """Live ids placed with `share` false."""
+        self.private: set[int] = set()
+        """Slots of live sequences placed with `share` false."""
         self.stats = PrefixCacheStats()
 
     def __len__(self) -> int:
@@ -82,7 +82,7 @@ class PrefixCache:
             self.stats.queries += len(tokens)
             self.stats.hits += shared
         else:
-            self.private.add(request_id)
+            self.private.add(slot)
         entry = CachedSequence(slot, list(tokens[:shared]))
         self.live.put(request_id, entry)
         return entry, SlotChoice(slot, donor.state if donor is not None else None, shared, evicted)
@@ -91,10 +91,10 @@ class PrefixCache:
         """A request is done: its slot becomes an idle prefix. An empty one, one placed with `share`
         false, or any when caching is disabled, is freed: returned, for its cells to be cleared."""
         entry = self.live.release(request_id)
-        private = request_id in self.private
-        self.private.discard(request_id)
         if entry is None:
             return None
+        private = entry.state in self.private
+        self.private.discard(entry.state)
         if entry.tokens and not private:
             self.idle[entry.state] = entry
             return None
@@ -104,9 +104,9 @@ class PrefixCache:
     def drop(self, request_id: str) -> int | None:
         """Forget a live sequence whose cells are unknown (a failed step): its slot, now free, to clear."""
         entry = self.live.release(request_id)
-        self.private.discard(request_id)
         if entry is None:
             return None
+        self.private.discard(entry.state)
         self.free.append(entry.state)
         return entry.state
 
@@ -116,8 +116,8 @@ class PrefixCache:
     # -- internals ---------------------------------------------------------------------------------
     def _best_donor(self, tokens: list[int]) -> tuple[CachedSequence[int] | None, int]:
         best, length = None, 0
-        for request_id, entry in self.live.items():
-            if request_id not in self.private and (n := common_prefix_len(entry.tokens, tokens)) > length:
+        for _, entry in self.live.items():
+            if entry.state not in self.private and (n := common_prefix_len(entry.tokens, tokens)) > length:
                 best, length = entry, n
         for entry in self.idle.values():
             if (n := common_prefix_len(entry.tokens, tokens)) > length:
@@ -141,16 +141,13 @@ class PrefixCache:
         if donor_idle:
             del self.idle[donor_slot]
             return donor_slot, None
-        resting = [(rid, entry) for rid, entry in self.live.items() if rid not in busy]  # no call in progress
-        victim = next((rid for rid, entry in resting if entry.state != donor_slot), None)
-        if victim is None and resting:  # only the live donor rests (its request's end not yet seen): take it over
-            victim, _ = resting[0]
-            self.live.evict(victim)
-            self.private.discard(victim)
+        donor_id = next((rid for rid, entry in self.live.items() if entry is donor), None)  # a live donor
+        victim = self.live.pop_oldest(keep={rid for rid, _ in self.live.items() if rid in busy} | {donor_id})
+        if victim is not None:
+            self.private.discard(victim.state)
+            return victim.state, victim.state
+        if donor_id is not None and donor_id not in busy:  # only the live donor rests (its end not yet seen)
+            self.live.evict(donor_id)
+            self.private.discard(donor_slot)
             return donor_slot, None
-        if victim is None:
-            raise RuntimeError(f"all {self.live.capacity} sequences have a call in progress")
-        entry = self.live.evict(victim)
-        assert entry is not None
-        self.private.discard(victim)
-        return entry.state, entry.state
+        raise RuntimeError(f"all {self.live.capacity} sequences have a call in progress")

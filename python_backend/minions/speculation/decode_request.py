@@ -47,14 +47,13 @@ class DecodeRequest:
     def sampled_drafts(self) -> bool:
         return self.use_draft_logits and not self.sampling.greedy
 
-    def llm_call(self, request_id: str, sequence: list[int], seed: int | None, tokens: int,
-                 draft: list[int] | None = None, draft_logits: np.ndarray | None = None,
-                 streaming: bool = False) -> EngineRequest:
+    def llm_call(self, request_id: str, sequence: list[int], tokens: int, draft: list[int] | None = None,
+                 draft_logits: np.ndarray | None = None, streaming: bool = False) -> EngineRequest:
         """The one shape of this request's LLM calls: up to `tokens` new tokens after `sequence` (a
         verification of `draft` returns its accepted prefix and one token of the LLM's own), with the
-        request's sampling, penalties, bad words and end, seeded per round from `seed`."""
+        request's sampling, penalties, bad words and end, seeded per round from the request's seed."""
         return EngineRequest(
             request_id, list(sequence), tokens, draft=list(draft or []), draft_logits=draft_logits,
-            sampling=self.sampling, seed=round_seed(seed, len(sequence)), end_id=self.end_id,
+            sampling=self.sampling, seed=round_seed(self.seed, len(sequence)), end_id=self.end_id,
             bad_words=self.bad_words, penalties=self.penalties, return_log_probs=self.return_log_probs,
             exclude_input_in_output=True, streaming=streaming, stream_interval_s=self.stream_interval_s)

@@ -62,10 +62,9 @@ class _Decode:
     def __init__(self, client: EngineClient, request: DecodeRequest, services: Services, request_id: str) -> None:
         self.client, self.request, self.services, self.request_id = client, request, services, request_id
         self.progress = _Progress(list(request.prompt_ids), request.max_new_tokens, request.end_id)
-        self.seed = request.seed
         self.drafter = services.drafter(request)
         self.length = services.draft_length(request, drafting=self.drafter is not None)
-        self.source = (DraftSource(client, self.drafter, services.pool, request_id, request.sampling, self.seed)
+        self.source = (DraftSource(client, self.drafter, services.pool, request_id, request.sampling, request.seed)
                        if self.drafter else None)
         self.drafted_before = False
         """The first draft also pays the SSMs' prefill of the prompt: its drafting time is not a sample."""
@@ -84,7 +83,7 @@ class _Decode:
         if self.source is not None:
             self.source.drop_early()
         self._report_work(0)
-        call = self.request.llm_call(self.request_id, self.progress.sequence, self.seed, plan.tokens, streaming=True)
+        call = self.request.llm_call(self.request_id, self.progress.sequence, plan.tokens, streaming=True)
         t = time.perf_counter()
         new_call = True
         async with aclosing(self.client.stream(self.services.llm, call)) as stream:
@@ -116,7 +115,7 @@ class _Decode:
             self.drafts_came_back_empty = True
             return
         self._report_work(len(draft))
-        call = self.request.llm_call(self.request_id, progress.sequence, self.seed, len(draft) + 1, draft=draft,
+        call = self.request.llm_call(self.request_id, progress.sequence, len(draft) + 1, draft=draft,
                                      draft_logits=proposal.logits if draft else None)
         verification = asyncio.ensure_future(self.client.generate(services.llm, call))
         if self.source is not None:
@@ -158,9 +157,10 @@ class _Decode:
         `llm_seconds`); True once no round follows."""
         last = self.progress.advance(tokens)
         if self.progress.index > 1:
-            for _ in range(max(steps, 1)):
+            steps = max(steps, 1)
+            for _ in range(steps):
                 self.length.observe(batch, drafted, accepted, draft_seconds if self.drafted_before else None,
-                                    llm_seconds / max(steps, 1))
+                                    llm_seconds / steps)
         self.drafted_before = self.drafted_before or drafted > 0
         return last
 

@@ -87,7 +87,8 @@ class TritonPythonModel:
         self.prefix_counters = {what: family.Metric(labels={"model": self.name})
                                 for what, family in self.prefix_families.items()}
         self._exported: dict[object, float] = {}
-        """The value each gauge was last set to: a set is a round trip to tritonserver, made only on change."""
+        """The value each gauge was last set to, and each counter's total when last increased: an update is
+        a round trip to tritonserver, made only on change."""
 
     def execute(self, requests):
         """Serve Triton's dynamic batch: a BatchEngine gets every request in one call."""
