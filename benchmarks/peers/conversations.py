@@ -15,6 +15,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from minions.text.datasets import load_turns
 
 from ..workers import run_streams
@@ -56,11 +58,11 @@ class ConversationCell:
         out = []
         for turn in turns:
             samples = [s for (_, t), s in self.samples.items() if t == turn]
-            ttfts = sorted(s.ttft_s for s in samples)
+            ttfts = [s.ttft_s for s in samples]
             itls = [s.itl_s for s in samples if s.itl_s]
             out.append({"system": self.system, "workload": self.workload, "streams": self.streams, "turn": turn + 1,
                         "requests": len(samples), "ttft_p50_ms": 1000 * statistics.median(ttfts),
-                        "ttft_p99_ms": 1000 * _quantile(ttfts, 0.99),
+                        "ttft_p99_ms": 1000 * float(np.percentile(ttfts, 99)),
                         "decode_tokens_per_s": 1 / statistics.mean(itls) if itls else None,
                         "errors": len(self.errors)})
         return out
@@ -106,9 +108,3 @@ def messages_text(messages: list[dict]) -> str:
     """The chat input Minions takes for a conversation (a JSON list of messages; its chat template applies)."""
     return json.dumps(messages)
 
-
-def _quantile(sorted_values: list[float], q: float) -> float:
-    """The q-quantile by linear interpolation (statistics.quantiles needs two or more values)."""
-    if len(sorted_values) == 1:
-        return sorted_values[0]
-    return statistics.quantiles(sorted_values, n=100, method="inclusive")[round(q * 100) - 1]

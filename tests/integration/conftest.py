@@ -4,12 +4,11 @@ self-draft with logits) for what needs a model SSM."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from minions.text.datasets import DATASETS
 from tests.integration.helpers import kept_prompts, openai_frontend, served
+from tests.support.datasets import write_prompt_sets
 from tests.support.triton_process import ROOT
 
 
@@ -48,8 +47,6 @@ def kept_datasets(tmp_path, monkeypatch):
     prompts = kept_prompts("greedy_equality") + kept_prompts("load")
     folder = tmp_path / "datasets"
     folder.mkdir()
-    for name, file in DATASETS.items():
-        rows = [{"turns": [p]} if name == "mt_bench" else {"prompt": p} for p in prompts]
-        (folder / file).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_prompt_sets(folder, dict.fromkeys(DATASETS, prompts))
     monkeypatch.setenv("MINIONS_DATASETS", str(folder))
     return folder

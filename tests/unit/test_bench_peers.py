@@ -3,8 +3,6 @@ output agreement with Minions `off`, the pin the llama-server build reads."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from benchmarks.bench_peers import HELD_OUT, workload_prompts
@@ -12,15 +10,13 @@ from benchmarks.peers.llama_server_build import pinned_version
 from benchmarks.peers.report import summarize
 from benchmarks.peers.streams import Cell, Sample
 from minions.text.datasets import COPY_HEAVY, DATASETS, load_prompts
+from tests.support.datasets import write_prompt_sets
 
 
 @pytest.fixture
 def prompt_sets(tmp_path, monkeypatch):
     """Every prompt set as a small file of distinct prompts (the tests need nothing outside the project)."""
-    for name, file in (DATASETS | COPY_HEAVY).items():
-        key = "turns" if name == "mt_bench" else "prompt"
-        rows = [{key: [f"{name} {i}"] if key == "turns" else f"{name} {i}"} for i in range(200)]
-        (tmp_path / file).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_prompt_sets(tmp_path, {name: [f"{name} {i}" for i in range(200)] for name in DATASETS | COPY_HEAVY})
     monkeypatch.setenv("MINIONS_DATASETS", str(tmp_path))
 
 
