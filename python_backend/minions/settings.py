@@ -33,6 +33,23 @@ class EngineKind(StrEnum):
         return ", ".join(kind.value for kind in cls)
 
 
+DERIVED = "derived"
+"""Field metadata: the renderer computes this setting from the rest of the deployment; not a deploy.yaml key."""
+RANGE = "range"
+"""Field metadata: the (lowest, highest) a number in deploy.yaml must lie in; highest None: no bound."""
+
+
+def derived(default: Any) -> Any:
+    """A setting the renderer computes (model names, paths, budgets): deploy.yaml may not set it."""
+    return dataclasses.field(default=default, metadata={DERIVED: True})
+
+
+def ranged(default: Any, lowest: float, highest: float | None = None) -> Any:
+    """A numeric setting whose deploy.yaml value must lie in [lowest, highest] (minions.deploy.schema);
+    numbers declared plainly must be >= 0."""
+    return dataclasses.field(default=default, metadata={RANGE: (lowest, highest)})
+
+
 class _Settings:
     """Conversion between a settings dataclass and mappings of YAML values or config.pbtxt strings."""
 
@@ -82,21 +99,21 @@ def _render(value: Any) -> str:
 class EngineSettings(_Settings):
     """One engine model (the llm or an ssm_* entry of deploy.yaml)."""
 
-    model_name: str = ""
+    model_name: str = derived("")
     engine: str = ""
     """An EngineKind (tensorrtllm models have TrtllmSettings instead)."""
-    model_path: str = ""
+    model_path: str = derived("")
     """Resolved by the renderer from the entry's `source`."""
-    num_threads: int = 2
-    max_batch_size: int = 8
+    num_threads: int = ranged(2, 1)
+    max_batch_size: int = ranged(8, 1)
     """Triton's dynamic batcher (or the in-flight batch) hands up to this many requests to one pass."""
     max_queue_delay_us: int = 0
-    instance_count: int = 1
-    max_sequences: int = 8
+    instance_count: int = ranged(1, 1)
+    max_sequences: int = ranged(8, 1)
     """Sequences whose state (KV cache, llama.cpp sequence) the engine keeps, LRU beyond."""
     prefix_caching: bool = True
     """llama.cpp: finished sequences stay as prefixes that new requests share (engines/prefix_cache.py)."""
-    max_context: int = 2048
+    max_context: int = derived(2048)
     """Set from orchestrator.max_context by the renderer."""
     dtype: str = "float32"
     """torch engines' weights and KV: float32 | float16 | bfloat16."""
@@ -105,15 +122,15 @@ class EngineSettings(_Settings):
     min_forward_tokens: int = 1
     kv_budget_mb: float = 0.0
     """0: unbounded."""
-    draft_min_prob: float = 0.0
+    draft_min_prob: float = ranged(0.0, 0, 1)
     """llama.cpp: stop a greedy draft early below this top-1 probability (0 = never)."""
-    max_ngram: int = 3
-    min_ngram: int = 1
+    max_ngram: int = ranged(3, 1)
+    min_ngram: int = ranged(1, 1)
     suffix_max_match: int = 24
     """suffix: the longest suffix of the sequence matched (tokens)."""
     suffix_min_match: int = 2
     """suffix: the shortest match that drafts (the length of the m-grams it indexes)."""
-    suffix_min_prob: float = 0.1
+    suffix_min_prob: float = ranged(0.1, 0, 1)
     """suffix: stop a draft once the product of its tokens' shares among the matches falls below this."""
     suffix_corpus_tokens: int = 200_000
     """suffix: tokens of released sequences kept to draft from, oldest sequences evicted first (0: none)."""
@@ -129,23 +146,23 @@ class TrtllmSettings(_Settings):
     """One model served by Triton's `tensorrtllm` backend (deploy.yaml `engine: tensorrtllm`): what its
     config.pbtxt says and what its engine is built with (minions.deploy.trtllm_build), from one place."""
 
-    model_name: str = ""
-    checkpoint_dir: str = ""
+    model_name: str = derived("")
+    checkpoint_dir: str = derived("")
     """The Hugging Face checkpoint (the entry's `source`), resolved by the renderer."""
     engine_dir: str = ""
     """Where the built engine lives (`gpt_model_path`): the entry's `engine_dir`, else <cache_dir>/trtllm/<name>."""
     dtype: str = "bfloat16"
-    max_batch_size: int = 64
+    max_batch_size: int = ranged(64, 1)
     max_queue_delay_us: int = 0
-    max_seq_len: int = 2048
+    max_seq_len: int = derived(2048)
     """Set from orchestrator.max_context by the renderer."""
-    max_num_tokens: int = 8192
+    max_num_tokens: int = ranged(8192, 1)
     """Tokens of one engine step (context chunks and generation together)."""
     max_draft_len: int = 0
     """The LLM verifier: draft tokens one request may carry (orchestrator.max_num_draft_tokens unless set;
     built with --speculative_decoding_mode draft_tokens_external). SSMs: 0."""
-    tp_size: int = 1
-    kv_cache_free_gpu_mem_fraction: float = 0.5
+    tp_size: int = ranged(1, 1)
+    kv_cache_free_gpu_mem_fraction: float = ranged(0.5, 0, 1)
     """Of the GPU memory free once the weights are loaded; models load one after another, so a later
     model's fraction is of what the earlier ones left."""
     enable_kv_cache_reuse: bool = True
@@ -165,8 +182,9 @@ class OrchestratorSettings(_Settings):
     """The `minions` orchestrator model: request defaults and limits, and the speculation machinery's knobs.
     The request defaults are the shipped deployment's (deploy.yaml repeats them to document them)."""
 
-    model_name: str = "minions"
-    instance_count: int = 1
+    model_name: str = derived("minions")
+    """deploy.yaml's orchestrator `name`."""
+    instance_count: int = ranged(1, 1)
     default_speculation: str = "vote"
     """off | vote | bandit | single:<ssm> (vote:<ssm>,<ssm> for a subset); a deployment that serves no
     SSM must say `off` (the renderer refuses a vote over none)."""
@@ -175,9 +193,9 @@ class OrchestratorSettings(_Settings):
     draft_length_candidates: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
     """What the adaptive selector chooses from (0 = plain decoding)."""
     max_num_draft_tokens: int = 16
-    default_max_tokens: int = 128
-    max_tokens_limit: int = 1024
-    max_context: int = 2048
+    default_max_tokens: int = ranged(128, 1)
+    max_tokens_limit: int = ranged(1024, 1)
+    max_context: int = ranged(2048, 1)
     default_chat: bool = False
     default_use_draft_logits: bool = True
     """Sampled requests: a lone SSM samples its draft and sends its logits (the min(1, p/q) rule)."""
@@ -185,7 +203,7 @@ class OrchestratorSettings(_Settings):
     """Draft round r+1 while the LLM verifies round r (a request's `pipeline` overrides)."""
     pipeline_max_load: int = 1
     """Early drafts only while at most this many requests decode (0: always)."""
-    pipeline_min_hit: float = 0.5
+    pipeline_min_hit: float = ranged(0.5, 0, 1)
     """...or while the selector expects an early draft to be used at least this often (0: never)."""
     vote_deadline_ms: float = 500.0
     vote_explore_every: int = 8
@@ -229,23 +247,23 @@ class OrchestratorSettings(_Settings):
     max_queued_requests: int = 64
     """Requests waiting for a slot at most; beyond, a request is refused at once with UNAVAILABLE (0: no bound)."""
     # Derived by the renderer from the rest of the deployment:
-    llm_model_name: str = "llm"
-    ssm_model_names: tuple[str, ...] = ()
-    decoupled_model_names: tuple[str, ...] = ()
-    llm_max_batch_size: int = EngineSettings.max_batch_size
+    llm_model_name: str = derived("llm")
+    ssm_model_names: tuple[str, ...] = derived(())
+    decoupled_model_names: tuple[str, ...] = derived(())
+    llm_max_batch_size: int = derived(EngineSettings.max_batch_size)
     """The LLM's batch (TensorRT-LLM's max_batch_size, else its EngineSettings')."""
-    llm_max_sequences: int = EngineSettings.max_sequences
+    llm_max_sequences: int = derived(EngineSettings.max_sequences)
     """Sequences the LLM keeps live (for TensorRT-LLM: its max_batch_size)."""
-    trtllm_model_names: tuple[str, ...] = ()
+    trtllm_model_names: tuple[str, ...] = derived(())
     """Engine models served by TensorRT-LLM's own backend: they take tensorrt_llm's inputs only
     (engines/tensors.py OWN_INPUTS are not sent) and keep no sequence between calls (nothing to release)."""
-    engine_grpc_url: str = "127.0.0.1:8001"
+    engine_grpc_url: str = derived("127.0.0.1:8001")
     """tritonserver's own gRPC endpoint, through which the orchestrator calls the engine models
     (triton/engine_client.py says why not Python-backend BLS)."""
-    tokenizer_path: str = ""
-    kv_budget_tokens: int = 0
+    tokenizer_path: str = derived("")
+    kv_budget_tokens: int = derived(0)
     """The LLM's KV budget in tokens (0: none; admission counts sequences only)."""
-    kv_chunk_tokens: int = 1
+    kv_chunk_tokens: int = derived(1)
 
     @property
     def num_draft_tokens(self) -> int | None:

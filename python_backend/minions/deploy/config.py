@@ -8,7 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from minions.settings import EngineKind
+from minions.deploy import schema
+from minions.settings import EngineKind, OrchestratorSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 """The project's root (deploy.yaml, model_repository/, build/)."""
@@ -73,6 +74,20 @@ class Deployment:
     def orchestrator(self) -> dict:
         return self.raw["orchestrator"]
 
+    @property
+    def orchestrator_name(self) -> str:
+        """The orchestrator model's name: its `name`, else OrchestratorSettings' default."""
+        return str(self.orchestrator.get("name", OrchestratorSettings.model_name))
+
+
+class DeploymentError(ValueError):
+    """A deployment file that cannot be served, with every problem found: one line each,
+    `<file>: <key path>: <problem>`."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
 
 def resolve(p: str | Path, base: Path) -> Path:
     p = Path(os.path.expanduser(str(p)))
@@ -80,19 +95,30 @@ def resolve(p: str | Path, base: Path) -> Path:
 
 
 def load_deployment(path: str | Path) -> Deployment:
-    path = Path(path).resolve()
-    raw = yaml.safe_load(path.read_text())
-    for key in ("llm", "orchestrator"):
-        if key not in raw:
-            raise ValueError(f"{path}: missing section {key!r}")
-    names = [raw["llm"]["name"]] + [s["name"] for s in raw.get("ssms", [])]
-    if len(set(names)) != len(names):
-        raise ValueError(f"{path}: model names must be unique, got {names}")
-    for m in [raw["llm"], *raw.get("ssms", [])]:
-        if m.get("engine") not in TEMPLATE_BY_ENGINE:
-            raise ValueError(f"{path}: model {m.get('name')!r} has unknown engine {m.get('engine')!r} "
-                             f"(one of {EngineKind.listed()})")
+    """The deployment a file describes, checked against the schema (deploy/schema.py); DeploymentError
+    names every problem, each prefixed with the path as given."""
+    shown, path = str(path), Path(path).resolve()
+    try:
+        raw = schema.normalized(yaml.safe_load(path.read_text()))
+    except OSError as exc:
+        raise DeploymentError([f"{shown}: {exc.strerror}"]) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{shown}:{mark.line + 1}" if mark else shown
+        raise DeploymentError([f"{where}: {getattr(exc, 'problem', None) or exc}"]) from None
+    problems = schema.problems(raw)
+    if problems:
+        raise DeploymentError([f"{shown}: {p}" for p in problems])
     return Deployment(raw, path, dict(raw.get("server", {})))
+
+
+def load_or_exit(path: str | Path) -> Deployment:
+    """load_deployment for a command line: a file with problems ends the program with them on stderr, one
+    line each, and exit status 1 (no traceback)."""
+    try:
+        return load_deployment(path)
+    except DeploymentError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def trtllm_engine_dir(model: dict, dep: Deployment) -> Path:

@@ -30,7 +30,7 @@ from minions.deploy.config import (
     Deployment,
     ServerPorts,
     distilled_dir,
-    load_deployment,
+    load_or_exit,
     trtllm_engine_dir,
 )
 from minions.engines.sequence_cache import KV_GROWTH_TOKENS
@@ -77,7 +77,7 @@ def orchestrator_settings(dep: Deployment, grpc_url: str | None = None) -> Orche
     engines = [llm, *dep.ssms]
     settings = OrchestratorSettings.from_yaml(
         orch,
-        model_name=orch.get("name", OrchestratorSettings.model_name),
+        model_name=dep.orchestrator_name,
         llm_model_name=llm["name"],
         ssm_model_names=tuple(s["name"] for s in dep.ssms),
         decoupled_model_names=tuple(m["name"] for m in engines if TEMPLATE_BY_ENGINE[m["engine"]] in DECOUPLED_TEMPLATES),
@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "build" / "model_repository"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    print(render_repository(load_deployment(args.deploy), Path(args.out)))
+    print(render_repository(load_or_exit(args.deploy), Path(args.out)))
 
 
 if __name__ == "__main__":

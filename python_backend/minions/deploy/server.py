@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from minions.deploy.config import ROOT, Deployment, ServerPorts, load_deployment
+from minions.deploy.config import ROOT, Deployment, ServerPorts, load_or_exit
 from minions.deploy.render import render_repository
 from minions.triton.shm import sweep_orphaned_shm
 
@@ -198,7 +198,7 @@ def main() -> None:
     parser.add_argument("--prepare-only", action="store_true", help="render the repository and exit")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    dep = load_deployment(args.deploy)
+    dep = load_or_exit(args.deploy)
     if dep.server.get("triton_home"):
         os.environ[TRITON_HOME_ENV] = str(dep.server["triton_home"])
     build = Path(args.build)
@@ -211,7 +211,7 @@ def main() -> None:
     sweep_orphaned_shm()  # an earlier server's killed stubs
     log.info("HTTP %s:%d, gRPC %s:%d, metrics %s:%d, OpenAI %s", ports.host, ports.http, ports.host, ports.grpc,
              ports.host, ports.metrics, f"http://{ports.host}:{ports.openai}/v1" if ports.openai else "off")
-    sys.exit(serve(cmd, ports, dep.orchestrator["name"]))
+    sys.exit(serve(cmd, ports, dep.orchestrator_name))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minions.deploy.artifacts import hf_dir_for
-from minions.deploy.config import ROOT, Deployment, load_deployment, resolve
+from minions.deploy.config import ROOT, Deployment, load_or_exit, resolve
 from minions.deploy.render import orchestrator_settings, trtllm_settings
 from minions.settings import EngineKind, TrtllmSettings
 
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.command == "convert":
             convert(args.checkpoint, args.out, args.dtype, args.tp_size)
             return
-        plan = build_plan(load_deployment(args.deploy))
+        plan = build_plan(load_or_exit(args.deploy))
         if not plan:
             log.info("%s serves no %s model: nothing to build", args.deploy, EngineKind.TENSORRTLLM)
         elif args.dry_run:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from minions.deploy.artifacts import hf_dir_for, smollm2_gguf
-from minions.deploy.config import ROOT, load_deployment
+from minions.deploy.config import ROOT, load_or_exit
 from minions.engines.distilled_model import MANIFEST_FILE, DistilledDraftModel, is_distilled_dir, load_draft_model
 from minions.engines.torch_engine import TorchEngine, load_causal_lm
 from minions.text.datasets import DATASETS, load_prompts
@@ -132,7 +132,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
 
-    dep = load_deployment(args.deploy)
+    dep = load_or_exit(args.deploy)
     teacher_dir = hf_dir_for(dep.llm["source"], dep)
     out = dep.cache_dir / "distill"
     teacher = load_causal_lm(str(teacher_dir))
