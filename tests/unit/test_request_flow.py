@@ -22,6 +22,7 @@ from minions.settings import DEFAULTS, OrchestratorSettings
 from minions.speculation.mode import Speculation, SpeculationMode
 from minions.speculation.rounds import Round
 from minions.text.prompt import chat_messages
+from tests.support.model_config import BLS_TEXT_OUTPUT, shape_breaches, template_config
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .!$"
 EOS = ALPHABET.index("$")
@@ -184,17 +185,35 @@ def test_response_arrays_carry_perf_metrics_only_when_asked():
                      planned=3))
     plain = response_arrays(greq(), "ab", stream, None)
     assert set(plain) == {"text_output", "num_output_tokens", "num_input_tokens", "batch_index", "sequence_index"}
-    assert plain["text_output"][0] == b"ab" and plain["batch_index"][0] == plain["sequence_index"][0] == 0
-    assert plain["num_input_tokens"][0] == 200
+    assert plain["text_output"].tolist() == [b"ab"]
+    assert plain["batch_index"].tolist() == plain["sequence_index"].tolist() == [[0]]
+    assert plain["num_input_tokens"].tolist() == [[200]]
     full = response_arrays(greq(return_perf_metrics=True), "ab", stream, "stop")
-    assert full["finish_reason"][0] == b"stop"
-    assert full["total_draft_tokens"][0] == 3 and full["total_accepted_draft_tokens"][0] == 1
-    np.testing.assert_allclose(full["acceptance_rate"], [1 / 3], rtol=1e-6)
-    assert list(full["draft_lengths"]) == [3]
-    assert (full["arrival_time_ns"][0] <= full["first_scheduled_time_ns"][0] <= full["first_token_time_ns"][0]
-            <= full["last_token_time_ns"][0])
-    assert full["kv_cache_alloc_total_blocks"][0] == full["kv_cache_alloc_new_blocks"][0] == 2  # 202 tokens
-    assert full["kv_cache_reused_blocks"][0] == 0
+    assert full["finish_reason"].tolist() == [[b"stop"]]
+    assert full["total_draft_tokens"].tolist() == [[3]] and full["total_accepted_draft_tokens"].tolist() == [[1]]
+    np.testing.assert_allclose(full["acceptance_rate"], [[1 / 3]], rtol=1e-6)
+    assert full["draft_lengths"].tolist() == [[3]]
+    assert (full["arrival_time_ns"][0, 0] <= full["first_scheduled_time_ns"][0, 0] <= full["first_token_time_ns"][0, 0]
+            <= full["last_token_time_ns"][0, 0])
+    assert full["kv_cache_alloc_total_blocks"].tolist() == full["kv_cache_alloc_new_blocks"].tolist() == [[2]]  # 202
+    assert full["kv_cache_reused_blocks"].tolist() == [[0]]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_response_arrays_have_the_shapes_the_minions_config_declares(streamed):
+    """Every output is [batch = 1, its config dims], as tensorrt_llm_bls sends them (the end-to-end
+    client reads each perf output as [0][0]); text_output alone is [1], as tensorrt_llm_bls sends it."""
+    config = template_config("minions")
+    stream = TextStream(greq(stream=streamed, return_log_probs=True), CharTokenizer(), EOS,
+                        RequestPerf(arrival_ns=time.time_ns(), prompt_tokens=20))
+    stream.add(Round(tokens=ids("ab"), ssm="s", drafted=3, accepted=1, draft_seconds=0.0, verify_seconds=0.0,
+                     planned=3, log_probs=[-0.5, -0.25]))
+    for finish_reason in (None, "stop"):
+        arrays = response_arrays(greq(stream=streamed, return_perf_metrics=True, return_log_probs=True), "ab",
+                                 stream, finish_reason)
+        assert {"finish_reason", "draft_lengths", "cum_log_probs"} - set(arrays) == (
+            {"finish_reason"} if finish_reason is None else set())
+        assert shape_breaches(config, {n: a.shape for n, a in arrays.items()}, BLS_TEXT_OUTPUT) == {}
 
 
 def test_request_latencies_from_arrival_first_and_last_tokens():

@@ -174,39 +174,45 @@ def response_arrays(greq: GenerationRequest, text: str, stream: TextStream,
                     finish_reason: str | None) -> dict[str, np.ndarray]:
     """A response's output tensors: tensorrt_llm_bls's (one sequence, so batch and sequence index 0;
     the perf outputs when asked), plus the prompt's token count (an OpenAI answer's usage), finish_reason
-    and the speculation metrics."""
+    and the speculation metrics. Each is [batch = 1, its dims in the model's config], as tensorrt_llm_bls
+    sends them (its end-to-end client reads a perf output as [0][0]); text_output alone is [1], as
+    tensorrt_llm_bls sends it (its postprocessing model's string per sequence; the client reads [0])."""
     stats, perf = stream.stats, stream.perf
+
+    def one(value, dtype) -> np.ndarray:  # config dims [1]: [batch, 1]
+        return np.array([[value]], dtype=dtype)
+
     out = {
         "text_output": np.array([text.encode("utf-8")], dtype=np.object_),
-        "num_output_tokens": np.array([stats.emitted_tokens], dtype=np.int32),
-        "num_input_tokens": np.array([perf.prompt_tokens], dtype=np.int32),
-        "batch_index": np.array([0], dtype=np.int32),
-        "sequence_index": np.array([0], dtype=np.int32),
+        "num_output_tokens": one(stats.emitted_tokens, np.int32),
+        "num_input_tokens": one(perf.prompt_tokens, np.int32),
+        "batch_index": one(0, np.int32),
+        "sequence_index": one(0, np.int32),
     }
     if finish_reason is not None:
-        out["finish_reason"] = np.array([finish_reason.encode()], dtype=np.object_)
+        out["finish_reason"] = one(finish_reason.encode(), np.object_)
     if greq.return_log_probs:  # the tokens' since the previous response, and the sum of all so far
         start, stream.sent_log_probs = stream.sent_log_probs, len(stream.log_probs)
         tokens = [stream.tokenizer.decode([t]).encode("utf-8") for t in stream.log_prob_tokens[start:]]
         out["output_log_probs"] = np.array([[stream.log_probs[start:]]], dtype=np.float32)
         out["output_tokens"] = np.array([tokens], dtype=np.object_).reshape(1, -1)
-        out["cum_log_probs"] = np.array([[sum(stream.log_probs)]], dtype=np.float32)
+        out["cum_log_probs"] = one(sum(stream.log_probs), np.float32)
     if greq.return_perf_metrics:
         blocks = perf.blocks(stats.emitted_tokens)
         out |= {
-            "acceptance_rate": np.array([stats.acceptance_rate], dtype=np.float32),
-            "total_accepted_draft_tokens": np.array([stats.accepted_tokens], dtype=np.int32),
-            "total_draft_tokens": np.array([stats.draft_tokens], dtype=np.int32),
-            "num_rounds": np.array([stats.rounds], dtype=np.int32),
-            "num_llm_calls": np.array([stats.llm_calls], dtype=np.int32),
-            "draft_lengths": np.array(stats.planned_lengths, dtype=np.int32),
-            "num_pipelined_drafts": np.array([stats.pipelined_drafts], dtype=np.int32),
-            "kv_cache_alloc_new_blocks": np.array([blocks], dtype=np.int32),
-            "kv_cache_reused_blocks": np.array([0], dtype=np.int32),
-            "kv_cache_alloc_total_blocks": np.array([blocks], dtype=np.int32),
-            "arrival_time_ns": np.array([perf.arrival_ns], dtype=np.int64),
-            "first_scheduled_time_ns": np.array([perf.scheduled_ns], dtype=np.int64),
-            "first_token_time_ns": np.array([perf.first_token_ns], dtype=np.int64),
-            "last_token_time_ns": np.array([perf.last_token_ns], dtype=np.int64),
+            "acceptance_rate": one(stats.acceptance_rate, np.float32),
+            "total_accepted_draft_tokens": one(stats.accepted_tokens, np.int32),
+            "total_draft_tokens": one(stats.draft_tokens, np.int32),
+            "num_rounds": one(stats.rounds, np.int32),
+            "num_llm_calls": one(stats.llm_calls, np.int32),
+            "draft_lengths": np.array(stats.planned_lengths, dtype=np.int32).reshape(1, -1),
+            "num_pipelined_drafts": one(stats.pipelined_drafts, np.int32),
+            "kv_cache_alloc_new_blocks": one(blocks, np.int32),
+            "kv_cache_reused_blocks": one(0, np.int32),
+            "kv_cache_alloc_total_blocks": one(blocks, np.int32),
+            "arrival_time_ns": one(perf.arrival_ns, np.int64),
+            "first_scheduled_time_ns": one(perf.scheduled_ns, np.int64),
+            "first_token_time_ns": one(perf.first_token_ns, np.int64),
+            "last_token_time_ns": one(perf.last_token_ns, np.int64),
         }
     return out
