@@ -21,6 +21,7 @@ from minions.engines.tensors import (
 )
 from minions.errors import InvalidRequest
 from minions.text.bad_words import BadWords
+from tests.support.model_config import shape_breaches, template_config
 
 
 def ids(values) -> np.ndarray:
@@ -150,6 +151,35 @@ def test_encode_outputs_excluding_input():
     assert out["output_ids"].shape == (2, 1, 3)
     np.testing.assert_array_equal(out["output_ids"][:, 0], [[5, 0, 0], [6, 7, 8]])
     np.testing.assert_array_equal(out["sequence_length"], [[1], [3]])
+
+
+@pytest.mark.parametrize("exclude", [False, True])
+def test_a_streamed_response_holds_only_the_new_tokens(exclude):
+    """As tensorrt_llm streams: each response of a streaming call carries the tokens made since the one
+    before, never the input, whatever exclude_input_in_output says (a client puts the prompt in front
+    itself), and the orchestrator reads them back so."""
+    q = EngineRequest("a", [1, 2, 3], 4, streaming=True, exclude_input_in_output=exclude, pad_id=0)
+    for result in (EngineResult([7], final=False), EngineResult([8, 9])):
+        out = encode_engine_outputs([q], [result])
+        assert out["output_ids"].tolist() == [[result.tokens]]
+        assert out["sequence_length"].tolist() == [[len(result.tokens)]]
+        assert decode_engine_outputs(q, out).tokens == result.tokens
+    empty = encode_engine_outputs([q], [EngineResult([])])  # a final response after every token streamed
+    assert empty["output_ids"].shape == (1, 1, 0) and empty["sequence_length"].tolist() == [[0]]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_every_output_has_the_shape_the_engine_config_declares(streaming):
+    """[batch, the config's dims] for each output an engine model sends (the shared tensorrt_llm block)."""
+    config = template_config("llamacpp")
+    requests = [EngineRequest(r, [1, 2], 3, streaming=streaming, return_log_probs=True, return_perf_metrics=True,
+                              return_generation_logits=True) for r in ("a", "b")]
+    results = [EngineResult([4, 5], logits=np.zeros((2, 6), np.float32), log_probs=[-1.0, -2.0]),
+               EngineResult([6], logits=np.zeros((1, 6), np.float32), log_probs=[-3.0])]
+    out = encode_engine_outputs(requests, results, CallTimes(1, 2, 3))
+    assert {"cum_log_probs", "generation_logits", "kv_cache_reused_blocks", "acceptance_rate"} <= set(out)
+    assert shape_breaches(config, {n: a.shape for n, a in out.items()}) == {}
+    assert all(a.shape[0] == 2 for a in out.values())
 
 
 def test_encode_generation_logits():

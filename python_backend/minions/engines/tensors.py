@@ -153,10 +153,11 @@ class CallTimes:
 def encode_engine_outputs(requests: list[EngineRequest], results: list[EngineResult],
                           times: CallTimes | None = None) -> dict[str, np.ndarray]:
     """Batch the results in tensorrt_llm's layout: output_ids [batch, beam=1, len] padded with pad_id;
-    the perf outputs when a request asks for them (`times` then required)."""
-    rows = [
-        (r.tokens if q.exclude_input_in_output else q.input_ids + r.tokens) for q, r in zip(requests, results)
-    ]
+    the perf outputs when a request asks for them (`times` then required). A row holds its input
+    first unless `exclude_input_in_output`, except a streaming call's: each of its responses holds the
+    tokens made since the one before and nothing else, as TensorRT-LLM streams (its clients put the
+    prompt in front themselves)."""
+    rows = [r.tokens if _new_tokens_only(q) else q.input_ids + r.tokens for q, r in zip(requests, results)]
     width = max((len(r) for r in rows), default=0)
     output_ids = np.zeros((len(rows), 1, width), dtype=np.int32)
     for i, (q, row) in enumerate(zip(requests, rows)):
@@ -184,6 +185,11 @@ def encode_engine_outputs(requests: list[EngineRequest], results: list[EngineRes
                 logits[i, 0, : r.logits.shape[0], : r.logits.shape[1]] = r.logits
         out["generation_logits"] = logits
     return out
+
+
+def _new_tokens_only(request: EngineRequest) -> bool:
+    """Whether output_ids carry the call's new tokens alone, without its input."""
+    return request.exclude_input_in_output or request.streaming
 
 
 def _log_prob_outputs(requests: list[EngineRequest], results: list[EngineResult]) -> dict[str, np.ndarray]:
@@ -283,11 +289,12 @@ def build_engine_inputs(request: EngineRequest, native: bool = False) -> dict[st
 
 def decode_engine_outputs(request: EngineRequest, outputs: Mapping[str, np.ndarray]) -> EngineResult:
     """The inverse of encode_engine_outputs for the one sequence `request` built: the new tokens
-    (output_ids up to sequence_length, past the input unless it was excluded) and, when asked for, their
-    log probs and generation logits. `outputs` maps output names to arrays; generation_logits may be absent."""
+    (output_ids up to sequence_length, past the input unless it was excluded or the call streams) and,
+    when asked for, their log probs and generation logits. `outputs` maps output names to arrays;
+    generation_logits may be absent."""
     length = int(np.asarray(outputs["sequence_length"]).reshape(-1)[0])
     tokens = np.asarray(outputs["output_ids"]).reshape(-1)[:length]
-    if not request.exclude_input_in_output:
+    if not _new_tokens_only(request):
         tokens = tokens[len(request.input_ids):]
     logits = None
     generation_logits = outputs.get("generation_logits")
