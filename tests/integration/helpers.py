@@ -9,7 +9,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,19 @@ def http_post(url: str, body: dict | str, timeout: float = 120.0) -> tuple[int, 
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def http_request(url: str, data: bytes | Iterable[bytes] | None = None, method: str = "POST",
+                 headers: Mapping[str, str] | None = None, timeout: float = 120.0) -> tuple[int, dict[str, str], str]:
+    """One raw HTTP request (no client library between the test and the server): status, headers, body.
+    An iterable `data` goes in chunks (Transfer-Encoding: chunked, no Content-Length)."""
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, dict(resp.headers), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
 
 
 def http_ok(url: str) -> bool:

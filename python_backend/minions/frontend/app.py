@@ -3,8 +3,9 @@
 Every request becomes one generation on the `minions` model over Triton's gRPC streaming endpoint
 (triton_stream.py). A streamed answer is sent as server-sent events ending with `data: [DONE]`; a
 client that disconnects cancels its stream, and Triton cancels the request in the model. Errors are
-OpenAI's error JSON: 400 for a request to change, 404 for an unknown model, 503 when the server is at
-capacity, 500 otherwise. A stream that fails after it started sends the error as an event, then [DONE].
+OpenAI's error JSON (errors.py): 400 for a request to change, 404 for an unknown model, 413 for a body
+over the limit (limits.py), 503 with Retry-After when the server is at capacity, 500 otherwise. A
+stream that fails after it started sends the error as an event, then [DONE].
 """
 
 from __future__ import annotations
@@ -15,47 +16,28 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from minions.frontend.errors import install_error_handlers, openai_error
+from minions.frontend.limits import BodyLimit, check_stop
 from minions.frontend.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
+from minions.frontend.settings import FrontendSettings
 from minions.frontend.translate import Generation, chat_inputs, completion_inputs, sse
 from minions.frontend.triton_stream import TritonError, TritonStream
 
 log = logging.getLogger("minions.frontend")
 
-HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.NOT_FOUND: 404,
-               grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.RESOURCE_EXHAUSTED: 503,
-               grpc.StatusCode.CANCELLED: 499}
-"""Triton's status for a failed request -> the HTTP status answered (500 for any other)."""
-
 DISCONNECT_POLL_S = 0.1
 """How often a non-streamed request checks whether its client is still there."""
 
 
-def openai_error(exc: TritonError) -> OpenAIError:
-    status = HTTP_STATUS.get(exc.code, 500)
-    return OpenAIError(status, str(exc), code="server_busy" if status == 503 else None)
-
-
-def create_app(triton: TritonStream, model: str) -> FastAPI:
+def create_app(triton: TritonStream, model: str, settings: FrontendSettings = FrontendSettings()) -> FastAPI:
     """The service for `model` (the name clients send, and /v1/models lists) served through `triton`."""
     app = FastAPI(title="Minions OpenAI-compatible API")
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     started = int(time.time())
-
-    @app.exception_handler(OpenAIError)
-    async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        message = first.get("msg", "invalid request").removeprefix("Value error, ")
-        return JSONResponse(OpenAIError(400, f"{param}: {message}" if param else message, param).body(),
-                            status_code=400)
 
     def card() -> dict[str, Any]:
         return {"id": model, "object": "model", "created": started, "owned_by": "minions"}
@@ -92,26 +74,27 @@ def create_app(triton: TritonStream, model: str) -> FastAPI:
     async def _serve(request: Request, body, inputs: dict[str, Any], gen: Generation, prefix: str = ""):
         if body.model != model:
             raise _unknown_model(body.model)
+        check_stop(body.stop_words(), settings)
         responses = _Logged(triton.generate(inputs, gen.id), gen, request.url.path)
         if not body.stream:
-            await _until_disconnected(request, _gather(responses, gen))
+            await _until_disconnected(request, _gather(responses, gen, settings.retry_after_s))
             return gen.body(prefix)
         try:  # the first response before the headers: a refused request gets its status, not a broken stream
             first = await _until_disconnected(request, anext(responses, None))  # it may wait for a slot
         except TritonError as exc:
-            raise openai_error(exc) from None
+            raise openai_error(exc, settings.retry_after_s) from None
         return StreamingResponse(_events(responses, first, gen, prefix, body.include_usage),
                                  media_type="text/event-stream")
 
     return app
 
 
-async def _gather(responses: AsyncIterator[dict[str, Any]], gen: Generation) -> None:
+async def _gather(responses: AsyncIterator[dict[str, Any]], gen: Generation, retry_after_s: int) -> None:
     try:
         async for outputs in responses:
             gen.add(outputs)
     except TritonError as exc:
-        raise openai_error(exc) from None
+        raise openai_error(exc, retry_after_s) from None
 
 
 async def _until_disconnected(request: Request, work):

@@ -2,31 +2,62 @@
 
 Fields OpenAI defines but Minions cannot honour are accepted at their neutral value and refused
 otherwise (`OpenAIError`, 400, naming the field), as the `minions` model does for tensorrt_llm_bls's
-inputs. Unknown fields are ignored, as vLLM's and Triton's own OpenAI frontends do. `speculation`,
+inputs. Unknown fields are ignored, as vLLM's and Triton's own OpenAI frontends do; a string anywhere
+in the body that is not Unicode text (a lone UTF-16 surrogate, `"\ud800"`, which JSON can spell but
+UTF-8 cannot) is refused, since the prompt must reach the model as UTF-8. `speculation`,
 `num_draft_tokens`, `top_k`, `min_tokens` and `repetition_penalty` are extensions (docs/api.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 499: "request_cancelled",
-               503: "service_unavailable", 500: "server_error"}
-"""An error's HTTP status -> its `type` in OpenAI's error JSON."""
+ERROR_TYPES = {404: "not_found_error", 499: "request_cancelled", 503: "service_unavailable"}
+"""An error's HTTP status -> its `type` in OpenAI's error JSON; any other 4xx is an
+`invalid_request_error`, any other 5xx a `server_error`."""
+
+INT32_MAX = 2**31 - 1
+"""The largest value of the model's INT32 inputs (max_tokens, top_k, ...): the model checks its own
+limits, the frontend only that a number reaches it."""
 
 
 class OpenAIError(Exception):
-    """An error answered as OpenAI's error JSON with an HTTP status."""
+    """An error answered as OpenAI's error JSON with an HTTP status (and headers, e.g. Retry-After)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = dict(headers or {})
+
+    @property
+    def type(self) -> str:
+        return ERROR_TYPES.get(self.status) or ("invalid_request_error" if self.status < 500 else "server_error")
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "server_error"),
-                          "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def lone_surrogate(value: Any) -> tuple[str, int] | None:
+    """Where a JSON value holds a string with a lone UTF-16 surrogate: (its path, e.g.
+    `messages.0.content`, and the character's index), or None. Iterative: the body may nest deep."""
+    pending: list[tuple[str, Any]] = [("", value)]
+    while pending:
+        path, item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return path, exc.start
+        elif isinstance(item, dict):
+            pending += [(f"{path}.{key}".lstrip("."), v) for key, v in reversed(item.items())]
+            pending += [(path, key) for key in item]  # a key is part of the text too
+        elif isinstance(item, list):
+            pending += [(f"{path}.{i}".lstrip("."), v) for i, v in reversed(list(enumerate(item)))]
+    return None
 
 
 class StreamOptions(BaseModel):
@@ -36,7 +67,7 @@ class StreamOptions(BaseModel):
 class SamplingFields(BaseModel):
     """What completions and chat completions share."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str
     stream: bool = False
@@ -53,10 +84,20 @@ class SamplingFields(BaseModel):
     user: str | None = None
     # extensions
     speculation: str | None = None
-    num_draft_tokens: int | None = Field(None, ge=0)
-    top_k: int | None = Field(None, ge=0)
-    min_tokens: int | None = Field(None, ge=0)
+    num_draft_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
+    top_k: int | None = Field(None, ge=0, le=INT32_MAX)
+    min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)
     repetition_penalty: float | None = Field(None, gt=0.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_text(cls, body: Any) -> Any:
+        """Raises OpenAIError (not ValueError) so that the answer names the string's path as `param`."""
+        if (where := lone_surrogate(body)) is not None:
+            path, index = where
+            raise OpenAIError(400, f"{path or 'body'}: a lone UTF-16 surrogate at character {index} is not "
+                                   "Unicode text; send text that UTF-8 can encode", path or None)
+        return body
 
     @model_validator(mode="after")
     def _supported(self):
@@ -64,8 +105,6 @@ class SamplingFields(BaseModel):
             raise ValueError("n: one choice per request is supported; send n 1")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported; leave it out")
-        if isinstance(self.stop, list) and len(self.stop) > 4:
-            raise ValueError("stop: at most 4 sequences")
         return self
 
     @property
@@ -83,7 +122,7 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX)
     """OpenAI's default for completions is 16 tokens."""
     echo: bool = False
     best_of: int | None = None
@@ -115,35 +154,46 @@ class CompletionRequest(SamplingFields):
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    type: str
-    text: str | None = None
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessage(BaseModel):
+    """One message. Its content is required, for every role: OpenAI lets an assistant message carry
+    tool calls instead (content null), and Minions serves no tool calls."""
+
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    content: str | list[ContentPart]
 
-    @model_validator(mode="after")
-    def _text_only(self):
-        if isinstance(self.content, list) and any(part.type != "text" for part in self.content):
-            raise ValueError("only text content parts are supported")
-        return self
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, content: Any) -> Any:
+        if content is None:
+            raise ValueError("content is required: a string or a list of text parts, not null (null content "
+                             "goes with tool calls, which are not supported)")
+        if isinstance(content, list) and not all(
+                isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+                for part in content):
+            raise ValueError('only text content parts are supported: {"type": "text", "text": "..."}')
+        if not isinstance(content, str | list):
+            raise ValueError("content must be a string or a list of text parts")
+        return content
 
     def as_minions(self) -> dict[str, str]:
         """{role, content} as the model's chat template takes it: text parts joined, `developer` as
         `system` (OpenAI's newer name for it)."""
         content = self.content
         if isinstance(content, list):
-            content = "".join(part.text or "" for part in content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+            content = "".join(part.text for part in content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     """OpenAI's newer name for max_tokens; either bounds the answer (the server's default otherwise)."""
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
