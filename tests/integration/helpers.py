@@ -131,11 +131,14 @@ def served(deploy: Path, build: Path, edit: Callable[[Path], None] | None = None
     assert "Fatal Python error" not in proc.log_text(), f"a stub crashed:\n{proc.log_text()[-3000:]}"
 
 
-def openai_frontend(server):
-    """A fixture's body: the OpenAI frontend for `server` on a free port, as `make serve` starts it,
-    yielded as its /v1 URL once /health answers; after, it must stop cleanly on SIGTERM."""
+def openai_frontend(server, env: Mapping[str, str] | None = None):
+    """A fixture's body: the OpenAI frontend for `server` on a free port, as `make serve` starts it (with
+    `env` added to its environment, and an API key only from `env`), yielded as its /v1 URL once /health
+    answers; after, it must stop cleanly on SIGTERM."""
     port = free_port()
-    proc = subprocess.Popen(frontend_command(server.grpc_url, "127.0.0.1", port, "minions"), env=server_env(),
+    keyless = {name: value for name, value in server_env().items() if not name.startswith("MINIONS_API_KEY")}
+    proc = subprocess.Popen(frontend_command(server.grpc_url, "127.0.0.1", port, "minions"),
+                            env={**keyless, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
 

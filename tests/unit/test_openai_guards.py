@@ -1,11 +1,12 @@
 """The OpenAI frontend's guards, without a server: text that is not Unicode, message content, the
-request-size limits, OpenAI's error object for every error, and the 503's Retry-After.
+request-size limits, the API key, OpenAI's error object for every error, and the 503's Retry-After.
 The middlewares are driven as ASGI apps directly."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import grpc
 import pytest
@@ -13,7 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from minions.errors import ServerBusy
-from minions.frontend.__main__ import parse_args
+from minions.frontend.__main__ import build_app, parse_args
+from minions.frontend.auth import API_KEY_ENV, API_KEY_FILE_ENV, RequireApiKey, api_key_from
 from minions.frontend.errors import _validation_error, openai_error
 from minions.frontend.limits import BodyLimit, check_stop
 from minions.frontend.protocol import INT32_MAX, ChatCompletionRequest, CompletionRequest, OpenAIError, lone_surrogate
@@ -80,6 +82,36 @@ def test_each_setting_is_a_flag_with_its_one_default():
         FrontendSettings(max_body_bytes=-1)
 
 
+def test_the_api_key_comes_from_the_environment_or_a_file(tmp_path):
+    assert api_key_from({}) is None and api_key_from({API_KEY_ENV: "  "}) is None
+    assert api_key_from({API_KEY_ENV: "s3cret"}) == ("s3cret", API_KEY_ENV)
+    file = tmp_path / "key"
+    file.write_text("s3cret\n")
+    assert api_key_from({API_KEY_FILE_ENV: str(file)})[0] == "s3cret"
+    with pytest.raises(ValueError, match="not both"):
+        api_key_from({API_KEY_ENV: "a", API_KEY_FILE_ENV: str(file)})
+    file.write_text("\n")
+    with pytest.raises(ValueError, match="holds no API key"):
+        api_key_from({API_KEY_FILE_ENV: str(file)})
+    with pytest.raises(ValueError, match="cannot read"):
+        api_key_from({API_KEY_FILE_ENV: str(tmp_path / "missing")})
+
+
+def test_start_up_says_whether_a_key_is_required_never_the_key(caplog):
+    with caplog.at_level(logging.INFO, logger="minions.frontend"):
+        build_app(parse_args([]), {API_KEY_ENV: "s3cret-value"})
+        build_app(parse_args([]), {})
+    assert f"API key: required on /v1, from {API_KEY_ENV}" in caplog.text
+    assert "API key: none required" in caplog.text and "s3cret-value" not in caplog.text
+
+
+def test_make_serve_passes_its_environment_to_the_frontend(monkeypatch):
+    from minions.deploy.server import server_env
+
+    monkeypatch.setenv(API_KEY_ENV, "s3cret")
+    assert server_env()[API_KEY_ENV] == "s3cret"
+
+
 class _App:
     """An ASGI app that records the body it read and answers 200."""
 
@@ -120,6 +152,20 @@ def _error(body: bytes) -> dict:
     error = json.loads(body)["error"]
     assert set(error) == {"message", "type", "param", "code"}
     return error
+
+
+def test_without_the_key_v1_gets_401_and_health_stays_open():
+    inner = _App()
+    app = RequireApiKey(inner, "s3cret")
+    status, headers, body = _call(app)
+    assert status == 401 and headers["www-authenticate"] == "Bearer"
+    assert _error(body)["code"] == "invalid_api_key" and inner.body is None  # refused before the body was read
+    for wrong in ("Bearer s3cre", "Bearer s3cret2", "Basic s3cret", "s3cret"):
+        assert _call(app, headers={"Authorization": wrong})[0] == 401, wrong
+    assert _call(app, "/v1/unknown")[0] == 401
+    assert _call(app, headers={"Authorization": "Bearer s3cret"})[0] == 200
+    assert _call(app, headers={"Authorization": "bearer  s3cret"})[0] == 200
+    assert _call(app, "/health")[0] == 200 and _call(app, "/v1x")[0] == 200  # not under /v1
 
 
 def test_a_body_over_the_limit_gets_413_and_any_other_reaches_the_app_whole():

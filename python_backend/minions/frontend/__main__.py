@@ -2,19 +2,21 @@
 
 `make serve` starts it beside tritonserver (minions/deploy/server.py) on deploy.yaml's
 `server.openai_port`; started by hand it needs Triton's gRPC address and the orchestrator's name.
-Its own limits are flags (FrontendSettings).
+Its own limits are flags (FrontendSettings); the API key comes from the environment (auth.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 
 import uvicorn
 from fastapi import FastAPI
 
 from minions.frontend.app import create_app
+from minions.frontend.auth import API_KEY_ENV, API_KEY_FILE_ENV, api_key_from
 from minions.frontend.settings import FrontendSettings
 from minions.frontend.triton_stream import TritonStream
 
@@ -22,7 +24,9 @@ log = logging.getLogger("minions.frontend")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="OpenAI-compatible API in front of the Minions Triton server")
+    parser = argparse.ArgumentParser(description="OpenAI-compatible API in front of the Minions Triton server",
+                                     epilog=f"API key: set {API_KEY_ENV}, or {API_KEY_FILE_ENV} to a file holding "
+                                            "it, to require 'Authorization: Bearer <key>' on /v1")
     parser.add_argument("--grpc-url", default="127.0.0.1:8001", help="tritonserver's gRPC endpoint")
     parser.add_argument("--model", default="minions", help="the orchestrator model, also the name clients send")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 serves other machines)")
@@ -31,16 +35,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def build_app(args: argparse.Namespace) -> FastAPI:
-    """The app for `args`. Raises ValueError for settings it cannot serve with."""
-    return create_app(TritonStream(args.grpc_url, args.model), args.model, FrontendSettings.from_args(args))
+def build_app(args: argparse.Namespace, environ: Mapping[str, str]) -> FastAPI:
+    """The app for `args`, with the API key `environ` holds; logs whether one is required (never the key).
+    Raises ValueError for settings or a key it cannot serve with."""
+    settings = FrontendSettings.from_args(args)
+    key = api_key_from(environ)
+    if key is None:
+        log.info("API key: none required (set %s or %s to require one)", API_KEY_ENV, API_KEY_FILE_ENV)
+    else:
+        log.info("API key: required on /v1, from %s", key[1])
+    return create_app(TritonStream(args.grpc_url, args.model), args.model, settings, key[0] if key else None)
 
 
 def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        app = build_app(args)
+        app = build_app(args, os.environ)
     except ValueError as exc:
         raise SystemExit(f"minions.frontend: {exc}") from None
     log.info("OpenAI API on http://%s:%d/v1 for %s at %s", args.host, args.port, args.model, args.grpc_url)

@@ -3,9 +3,9 @@
 Every request becomes one generation on the `minions` model over Triton's gRPC streaming endpoint
 (triton_stream.py). A streamed answer is sent as server-sent events ending with `data: [DONE]`; a
 client that disconnects cancels its stream, and Triton cancels the request in the model. Errors are
-OpenAI's error JSON (errors.py): 400 for a request to change, 404 for an unknown model, 413 for a body
-over the limit (limits.py), 503 with Retry-After when the server is at capacity, 500 otherwise. A
-stream that fails after it started sends the error as an event, then [DONE].
+OpenAI's error JSON (errors.py): 400 for a request to change, 401 without the API key (auth.py), 404 for
+an unknown model, 413 for a body over the limit (limits.py), 503 with Retry-After when the server is at
+capacity, 500 otherwise. A stream that fails after it started sends the error as an event, then [DONE].
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from minions.frontend.auth import RequireApiKey
 from minions.frontend.errors import install_error_handlers, openai_error
 from minions.frontend.limits import BodyLimit, check_stop
 from minions.frontend.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
@@ -32,11 +33,15 @@ DISCONNECT_POLL_S = 0.1
 """How often a non-streamed request checks whether its client is still there."""
 
 
-def create_app(triton: TritonStream, model: str, settings: FrontendSettings = FrontendSettings()) -> FastAPI:
-    """The service for `model` (the name clients send, and /v1/models lists) served through `triton`."""
+def create_app(triton: TritonStream, model: str, settings: FrontendSettings = FrontendSettings(),
+               api_key: str | None = None) -> FastAPI:
+    """The service for `model` (the name clients send, and /v1/models lists) served through `triton`;
+    with `api_key`, /v1 answers only requests that carry it."""
     app = FastAPI(title="Minions OpenAI-compatible API")
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    if api_key:
+        app.add_middleware(RequireApiKey, key=api_key)  # added last, so it runs first: no key, no body read
     started = int(time.time())
 
     def card() -> dict[str, Any]:
