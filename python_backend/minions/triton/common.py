@@ -6,6 +6,7 @@ import faulthandler
 import gc
 import json
 import logging
+import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -28,6 +29,16 @@ def input_arrays(request) -> dict[str, np.ndarray]:
 
 def error(message: str, code=None):
     return pb_utils.TritonError(message, code if code is not None else pb_utils.TritonError.INTERNAL)
+
+
+def series_labels(model: str, **labels: str) -> dict[str, str]:
+    """The labels of a model's custom metric series: the model, and the stub process serving it.
+
+    Triton 2.51 hands two instances the same series when their family names and labels are equal (one
+    Prometheus object), and deleting either's Metric frees it under the other: reloading a model
+    crashed tritonserver as soon as the new instance updated a metric the old one had just released
+    (docs/operations.md). The stub's pid keeps each instance's series its own."""
+    return {"model": model, "stub": str(os.getpid()), **labels}
 
 
 class TritonLogHandler(logging.Handler):

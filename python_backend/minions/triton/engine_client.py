@@ -63,7 +63,7 @@ class TritonEngineClient:
 
     def _stream_to(self, model: str) -> _SharedStream:
         stream = self._streams.get(model)
-        if stream is None or stream.broken:
+        if stream is None or stream.broken or stream.retiring:
             stream = self._streams[model] = _SharedStream(self.service(), model)
         return stream
 
@@ -136,19 +136,36 @@ class TritonEngineClient:
             raise EngineCallError(model, f"no response for {self.stall_timeout_s:.0f} s") from None
 
 
+STREAM_MAX_AGE_S = 10.0
+"""A shared stream takes new calls for this long; then the next call opens a new one, and the old one
+closes once its calls are answered. Triton 2.51 keeps a model's instance loaded while a gRPC stream
+that sent it requests stays open: without this, a reloaded engine model's old instance (its weights
+and KV cache) lived on until the orchestrator itself was unloaded (docs/operations.md)."""
+
+
 class _SharedStream:
-    """One ModelStreamInfer stream to a decoupled engine model, shared by every call to it and opened
-    once: a call costs a message each way rather than a new HTTP/2 stream. Responses are routed by
-    their Triton request id (a call's own: `TritonEngineClient._infer_request`); those of a call given up
-    on are dropped. A broken stream fails every call waiting on it, and the next call opens a new one."""
+    """One ModelStreamInfer stream to a decoupled engine model, shared by every call to it for
+    STREAM_MAX_AGE_S: a call costs a message each way rather than a new HTTP/2 stream. Responses are
+    routed by their Triton request id (a call's own: `TritonEngineClient._infer_request`); those of a
+    call given up on are dropped. A broken stream fails every call waiting on it, and the next call
+    opens a new one; so does the next call after the stream retired (`retire`)."""
 
     def __init__(self, stub: service_pb2_grpc.GRPCInferenceServiceStub, model: str) -> None:
         self.model = model
         self.broken: Exception | None = None
+        self.retiring = False
+        """It takes no new calls, and closes once the calls it carries are answered."""
         self._outgoing: asyncio.Queue = asyncio.Queue()
         self._waiting: dict[str, asyncio.Queue] = {}
         self._call = stub.ModelStreamInfer(self._requests())
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        loop = asyncio.get_running_loop()
+        self._reader = loop.create_task(self._read())
+        loop.call_later(STREAM_MAX_AGE_S, self.retire)
+
+    def retire(self) -> None:
+        """Take no new calls; close the stream once those it carries are answered."""
+        self.retiring = True
+        self._close_if_idle()
 
     def open(self, message: service_pb2.ModelInferRequest) -> asyncio.Queue:
         """Send `message`; its responses (or the stream's failure) arrive in the queue returned."""
@@ -162,10 +179,15 @@ class _SharedStream:
 
     def forget(self, call_id: str) -> None:
         self._waiting.pop(call_id, None)
+        self._close_if_idle()
+
+    def _close_if_idle(self) -> None:
+        if self.retiring and not self._waiting:
+            self._outgoing.put_nowait(_END_OF_CALLS)
 
     async def _requests(self):
-        while True:
-            yield await self._outgoing.get()
+        while (message := await self._outgoing.get()) is not _END_OF_CALLS:
+            yield message
 
     async def _read(self) -> None:
         try:
@@ -179,9 +201,15 @@ class _SharedStream:
         except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
             failure = ConnectionError(f"{type(exc).__name__}: {exc}")
         self.broken = failure
+        if self.retiring and not self._waiting:  # closed by us, every call answered
+            return
         log.warning("%s: the gRPC stream to the engine model ended (%s)", self.model, failure)
         for responses in self._waiting.values():
             responses.put_nowait(failure)
+
+
+_END_OF_CALLS = object()
+"""Queued after a retired stream's last call: its request iterator ends, which half-closes the stream."""
 
 
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1)]

@@ -31,7 +31,8 @@ from minions.errors import InvalidRequest
 from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
 from minions.settings import EngineSettings
 
-from .common import error, input_arrays, model_config, release_metrics, setup_logging, string_parameters
+from .common import (error, input_arrays, model_config, release_metrics, series_labels, setup_logging,
+                     string_parameters)
 
 log = logging.getLogger("minions.engine")
 
@@ -57,7 +58,7 @@ class TritonPythonModel:
             description="Sequences whose state (KV cache or llama.cpp context) an engine holds",
             kind=pb_utils.MetricFamily.GAUGE,
         )
-        self.cached_gauge = self.cached_family.Metric(labels={"model": self.name})
+        self.cached_gauge = self.cached_family.Metric(labels=series_labels(self.name))
         # Batching: mean batch = sequences / passes; padding share = pad_tokens / tokens. Totals as
         # gauges (the engine owns the counters; a gauge mirrors them without double counting).
         self.batch_family = pb_utils.MetricFamily(
@@ -66,7 +67,7 @@ class TritonPythonModel:
             kind=pb_utils.MetricFamily.GAUGE,
         )
         self.batch_gauges = {
-            what: self.batch_family.Metric(labels={"model": self.name, "what": what})
+            what: self.batch_family.Metric(labels=series_labels(self.name, what=what))
             for what in (f.name for f in dataclasses.fields(BatchStats))
         }
         self.kv_family = pb_utils.MetricFamily(
@@ -74,7 +75,7 @@ class TritonPythonModel:
             description="Bytes held by the engine's KV caches (bounded by its kv_budget_mb)",
             kind=pb_utils.MetricFamily.GAUGE,
         )
-        self.kv_gauge = self.kv_family.Metric(labels={"model": self.name})
+        self.kv_gauge = self.kv_family.Metric(labels=series_labels(self.name))
         # vLLM's prefix-cache counters (prefix_cache_queries, prefix_cache_hits), in tokens.
         self.prefix_families = {
             what: pb_utils.MetricFamily(name=f"minions_prefix_cache_{what}", description=description,
@@ -84,7 +85,7 @@ class TritonPythonModel:
                 ("hits", "Prompt tokens of new sequences found in the engine's prefix cache (not computed again)"),
             )
         }
-        self.prefix_counters = {what: family.Metric(labels={"model": self.name})
+        self.prefix_counters = {what: family.Metric(labels=series_labels(self.name))
                                 for what, family in self.prefix_families.items()}
         self._exported: dict[object, float] = {}
         """The value each gauge was last set to, and each counter's total when last increased: an update is

@@ -8,6 +8,8 @@ import triton_python_backend_utils as pb_utils
 
 from minions.serving.metric_tally import Key, MetricTally
 
+from .common import series_labels
+
 COUNTERS = {
     "minions_spec_decode_num_drafts": "Verification rounds that carried a non-empty draft",
     "minions_spec_decode_num_draft_tokens": "Draft tokens proposed by SSMs and sent to the LLM",
@@ -71,7 +73,7 @@ class SpeculationMetrics:
         if metric is None:
             name, labels = key
             buckets = HISTOGRAMS[name][1] if name in HISTOGRAMS else None
-            metric = self.families[name].Metric(labels={"model": self.model, **dict(labels)}, buckets=buckets)
+            metric = self.families[name].Metric(labels=series_labels(self.model, **dict(labels)), buckets=buckets)
             self._metrics[key] = metric
         return metric
 

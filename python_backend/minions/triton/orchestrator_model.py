@@ -98,16 +98,17 @@ class TritonPythonModel:
                                    self.services.health, self.metrics.tally, self.settings.model_poll_interval_s,
                                    self.settings.ssm_reload)
         self.tasks: set[asyncio.Task] = set()
-        self._started = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The stub's event loop, which runs every task (set by the first execute)."""
         log.info("%s: ready (llm=%s, ssms=%s, default speculation %s)", self.name, self.settings.llm_model_name,
                  ",".join(self.settings.ssm_model_names), self.settings.default_speculation)
 
     async def execute(self, requests):
         loop = asyncio.get_running_loop()
-        if not self._started:  # the stub's event loop runs from the first execute on
+        if self._loop is None:  # the stub's event loop runs from the first execute on
+            self._loop = loop
             self.tasks.add(loop.create_task(self.metrics.flush_every(METRICS_FLUSH_INTERVAL_S)))
             self.tasks.add(loop.create_task(self.models.watch()))
-            self._started = True
         for request in requests:
             task = loop.create_task(self._serve(request))
             self.tasks.add(task)
@@ -209,7 +210,9 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in arrays.items()])
 
     def finalize(self) -> None:
-        for task in list(self.tasks):
-            task.cancel()
+        # finalize runs on the stub's main thread, the tasks on the event loop's: cancel them there.
+        if self._loop is not None and not self._loop.is_closed():
+            for task in list(self.tasks):
+                self._loop.call_soon_threadsafe(task.cancel)
         release_metrics(self.metrics)
         log.info("%s: unloaded", self.name)
