@@ -146,9 +146,35 @@ def test_malformed_chat_messages_are_refused_with_what_to_change(text, message):
         decode_request(greq(text=text, chat=True), CharTokenizer(), OrchestratorSettings())
 
 
-@pytest.mark.parametrize("text", ["[a] is a list", "[1, 2]", "[ not json"])
+@pytest.mark.parametrize("text", ["[a] is a list", "[1, 2]", "[ not json", "[" * 100_000 + "]" * 100_000])
 def test_chat_text_that_only_opens_with_a_bracket_is_the_users_message(text):
+    """Text nested deeper than json parses (its RecursionError was an internal error) is text too."""
     assert chat_messages(text) == [{"role": "user", "content": text}]
+
+
+class RustTokenizer(CharTokenizer):
+    """Refuses what Hugging Face's tokenizers refuse: text UTF-8 cannot encode."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        text.encode("utf-8")  # raises UnicodeEncodeError, as tokenizers raise TypeError
+        return super().encode(text, add_special_tokens)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[{"role": "user", "content": "ab\\ud800"}]', "chat message 0, 'content': a lone UTF-16 surrogate at character 2"),
+    ('[{"role": "system", "content": "a"}, {"role": "user", "content": "\\udfff"}]',
+     "chat message 1, 'content': a lone UTF-16 surrogate at character 0 is not Unicode text"),
+    ('[{"role": "user", "content": "a", "name": "\\udc00"}]', "chat message 0, 'name': a lone UTF-16 surrogate"),
+    ('[{"role": "user", "content": "a", "\\ud800": 1}]', "chat message 0: a lone UTF-16 surrogate"),
+])
+def test_a_lone_surrogate_in_chat_messages_is_refused_before_the_tokenizer(text, message):
+    """JSON's escape spells a surrogate that UTF-8 cannot: the tokenizer's TypeError was a 500."""
+    with pytest.raises(InvalidRequest, match=message):
+        decode_request(greq(text=text, chat=True), RustTokenizer(), OrchestratorSettings())
+
+
+def test_a_surrogate_pair_in_chat_messages_is_text():
+    assert chat_messages('[{"role": "user", "content": "\\ud83d\\ude00"}]')[0]["content"] == "\U0001f600"
 
 
 def test_a_chat_template_error_is_an_invalid_request():

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from minions.text.surrogates import lone_surrogate, surrogate_message
+
 ERROR_TYPES = {404: "not_found_error", 499: "request_cancelled", 503: "service_unavailable"}
 """An error's HTTP status -> its `type` in OpenAI's error JSON; any other 4xx is an
 `invalid_request_error`, any other 5xx a `server_error`."""
@@ -39,25 +41,6 @@ class OpenAIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def lone_surrogate(value: Any) -> tuple[str, int] | None:
-    """Where a JSON value holds a string with a lone UTF-16 surrogate: (its path, e.g.
-    `messages.0.content`, and the character's index), or None. Iterative: the body may nest deep."""
-    pending: list[tuple[str, Any]] = [("", value)]
-    while pending:
-        path, item = pending.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                return path, exc.start
-        elif isinstance(item, dict):
-            pending += [(f"{path}.{key}".lstrip("."), v) for key, v in reversed(item.items())]
-            pending += [(path, key) for key in item]  # a key is part of the text too
-        elif isinstance(item, list):
-            pending += [(f"{path}.{i}".lstrip("."), v) for i, v in reversed(list(enumerate(item)))]
-    return None
 
 
 class StreamOptions(BaseModel):
@@ -95,8 +78,7 @@ class SamplingFields(BaseModel):
         """Raises OpenAIError (not ValueError) so that the answer names the string's path as `param`."""
         if (where := lone_surrogate(body)) is not None:
             path, index = where
-            raise OpenAIError(400, f"{path or 'body'}: a lone UTF-16 surrogate at character {index} is not "
-                                   "Unicode text; send text that UTF-8 can encode", path or None)
+            raise OpenAIError(400, surrogate_message(path or "body", index), path or None)
         return body
 
     @model_validator(mode="after")

@@ -21,6 +21,7 @@ from minions.serving.compat import NEUTRAL_ONLY, UNSUPPORTED_FEATURES
 from minions.serving.inputs import SERVED
 from minions.settings import OrchestratorSettings
 from minions.speculation.mode import OFF, Speculation
+from minions.text.surrogates import encoded_surrogate, surrogate_message
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,19 +67,34 @@ def _scalar(inputs: Mapping[str, np.ndarray], name: str, kind: type, default):
 
 
 def _utf8(name: str, item) -> str:
+    """One BYTES value as text: InvalidRequest for bytes that are not UTF-8, and for a lone UTF-16
+    surrogate (spelt `"\\udc00"` in JSON, Triton's HTTP frontend passes it on as bytes), which the
+    tokenizer cannot take."""
     if isinstance(item, str):
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidRequest(surrogate_message(f"input {name!r}", exc.start)) from None
         return item
+    raw = bytes(item)
     try:
-        return bytes(item).decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
+        if (index := encoded_surrogate(raw)) is not None:
+            raise InvalidRequest(surrogate_message(f"input {name!r}", index)) from None
         raise InvalidRequest(f"input {name!r} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
 
 
-def _strings(inputs: Mapping[str, np.ndarray], name: str) -> tuple[str, ...]:
+def _strings(inputs: Mapping[str, np.ndarray], name: str, limits: OrchestratorSettings) -> tuple[str, ...]:
+    """A list input's non-empty strings, checked by its inputs.py check."""
     value = inputs.get(name)
     if value is None:
         return ()
-    return tuple(s for s in (_utf8(name, item) for item in np.asarray(value).reshape(-1)) if s)
+    strings = tuple(s for s in (_utf8(name, item) for item in np.asarray(value).reshape(-1)) if s)
+    check = SERVED[name].check
+    if check is not None and (problem := check(strings, limits)):
+        raise InvalidRequest(problem)
+    return strings
 
 
 def _value(inputs: Mapping[str, np.ndarray], name: str, limits: OrchestratorSettings):
@@ -114,8 +130,8 @@ def parse_generation_request(inputs: Mapping[str, np.ndarray], limits: Orchestra
         sampling=sampling,
         seed=request_seed(value("seed"), value("random_seed")),
         penalties=penalties,
-        stop_words=_strings(inputs, "stop_words"),
-        bad_words=_strings(inputs, "bad_words"),
+        stop_words=_strings(inputs, "stop_words", limits),
+        bad_words=_strings(inputs, "bad_words", limits),
         end_id=value("end_id"),
         exclude_input_in_output=value("exclude_input_in_output"),
         num_draft_tokens=k,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from minions.errors import InvalidRequest
+from minions.text.surrogates import lone_surrogate, surrogate_message
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
@@ -13,13 +14,14 @@ def chat_messages(text: str) -> list[dict]:
     """Chat input is either a JSON list of {role, content} messages or plain text from the user.
 
     Text that parses as a JSON list of objects is taken as messages and must be well formed (a
-    non-empty list; each a role from CHAT_ROLES and string content); any other text, including text
-    that merely opens with a bracket, is the user's message."""
+    non-empty list; each a role from CHAT_ROLES and string content; no lone UTF-16 surrogate, which a
+    JSON escape can spell, anywhere); any other text, including text that merely opens with a bracket,
+    is the user's message."""
     stripped = text.lstrip()
     if stripped.startswith("["):
         try:
             messages = json.loads(stripped)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # not JSON, or nested deeper than the parser goes
             messages = None
         if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
             _check_messages(messages)
@@ -38,6 +40,10 @@ def _check_messages(messages: list[dict]) -> None:
         if not isinstance(content, str):
             raise InvalidRequest(f"chat message {i} has content of type {type(content).__name__}: content must be "
                                  "a string")
+    if (where := lone_surrogate(messages)) is not None:  # JSON's "\ud800": the tokenizer cannot take it
+        path, index = where
+        message, _, field = path.partition(".")
+        raise InvalidRequest(surrogate_message(f"chat message {message}" + (f", {field!r}" if field else ""), index))
 
 
 def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
