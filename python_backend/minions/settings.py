@@ -196,6 +196,12 @@ class OrchestratorSettings(_Settings):
     default_max_tokens: int = ranged(128, 1)
     max_tokens_limit: int = ranged(1024, 1)
     max_context: int = ranged(2048, 1)
+    max_stop_strings: int = ranged(4, 0)
+    """Stop strings (`stop_words`) one request may send at most, as OpenAI and TGI allow; each is matched
+    against the generated text at every token. The OpenAI frontend's `--max-stop-strings` defaults to it."""
+    max_stop_chars: int = ranged(256, 1)
+    """Characters of one stop string at most: matching one costs up to its length squared per token.
+    The OpenAI frontend's `--max-stop-chars` defaults to it."""
     default_chat: bool = False
     default_use_draft_logits: bool = True
     """Sampled requests: a lone SSM samples its draft and sends its logits (the min(1, p/q) rule)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -135,6 +137,26 @@ def test_default_speculation_comes_from_limits():
         ({"speculation": text(b"single:ssm_q4,ngram")}, "unknown speculation 'single:ssm_q4,ngram'"),
         ({"speculation": text(b"\xc3")}, "'speculation' is not valid UTF-8"),
         ({"stop_words": np.array([[b"ok", b"\xff"]], dtype=object)}, "'stop_words' is not valid UTF-8"),
+        # A lone surrogate as Triton's HTTP frontend passes JSON's "\udc00" on (its three UTF-8-like bytes),
+        # in every BYTES input the model reads, and as a str (the tokenizer's TypeError otherwise)
+        ({"text_input": text("ab\udc00".encode("utf-8", "surrogatepass"))},
+         "input 'text_input': a lone UTF-16 surrogate at character 2 is not Unicode text"),
+        ({"text_input": text("\ud800")}, "input 'text_input': a lone UTF-16 surrogate at character 0"),
+        ({"stop_words": np.array([[b"ok", "\udfff".encode("utf-8", "surrogatepass")]], dtype=object)},
+         "input 'stop_words': a lone UTF-16 surrogate"),
+        ({"bad_words": np.array([["\ud83d".encode("utf-8", "surrogatepass")]], dtype=object)},
+         "input 'bad_words': a lone UTF-16 surrogate"),
+        ({"speculation": text("off\udc00".encode("utf-8", "surrogatepass"))},
+         "input 'speculation': a lone UTF-16 surrogate at character 3"),
+        ({"bad_words": np.array([[b"\xc3"]], dtype=object)}, "'bad_words' is not valid UTF-8"),
+        ({"top_p": f32(np.inf)}, r"'top_p' must be in \(0, 1\], got inf"),
+        ({"repetition_penalty": f32(np.nan)}, "'repetition_penalty' must be > 0"),
+        ({"presence_penalty": f32(-np.inf)}, "'presence_penalty' must be a finite number"),
+        ({"min_tokens": i32(-1)}, "'min_tokens' must be >= 0, got -1"),
+        ({"max_tokens": i32(2**31 - 1)}, r"'max_tokens' must be in \[1, 256\], got 2147483647"),
+        ({"speculation": text(b"")}, "unknown speculation ''"),
+        ({"beam_width": i32(2)}, "beam search is not supported"),
+        ({"image_url_input": text(b"http://x")}, "image input are not supported"),
     ],
 )
 def test_bad_input_gives_helpful_invalid_request(inputs, message):
@@ -184,3 +206,33 @@ def test_vote_and_bandit_use_every_ssm_unless_listed():
 def test_vote_needs_at_least_one_ssm():
     with pytest.raises(InvalidRequest, match="unknown speculation 'vote'"):
         Speculation.parse("vote", ())
+
+
+def _stops(*words: bytes) -> np.ndarray:
+    return np.array([list(words)], dtype=object)
+
+
+def test_stop_strings_are_bounded_in_number_and_length():
+    """Each stop string is matched at every token, at a cost growing with the square of its length."""
+    limits = dataclasses.replace(LIMITS, max_stop_strings=2, max_stop_chars=3)
+    at_limits = _stops(b"abc", b"", "é".encode() * 3)
+    request = parse_generation_request({"text_input": text(b"hi"), "stop_words": at_limits}, limits)
+    assert request.stop_words == ("abc", "ééé"), "at the limits (empty strings dropped, characters counted)"
+    with pytest.raises(InvalidRequest, match=r"'stop_words' may hold at most 2 stop strings \(max_stop_strings\), "
+                                              "got 3"):
+        parse_generation_request({"text_input": text(b"hi"), "stop_words": _stops(b"a", b"b", b"c")}, limits)
+    with pytest.raises(InvalidRequest, match=r"at most 3 characters \(max_stop_chars\), got one of 4"):
+        parse_generation_request({"text_input": text(b"hi"), "stop_words": _stops(b"abcd")}, limits)
+
+
+def test_the_default_stop_limits_refuse_a_huge_list_and_a_huge_string():
+    with pytest.raises(InvalidRequest, match=f"at most {LIMITS.max_stop_strings} stop strings"):
+        parse(stop_words=_stops(*[b"x%d" % i for i in range(10_000)]))
+    with pytest.raises(InvalidRequest, match=f"at most {LIMITS.max_stop_chars} characters"):
+        parse(stop_words=_stops(b"x" * 100_000))
+
+
+def test_bad_words_are_not_bound_by_the_stop_limits():
+    limits = dataclasses.replace(LIMITS, max_stop_strings=1, max_stop_chars=1)
+    request = parse_generation_request({"text_input": text(b"hi"), "bad_words": _stops(b"darn", b"heck")}, limits)
+    assert request.bad_words == ("darn", "heck")

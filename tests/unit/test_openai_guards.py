@@ -21,6 +21,7 @@ from minions.frontend.limits import BodyLimit, check_stop
 from minions.frontend.protocol import INT32_MAX, ChatCompletionRequest, CompletionRequest, OpenAIError, lone_surrogate
 from minions.frontend.settings import FrontendSettings
 from minions.frontend.triton_stream import TritonError
+from minions.settings import DEFAULTS
 
 
 def test_a_lone_surrogate_is_found_by_its_path_however_deep():
@@ -72,6 +73,12 @@ def test_stop_strings_are_bounded_in_number_and_length():
     with pytest.raises(OpenAIError, match="at most 3 characters, got one of 4") as long:
         check_stop(["abcd"], settings)
     assert many.value.param == long.value.param == "stop" and many.value.status == 400
+
+
+def test_the_stop_limits_default_to_the_models():
+    """One default each: the `minions` model refuses beyond its own on Triton's ports (minions.settings)."""
+    assert (FrontendSettings().max_stop_strings, FrontendSettings().max_stop_chars) == \
+        (DEFAULTS.max_stop_strings, DEFAULTS.max_stop_chars) == (4, 256)
 
 
 def test_each_setting_is_a_flag_with_its_one_default():

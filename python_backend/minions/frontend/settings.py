@@ -1,11 +1,14 @@
 """The OpenAI frontend's own options, each default defined once: a field here, a flag of
 `python -m minions.frontend` (`--max-body-bytes`, ...). The limits the `minions` model enforces (the
-context, `max_tokens_limit`) are the deployment's (minions.settings), not repeated here."""
+context, `max_tokens_limit`) are the deployment's (minions.settings), not repeated here; the stop-string
+limits default to the model's (minions.settings), which refuses beyond them on Triton's own ports too."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field, fields
+
+from minions.settings import DEFAULTS
 
 
 def _option(default: int, help: str) -> int:
@@ -17,9 +20,10 @@ class FrontendSettings:
     """Request-size limits and the 503 answer's retry hint."""
 
     max_body_bytes: int = _option(4 * 2**20, "a request body above this many bytes gets 413")
-    max_stop_strings: int = _option(4, "stop strings a request may send at most (OpenAI's 4)")
-    max_stop_chars: int = _option(256, "characters of one stop string at most (each is matched against the "
-                                       "text at every token)")
+    max_stop_strings: int = _option(DEFAULTS.max_stop_strings, "stop strings a request may send at most, as "
+                                    "OpenAI allows (the minions model's default max_stop_strings)")
+    max_stop_chars: int = _option(DEFAULTS.max_stop_chars, "characters of one stop string at most, each matched "
+                                  "against the text at every token (the minions model's default max_stop_chars)")
     retry_after_s: int = _option(1, "the Retry-After header of a 503 (the server at capacity), in seconds")
 
     def __post_init__(self) -> None:

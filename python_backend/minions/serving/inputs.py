@@ -22,7 +22,8 @@ from minions.settings import OrchestratorSettings
 
 Default = Callable[[OrchestratorSettings], Any]
 Check = Callable[[Any, OrchestratorSettings], str | None]
-"""A value's problem as the client's message (None: fine)."""
+"""A value's problem as the client's message (None: fine); a list input's value is the tuple of its
+non-empty strings."""
 
 _SAMPLING = SamplingParams()
 
@@ -57,6 +58,17 @@ def _finite_at_least_zero(v, _s) -> str | None:
     return None if np.isfinite(v) and v >= 0 else f"'temperature' must be >= 0, got {v}"
 
 
+def _stop_limits(stops: tuple[str, ...], s: OrchestratorSettings) -> str | None:
+    """Each stop string is matched against the text at every token, at a cost that grows with the
+    square of its length: their number and length are bounded (empty strings are dropped first)."""
+    if len(stops) > s.max_stop_strings:
+        return f"'stop_words' may hold at most {s.max_stop_strings} stop strings (max_stop_strings), got {len(stops)}"
+    if (longest := max(map(len, stops), default=0)) > s.max_stop_chars:
+        return (f"'stop_words': a stop string may hold at most {s.max_stop_chars} characters (max_stop_chars), "
+                f"got one of {longest}")
+    return None
+
+
 _SERVED = [
     Input("text_input", "TYPE_STRING", check=lambda v, _s: None if v.strip() else "'text_input' is empty"),
     Input("max_tokens", "TYPE_INT32", default=_setting("default_max_tokens"), setting="default_max_tokens",
@@ -69,7 +81,7 @@ _SERVED = [
           check=lambda v, _s: None if v >= 0 else f"'top_k' must be >= 0, got {v}"),
     Input("seed", "TYPE_UINT64"),
     Input("random_seed", "TYPE_UINT64"),
-    Input("stop_words", "TYPE_STRING", (-1,)),
+    Input("stop_words", "TYPE_STRING", (-1,), check=_stop_limits),
     Input("bad_words", "TYPE_STRING", (-1,)),
     Input("end_id", "TYPE_INT32"),
     Input("pad_id", "TYPE_INT32"),
