@@ -11,3 +11,8 @@ class ServerBusy(RuntimeError):
     PREFIX = "the server is at capacity"
     """How its message begins: a decoupled model's error reaches gRPC stream and SSE clients without a
     status code, so clients (the load test) recognise a refusal by it."""
+
+
+class ModelUnavailable(RuntimeError):
+    """A model the request needs is not ready (unloaded, loading, or its stub died and it is being
+    loaded again): Triton's UNAVAILABLE; retry later."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import numpy as np
@@ -25,6 +25,7 @@ from tritonclient.utils import np_to_triton_dtype
 
 from minions.decoding.engine_call import STREAM_INTERVAL_PARAMETER, EngineRequest, EngineResult
 from minions.engines.tensors import build_engine_inputs, decode_engine_outputs
+from minions.errors import ModelUnavailable
 
 log = logging.getLogger("minions.engines")
 
@@ -51,6 +52,8 @@ class TritonEngineClient:
         instead of hanging (settings.py, engine_stall_timeout_s)."""
         self._service: service_pb2_grpc.GRPCInferenceServiceStub | None = None
         self._streams: dict[str, _SharedStream] = {}
+        self._open: set[_SharedStream] = set()
+        """Every stream not closed yet, the retiring ones included (`fail_model` ends them all)."""
         self._calls = itertools.count()
 
     def service(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
@@ -64,8 +67,15 @@ class TritonEngineClient:
     def _stream_to(self, model: str) -> _SharedStream:
         stream = self._streams.get(model)
         if stream is None or stream.broken or stream.retiring:
-            stream = self._streams[model] = _SharedStream(self.service(), model)
+            stream = self._streams[model] = _SharedStream(self.service(), model, self._open.discard)
+            self._open.add(stream)
         return stream
+
+    def fail_model(self, model: str, failure: ModelUnavailable) -> None:
+        """End every call waiting on `model` at once with `failure` (its stub died: they would wait for
+        the stall timeout); later calls go over a new stream."""
+        for stream in [s for s in self._open if s.model == model]:
+            stream.fail(failure)
 
     async def generate(self, model: str, request: EngineRequest) -> EngineResult:
         """One call, one result."""
@@ -95,6 +105,8 @@ class TritonEngineClient:
         try:
             while True:
                 response = await self._within_timeout(model, responses.get())
+                if isinstance(response, ModelUnavailable):
+                    raise response
                 if isinstance(response, Exception):
                     raise EngineCallError(model, f"the gRPC stream broke: {response}")
                 if response.error_message:
@@ -150,8 +162,10 @@ class _SharedStream:
     call given up on are dropped. A broken stream fails every call waiting on it, and the next call
     opens a new one; so does the next call after the stream retired (`retire`)."""
 
-    def __init__(self, stub: service_pb2_grpc.GRPCInferenceServiceStub, model: str) -> None:
+    def __init__(self, stub: service_pb2_grpc.GRPCInferenceServiceStub, model: str,
+                 on_closed: Callable[[_SharedStream], None]) -> None:
         self.model = model
+        self._on_closed = on_closed
         self.broken: Exception | None = None
         self.retiring = False
         """It takes no new calls, and closes once the calls it carries are answered."""
@@ -166,6 +180,15 @@ class _SharedStream:
         """Take no new calls; close the stream once those it carries are answered."""
         self.retiring = True
         self._close_if_idle()
+
+    def fail(self, failure: Exception) -> None:
+        """End every waiting call with `failure`; the next call opens a new stream. This one is left
+        open, not cancelled: cancelling requests held by a dead stub aborted tritonserver 2.51
+        (boost::interprocess::lock_exception in the Python backend) in one test run of two."""
+        self.broken = failure
+        for responses in self._waiting.values():
+            responses.put_nowait(failure)
+        self._waiting.clear()
 
     def open(self, message: service_pb2.ModelInferRequest) -> asyncio.Queue:
         """Send `message`; its responses (or the stream's failure) arrive in the queue returned."""
@@ -200,9 +223,11 @@ class _SharedStream:
             failure: Exception = ConnectionError("the server closed the stream")
         except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
             failure = ConnectionError(f"{type(exc).__name__}: {exc}")
-        self.broken = failure
-        if self.retiring and not self._waiting:  # closed by us, every call answered
+        self._on_closed(self)
+        if self.broken is not None or self.retiring and not self._waiting:  # failed or closed by us
+            self.broken = self.broken or failure
             return
+        self.broken = failure
         log.warning("%s: the gRPC stream to the engine model ended (%s)", self.model, failure)
         for responses in self._waiting.values():
             responses.put_nowait(failure)

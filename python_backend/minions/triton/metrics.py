@@ -27,10 +27,12 @@ COUNTERS = {
     "minions_control_seconds": "Time spent voting, updating weights and choosing SSMs",
     "minions_request_seconds": "Wall time of finished requests, for the control-time share",
     "minions_ssm_reloads": "Times the orchestrator loaded an SSM's model again after its stub died, by outcome",
+    "minions_llm_reloads": "Times the orchestrator loaded the LLM's model again after its stub died, by outcome",
 }
 GAUGES = {
     "minions_ssm_weight": "The vote's current global weight of an SSM",
     "minions_ssm_ready": "1 while Triton reports the SSM's model ready and the orchestrator drafts with it, else 0",
+    "minions_llm_ready": "1 while the LLM's model is ready and its stub answers, else 0 (requests are refused)",
 }
 
 HISTOGRAMS = {

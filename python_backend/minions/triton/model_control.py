@@ -1,4 +1,4 @@
-"""The orchestrator's view of Triton's model repository (explicit model control): which SSM models
+"""The orchestrator's view of Triton's model repository (explicit model control): which of its models
 are ready, and reloading one whose stub died.
 
 Triton 2.51 neither restarts a dead Python-backend stub nor marks its model not ready: requests to it
@@ -6,6 +6,11 @@ fail with "Stub process ... is not healthy" until the model is loaded again. So 
 Triton for the repository's state every `poll_interval_s` (an SSM an operator unloaded, or one that is
 reloading, is skipped; one loaded again is used at once), and when an SSM's breaker opens on a dead
 stub it loads the model again through the repository API, as an operator would.
+
+The LLM has no stand-in: while it is not ready requests are refused at once (UNAVAILABLE) rather than
+left to fail after the engine stall timeout. Its stub's death is found by a probe each poll (a `stop`
+of a sequence that does not exist, which a live stub answers at once), or by any call that fails so;
+then every call waiting on it ends at once with UNAVAILABLE, and its model is loaded again.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from pathlib import Path
 
 from tritonclient.grpc import service_pb2
 
+from minions.decoding.engine_call import EngineRequest
+from minions.errors import ModelUnavailable
 from minions.serving.metric_tally import MetricTally
 from minions.speculation.health import SsmHealth
 from minions.triton.shm import sweep_orphaned_shm
@@ -31,12 +38,19 @@ DEAD_STUB = "is not healthy"
 
 SWEEP_DELAYS_S = (1.0, 2.0, 4.0, 8.0)
 
+PROBE_ID = "minions-health-probe"
+"""The sequence the LLM probe stops: none has this id, so a live stub answers at once and keeps nothing."""
+
 
 class ModelControl:
-    def __init__(self, client: TritonEngineClient, repository: Path, ssms: tuple[str, ...], health: SsmHealth,
-                 tally: MetricTally, poll_interval_s: float, reload: bool) -> None:
+    def __init__(self, client: TritonEngineClient, repository: Path, llm: str, ssms: tuple[str, ...],
+                 health: SsmHealth, tally: MetricTally, poll_interval_s: float, reload: bool) -> None:
         self.client = client
         self.repository = repository
+        self.llm = llm
+        self.llm_unavailable: str | None = None
+        """Why requests are refused now (the LLM is not ready, or its stub died); None while it serves."""
+        self._llm_ready_exported: float | None = None
         self.ssms = ssms
         self.health = health
         self.tally = tally
@@ -58,9 +72,53 @@ class ModelControl:
     async def poll(self) -> None:
         index = await self.client.service().RepositoryIndex(service_pb2.RepositoryIndexRequest(ready=False))
         states = {m.name: (m.state, m.reason) for m in index.models}
+
+        def described(model: str) -> tuple[bool, str]:
+            state, reason = states.get(model, ("UNAVAILABLE", "not in the repository"))
+            return state == "READY", f"{state}{f': {reason}' if reason else ''}"
+
         for ssm in self.ssms:
-            state, reason = states.get(ssm, ("UNAVAILABLE", "not in the repository"))
-            self._set_ready(ssm, state == "READY", f"{state}{f': {reason}' if reason else ''}")
+            self._set_ready(ssm, *described(ssm))
+        if self.llm not in self._reloading:
+            ready, state = described(self.llm)
+            self._set_llm(None if ready else f"the LLM model {self.llm!r} is not ready ({state}): retry later")
+            if ready and self.llm not in self.client.native_models:  # TensorRT-LLM's own models keep no sequences
+                await self._probe_llm()
+
+    async def _probe_llm(self) -> None:
+        try:
+            await self.client.generate(self.llm, EngineRequest.release(PROBE_ID))
+        except Exception as exc:
+            self.llm_failed(str(exc))
+
+    def llm_failed(self, reason: str) -> None:
+        """A call to the LLM failed: if its stub died, end the calls waiting on it and load it again."""
+        if DEAD_STUB not in reason or self.llm in self._reloading:
+            return
+        log.error("LLM %s: its stub has died; ending the calls waiting on it and loading its model again", self.llm)
+        self._set_llm(f"the LLM model {self.llm!r} died and is being loaded again: retry later")
+        self.client.fail_model(self.llm, ModelUnavailable(self.llm_unavailable))
+        self._reloading[self.llm] = asyncio.get_running_loop().create_task(self._reload_llm())
+
+    def _set_llm(self, unavailable: str | None) -> None:
+        ready = float(unavailable is None)
+        if (unavailable is None) != (self.llm_unavailable is None):
+            if unavailable is None:
+                log.info("LLM %s is ready: requests are served again", self.llm)
+            else:
+                log.warning("%s; requests are refused", unavailable)
+        if ready != self._llm_ready_exported:
+            self.tally.set("minions_llm_ready", ready)
+            self._llm_ready_exported = ready
+        self.llm_unavailable = unavailable
+
+    async def _reload_llm(self) -> None:
+        outcome = await self._load_again(self.llm)
+        del self._reloading[self.llm]
+        self.tally.add("minions_llm_reloads", 1, outcome=outcome)
+        if outcome == "success":
+            self._set_llm(None)
+        await self._sweep_shm()
 
     def _set_ready(self, ssm: str, ready: bool, state: str) -> None:
         if ready and ssm in self._reloading:  # the dead stub's model until its reload is done
@@ -86,27 +144,35 @@ class ModelControl:
         for path in (self.repository / model).glob("[0-9]*/*"):
             os.utime(path)
 
+    async def _load_again(self, model: str) -> str:
+        """Load a model whose stub died through the repository API; the outcome, logged."""
+        try:
+            self._mark_modified(model)
+            await self.client.service().RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name=model))
+        except Exception as exc:
+            log.error("%s: loading its model again failed (%s); an operator must load it", model, exc)
+            return "error"
+        log.warning("%s: model loaded again", model)
+        return "success"
+
     async def _reload(self, ssm: str) -> None:
         log.error("SSM %s: its stub has died; loading its model again", ssm)
         self._set_ready(ssm, False, "its stub died")
         try:
-            self._mark_modified(ssm)
-            await self.client.service().RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name=ssm))
-            outcome = "success"
-            log.warning("SSM %s: model loaded again", ssm)
-        except Exception as exc:
-            outcome = "error"
-            log.error("SSM %s: loading its model again failed (%s); it stays skipped until an operator loads it",
-                      ssm, exc)
+            outcome = await self._load_again(ssm)
         finally:
             del self._reloading[ssm]
         self.tally.add("minions_ssm_reloads", 1, ssm=ssm, outcome=outcome)
         if outcome == "success":
             self._set_ready(ssm, True, "READY")
-        # The dead stub's shared memory, which neither it nor Triton frees, once tritonserver unmaps it
-        # as it unloads the old instance, about a second after the new one is ready. (Not for a
-        # decoupled model: Triton 2.51 keeps its old instance, and region, while requests the dead
-        # stub never answered are pending, until the server stops; its stop path sweeps it then.)
+        await self._sweep_shm()
+
+    @staticmethod
+    async def _sweep_shm() -> None:
+        """Remove the dead stub's shared memory, which neither it nor Triton frees, once tritonserver
+        unmaps it as it unloads the old instance, about a second after the new one is ready. (For a
+        decoupled model Triton 2.51 keeps the old instance, and region, while requests the dead stub
+        never answered are pending; the server's stop path sweeps it then.)"""
         for delay_s in SWEEP_DELAYS_S:
             await asyncio.sleep(delay_s)
             if sweep_orphaned_shm():

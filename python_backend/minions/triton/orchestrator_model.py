@@ -18,7 +18,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from minions.errors import InvalidRequest, ServerBusy
+from minions.errors import InvalidRequest, ModelUnavailable, ServerBusy
 from minions.serving.admission import Admission
 from minions.serving.flow import RequestPerf, TextStream, admit, decode_request, response_arrays
 from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
@@ -29,7 +29,7 @@ from minions.speculation.loop import speculative_decode
 from minions.speculation.services import Services
 
 from .common import error, input_arrays, model_config, release_metrics, setup_logging, string_parameters
-from .engine_client import TritonEngineClient
+from .engine_client import EngineCallError, TritonEngineClient
 from .metrics import SpeculationMetrics
 from .model_control import ModelControl
 
@@ -94,9 +94,9 @@ class TritonPythonModel:
         self.admission = Admission(self.settings.active_requests_limit, self.settings.kv_budget_tokens,
                                    self.settings.kv_chunk_tokens, self.settings.max_queued_requests)
         self.services = Services.from_settings(self.settings, load=lambda: self.admission.running)
-        self.models = ModelControl(self.client, Path(args["model_repository"]).parent, self.settings.ssm_model_names,
-                                   self.services.health, self.metrics.tally, self.settings.model_poll_interval_s,
-                                   self.settings.ssm_reload)
+        self.models = ModelControl(self.client, Path(args["model_repository"]).parent, self.settings.llm_model_name,
+                                   self.settings.ssm_model_names, self.services.health, self.metrics.tally,
+                                   self.settings.model_poll_interval_s, self.settings.ssm_reload)
         self.tasks: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         """The stub's event loop, which runs every task (set by the first execute)."""
@@ -130,13 +130,15 @@ class TritonPythonModel:
         except InvalidRequest as exc:
             outcome, detail = "invalid", str(exc)
             reply.finish(error(str(exc), pb_utils.TritonError.INVALID_ARG))
-        except ServerBusy as exc:
+        except (ServerBusy, ModelUnavailable) as exc:
             outcome, detail = "unavailable", str(exc)
             reply.finish(error(str(exc), pb_utils.TritonError.UNAVAILABLE))
         except RequestCancelled:
             outcome = "cancelled"
             reply.finish()
         except Exception as exc:
+            if isinstance(exc, EngineCallError) and exc.model == self.settings.llm_model_name:
+                self.models.llm_failed(str(exc))
             log.exception("%s: failed", request_id)
             detail = f"{type(exc).__name__}: {exc}"
             reply.finish(error(detail))
@@ -167,6 +169,8 @@ class TritonPythonModel:
                 task.cancel()
 
     async def _generate(self, greq: GenerationRequest, request_id: str, reply: _Reply, perf: RequestPerf) -> str:
+        if self.models.llm_unavailable:
+            raise ModelUnavailable(self.models.llm_unavailable)
         request = decode_request(greq, self.tokenizer, self.settings)
         reservation = await admit(self.admission, request, request_id)
         perf.scheduled_ns, perf.prompt_tokens = time.time_ns(), len(request.prompt_ids)
