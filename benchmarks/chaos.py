@@ -1,0 +1,692 @@
+"""Chaos: load on a fresh server while faults are injected at random (seeded) intervals; fails on what
+must never happen.
+
+    python -m benchmarks.chaos [--minutes 15] [--seed 1] [--faults ssm_kill,llm_kill,minions_kill,reload]
+
+Load: `--users` client threads, each a closed loop of streamed requests (gRPC ModelStreamInfer or HTTP
+SSE generate_stream, speculation `off` or `vote`, picked at random per request), made through the
+client library exactly as the Locust users of loadtest/ make them. They are threads here rather than
+headless Locust because the verdict needs each request's own ending (an incomplete stream must not be
+folded into "error") and a mix of modes in one run. Each request ends in one of:
+
+- served: its final response arrived;
+- refused: the server said it is at capacity (UNAVAILABLE, 503/429, `ServerBusy.PREFIX`);
+- failed: the server (or the transport) returned an error message;
+- incomplete: the stream ended without a final response and without an error;
+- hung: silent for `--hang-s` s (then cancelled), or still running when the load was told to stop and
+  `--hang-s` more passed.
+
+Faults are dealt from a shuffled deck of every (kind, model) pair, reshuffled when empty, so a run meets
+each before any repeats: `ssm_kill` (SIGKILL an SSM's stub), `llm_kill`, `minions_kill`, `reload`
+(touch the model's files and load it through the repository API, as an operator after an edit). After
+each fault the tool waits until the model has recovered (a new stub of it runs and Triton logged it
+loaded again), for at most `--recovery-s`; then it waits the fault's gap (drawn from the seed) before the
+next. A stub still dead at the deadline is a problem; the tool then loads the model itself, as an
+operator would, so the run goes on.
+
+It fails (exit 1, one line per problem) on a hung or incomplete request, a tritonserver exit or a
+crash in its log ("Signal (", "Fatal Python error"), a stub left dead beyond `--recovery-s`, a reload
+that failed, shared-memory regions of the server's stubs in /dev/shm that no live process maps once the
+load has stopped (or any left after the stop), and steady growth of the total RSS of tritonserver and
+its stubs after warm-up (benchmarks/trend.py). It writes bench_results/chaos/<timestamp>.json (every
+figure, each fault with its recovery and how the requests around it ended), <timestamp>.txt (the
+summary it prints) and <timestamp>.tritonserver.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from client.api import Completion, GenerationParams, MinionsClientError, SilentStreamError, generate_grpc, generate_http
+from loadtest.records import GRPC_TRANSPORT_FAILURES, UNAVAILABLE_STATUSES
+from minions.errors import ServerBusy
+from minions.text.datasets import DATASETS, mixed_prompts
+from minions.triton.shm import SHM_PREFIX, mapped_shm_regions
+from tests.support.triton_process import ROOT, TritonProcess, stop_process
+
+from .trend import Trend, trend
+
+FAULT_KINDS = ("ssm_kill", "llm_kill", "minions_kill", "reload")
+SERVED, REFUSED, FAILED, INCOMPLETE, HUNG = "served", "refused", "failed", "incomplete", "hung"
+OUTCOMES = (SERVED, REFUSED, FAILED, INCOMPLETE, HUNG)
+CRASH_MARKS = ("Signal (", "Fatal Python error")
+"""In tritonserver's log before it is asked to stop: a signal it caught (SIGSEGV, SIGABRT...), or a
+stub's native crash (faulthandler). A SIGKILLed stub leaves neither."""
+PROTOCOLS = ("grpc", "http")
+MODES = ("off", "vote")
+MIB = 2**20
+SETTLE_S = 15.0
+"""After a fault's recovery, how long memory samples still count as unsettled (the old instance's unload)."""
+
+
+# -- the pure parts: schedule, outcomes, memory, problems ----------------------------------------------
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    model: str
+    gap_s: float
+    """Seconds to wait, after the previous fault has settled, before this one."""
+
+
+def parse_faults(text: str) -> tuple[str, ...]:
+    """`ssm_kill,reload` -> the kinds, in FAULT_KINDS order; ValueError naming an unknown one."""
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in FAULT_KINDS]
+    if unknown or not kinds:
+        raise ValueError(f"unknown fault kind(s) {unknown or text!r}: choose from {','.join(FAULT_KINDS)}")
+    return tuple(k for k in FAULT_KINDS if k in kinds)
+
+
+def fault_deck(kinds: Iterable[str], llm: str, orchestrator: str, ssms: Sequence[str]) -> list[tuple[str, str]]:
+    """Every (kind, model) pair the kinds stand for: a kill per SSM, the LLM's, the orchestrator's, and a
+    reload of each model."""
+    targets = {"ssm_kill": list(ssms), "llm_kill": [llm], "minions_kill": [orchestrator],
+               "reload": [llm, orchestrator, *ssms]}
+    return [(kind, model) for kind in kinds for model in targets[kind]]
+
+
+def fault_schedule(seed: int, deck: Sequence[tuple[str, str]], min_gap_s: float, max_gap_s: float) -> Iterator[Fault]:
+    """Faults without end, from `seed` alone: the deck dealt in a shuffled order, reshuffled once dealt
+    (every pair comes once before any comes again), each with a gap drawn uniformly from the range."""
+    if not deck:
+        raise ValueError("no fault to inject")
+    rng = random.Random(seed)
+    while True:
+        order = list(deck)
+        rng.shuffle(order)
+        for kind, model in order:
+            yield Fault(kind, model, round(rng.uniform(min_gap_s, max_gap_s), 3))
+
+
+def classify(completion: Completion | None, exc: BaseException | None) -> tuple[str, str]:
+    """A request's outcome (OUTCOMES) and what says so: its finish reason, or the error."""
+    if exc is None:
+        assert completion is not None
+        if completion.finish_reason is None:
+            return INCOMPLETE, f"the stream ended after {len(completion.chunks)} chunks without a final response"
+        return SERVED, completion.finish_reason
+    if isinstance(exc, SilentStreamError):
+        return HUNG, str(exc)
+    message = str(exc).strip()
+    if ServerBusy.PREFIX in message:  # a refusal inside a stream carries no status
+        return REFUSED, message
+    if isinstance(exc, MinionsClientError):
+        lost = exc.status == "StatusCode.UNAVAILABLE" and any(m in message for m in GRPC_TRANSPORT_FAILURES)
+        if exc.status in UNAVAILABLE_STATUSES and not lost:
+            return REFUSED, message
+        return (FAILED, message) if message else (INCOMPLETE, f"an error without a message (status {exc.status})")
+    if isinstance(exc, (ConnectionRefusedError, OSError)) and "refused" in message.lower():
+        return FAILED, f"{type(exc).__name__}: {message}"  # nothing listens: said at once, clearly
+    # the connection broke mid-stream (reset, IncompleteRead, a half event): no final response, no error
+    return INCOMPLETE, f"{type(exc).__name__}: {message}"
+
+
+def memory_trend(samples: Sequence[tuple[float, int, bool]], warmup_s: float, growth_bytes: float,
+                 min_samples: int = 6) -> Trend | None:
+    """The total RSS's trend over the samples (seconds into the run, bytes, settled) taken after warm-up
+    and while no fault was unsettled (a killed stub's memory is gone until it is back, a reloading model
+    has two instances): growing when it climbs from each third to the next and by more than
+    max(growth_bytes, 10% of the first third's median). None when there are too few samples to judge."""
+    after = [rss for t, rss, settled in samples if t >= warmup_s and settled]
+    if len(after) < min_samples:
+        return None
+    first = sorted(after[: len(after) // 3])[len(after) // 6]
+    return trend("tritonserver + stubs RSS", after, tolerance=max(growth_bytes, 0.1 * first), min_samples=min_samples)
+
+
+def leaked_regions(ours: Iterable[str], present: Iterable[str], mapped: Iterable[str]) -> list[str]:
+    """Regions of this server's stubs still in /dev/shm that no process maps."""
+    return sorted(set(ours) & set(present) - set(mapped))
+
+
+def crash_lines(log_text: str) -> list[str]:
+    return [line.strip() for line in log_text.splitlines() if any(m in line for m in CRASH_MARKS)]
+
+
+def problems(report: dict) -> list[str]:
+    """One line per reason the run fails, from its report."""
+    out = []
+    outcomes = report["requests"]["outcomes"]
+    for outcome, what in ((HUNG, "hung (silent past the deadline, or stuck)"),
+                          (INCOMPLETE, "ended without a final response")):
+        if outcomes.get(outcome):
+            examples = "; ".join(report["requests"]["examples"].get(outcome, [])[:2])
+            out.append(f"{outcomes[outcome]} request(s) {what}: {examples}")
+    if report["requests"]["total"] == 0:
+        out.append("no request was made")
+    if report["server"]["exited_during_run"] is not None:
+        out.append(f"tritonserver exited during the run with code {report['server']['exited_during_run']}")
+    out += [f"crash in tritonserver's log: {line}" for line in report["server"]["crash_lines"]]
+    if report["server"]["exit_code"] not in (0, 1, None):
+        out.append(f"tritonserver did not stop by itself on SIGINT (exit code {report['server']['exit_code']})")
+    for f in report["faults"]:
+        if f["error"]:
+            out.append(f"{f['kind']} {f['model']} at {f['t']:.0f} s: {f['error']}")
+        elif f["recovered_s"] is None:
+            out.append(f"{f['kind']} {f['model']} at {f['t']:.0f} s: its stub was still dead after "
+                       f"{report['settings']['recovery_s']:g} s (restored by the chaos tool: {f['restored']})")
+    out += [f"shared memory leaked (no live process maps it) once the load stopped: {r}"
+            for r in report["shm"]["leaked"]]
+    out += [f"shared memory left in /dev/shm after the stop: {r}" for r in report["shm"]["left_after_stop"]]
+    out += [f"stub still running after tritonserver exited: {stub}" for stub in report.get("stubs_after_stop", [])]
+    if report["memory"]["verdict"] and "GROWING" in report["memory"]["verdict"]:
+        out.append(f"memory grew steadily after warm-up: {report['memory']['verdict']}")
+    for warning in report.get("warnings", []):
+        out.append(warning)
+    return out
+
+
+# -- the server's processes ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StubProcess:
+    model: str
+    pid: int
+    rss_bytes: int
+    region: str
+
+
+def stub_processes(server: TritonProcess) -> list[StubProcess]:
+    """Every live stub of the server (two of a model while it reloads), from ps."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,rss,args"], capture_output=True, text=True, check=True).stdout
+    stubs = []
+    for line in out.splitlines():
+        if "triton_python_backend_stub" not in line or str(server.build) not in line:
+            continue
+        pid, rss, *args = line.split()
+        model = next((Path(a).parent.parent.name for a in args if a.endswith("/model.py")), "?")
+        region = next((a.lstrip("/") for a in args if SHM_PREFIX in a), "")
+        stubs.append(StubProcess(model, int(pid), int(rss) * 1024, region))
+    return stubs
+
+
+def process_rss(pid: int) -> int:
+    try:
+        return int(re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text()).group(1)) * 1024
+    except (OSError, AttributeError):
+        return 0
+
+
+class LogWatch:
+    """tritonserver's log, read as it grows: how often a model was loaded, crash lines."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.text = path, 0, ""
+        self.lock = threading.Lock()
+
+    def read(self) -> str:
+        with self.lock:
+            if self.path.exists():
+                with self.path.open("rb") as f:
+                    f.seek(self.offset)
+                    data = f.read()
+                self.offset += len(data)
+                self.text += data.decode(errors="replace")
+            return self.text
+
+    def loads(self, model: str) -> int:
+        return self.read().count(f"successfully loaded '{model}'")
+
+
+# -- load --------------------------------------------------------------------------------------------
+@dataclass
+class RequestResult:
+    worker: int
+    protocol: str
+    speculation: str
+    start: float
+    """Seconds into the run."""
+    end: float
+    outcome: str
+    detail: str
+    tokens: int = 0
+
+
+class Load:
+    """`users` threads, each streaming requests one after another until stopped."""
+
+    def __init__(self, server: TritonProcess, users: int, seed: int, prompts: list[str], max_tokens: int,
+                 hang_s: float, t0: float) -> None:
+        self.server, self.prompts, self.max_tokens, self.hang_s, self.t0 = server, prompts, max_tokens, hang_s, t0
+        self.model = server.deployment.orchestrator_name
+        self.results: list[RequestResult] = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(i, random.Random(seed * 1000 + i)), daemon=True,
+                                         name=f"chaos-user-{i}") for i in range(users)]
+
+    def _run(self, worker: int, rng: random.Random) -> None:
+        for n in itertools.count(worker * 7):
+            if self.stopping.is_set():
+                return
+            protocol, mode = rng.choice(PROTOCOLS), rng.choice(MODES)
+            params = GenerationParams(max_tokens=self.max_tokens, speculation=mode, chat=True, return_perf_metrics=True)
+            call = generate_grpc if protocol == "grpc" else generate_http
+            url = self.server.grpc_url if protocol == "grpc" else self.server.http_url
+            start = time.monotonic()
+            completion, error = None, None
+            try:
+                completion = call(url, self.model, self.prompts[n % len(self.prompts)], params, stream=True,
+                                  timeout_s=self.hang_s)
+            except Exception as exc:  # every ending is classified, none dropped
+                error = exc
+            outcome, detail = classify(completion, error)
+            result = RequestResult(worker, protocol, mode, start - self.t0, time.monotonic() - self.t0, outcome,
+                                   detail, completion.num_output_tokens if completion else 0)
+            with self.lock:
+                self.results.append(result)
+            if outcome != SERVED:
+                self.stopping.wait(1.0)  # a dead server is not spun on (as the Locust users do)
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def stop(self) -> list[int]:
+        """Stop after the requests under way; the workers still in one `hang_s` + 30 s later (stuck)."""
+        self.stopping.set()
+        deadline = time.monotonic() + self.hang_s + 30
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return [i for i, t in enumerate(self.threads) if t.is_alive()]
+
+
+class Sampler(threading.Thread):
+    """Every `every` s: the RSS of tritonserver and of its stubs, and the stubs' shared-memory regions."""
+
+    def __init__(self, server: TritonProcess, every: float, t0: float, settled: Callable[[], bool]) -> None:
+        super().__init__(daemon=True, name="chaos-sampler")
+        self.server, self.every, self.t0, self.settled = server, every, t0, settled
+        self.samples: list[dict] = []
+        self.regions: set[str] = set()
+        self.done = threading.Event()
+
+    def sample(self) -> dict:
+        stubs = stub_processes(self.server)
+        self.regions |= {s.region for s in stubs if s.region}
+        by_model: Counter = Counter()
+        for s in stubs:
+            by_model[s.model] += s.rss_bytes
+        by_model["tritonserver"] = process_rss(self.server.proc.pid)
+        s = {"t": round(time.monotonic() - self.t0, 1), "total": sum(by_model.values()), "settled": self.settled(),
+             "rss": dict(by_model)}
+        self.samples.append(s)
+        return s
+
+    def run(self) -> None:
+        while not self.done.wait(self.every):
+            if self.server.proc.poll() is None:
+                self.sample()
+
+
+# -- faults ------------------------------------------------------------------------------------------
+@dataclass
+class FaultRecord:
+    kind: str
+    model: str
+    t: float
+    """Seconds into the run when it was injected."""
+    pid: int | None = None
+    """The stub killed, or the stub a reload replaced."""
+    region: str = ""
+    """That stub's shared-memory region."""
+    recovered_s: float | None = None
+    """Injection to a new stub of the model running and loaded (a reload: the load call's time)."""
+    error: str | None = None
+    restored: str | None = None
+    """What the chaos tool did itself when the model had not recovered by the deadline."""
+    requests: dict = field(default_factory=dict)
+    """How the requests that ended between the injection and the recovery (or the deadline) ended."""
+
+
+class Injector(threading.Thread):
+    def __init__(self, server: TritonProcess, schedule: Iterator[Fault], until: float, recovery_s: float,
+                 t0: float, seed: int) -> None:
+        super().__init__(daemon=True, name="chaos-injector")
+        self.server, self.schedule, self.until, self.recovery_s, self.t0 = server, schedule, until, recovery_s, t0
+        self.rng = random.Random(seed)
+        self.log = LogWatch(server.log_path)
+        self.records: list[FaultRecord] = []
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+        self.unsettled_until = 0.0
+        """A fault is under way, or settled less than SETTLE_S ago, until this (monotonic) time."""
+
+    def settled(self) -> bool:
+        return time.monotonic() >= self.unsettled_until
+
+    def run(self) -> None:
+        try:
+            for fault in self.schedule:
+                if self.stopping.wait(fault.gap_s) or not self.live():
+                    return
+                print(f"[{self.now():6.1f} s] {fault.kind} {fault.model}", flush=True)
+                self.unsettled_until = float("inf")
+                record = self.inject(fault)
+                self.unsettled_until = time.monotonic() + SETTLE_S
+                self.records.append(record)
+                print(f"[{self.now():6.1f} s] {fault.kind} {fault.model}: " + (
+                    f"error: {record.error}" if record.error else
+                    f"recovered in {record.recovered_s:.1f} s" if record.recovered_s is not None else
+                    f"NOT recovered in {self.recovery_s:g} s; {record.restored}"), flush=True)
+        except BaseException as exc:  # reported as a problem by the run
+            self.error = exc
+
+    def live(self) -> bool:
+        return time.monotonic() < self.until and self.server.proc.poll() is None
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def inject(self, fault: Fault) -> FaultRecord:
+        before = [s for s in stub_processes(self.server) if s.model == fault.model]
+        loads = self.log.loads(fault.model)
+        record = FaultRecord(fault.kind, fault.model, round(self.now(), 1))
+        if not before:
+            record.error = "no stub of the model runs (not recovered from an earlier fault?)"
+            return record
+        victim = self.rng.choice(sorted(before, key=lambda s: s.pid))
+        record.pid, record.region = victim.pid, victim.region
+        start = time.monotonic()
+        if fault.kind == "reload":
+            try:
+                self.load(fault.model)
+            except Exception as exc:  # a failed reload is a problem of the run
+                record.error = f"load_model failed: {exc}"
+                return record
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim.pid, signal.SIGKILL)
+        old = {s.pid for s in before}
+        if self.wait_recovered(fault.model, old, loads, start + self.recovery_s):
+            record.recovered_s = round(time.monotonic() - start, 2)
+        elif self.server.proc.poll() is None:
+            try:
+                loads = self.log.loads(fault.model)
+                self.load(fault.model)
+                ok = self.wait_recovered(fault.model, old, loads, time.monotonic() + 60)
+                record.restored = "loaded the model again" if ok else "loaded the model again, still no stub"
+            except Exception as exc:
+                record.restored = f"load_model failed: {exc}"
+        return record
+
+    def wait_recovered(self, model: str, old_pids: set[int], loads: int, deadline: float) -> bool:
+        """Until a stub of `model` that is not one of `old_pids` runs and Triton has logged the model loaded
+        more than `loads` times; False at the deadline (or when the server has exited)."""
+        while time.monotonic() < deadline and self.server.proc.poll() is None:
+            if self.log.loads(model) > loads and any(s.model == model and s.pid not in old_pids
+                                                     for s in stub_processes(self.server)):
+                return True
+            time.sleep(0.25)
+        return False
+
+    def load(self, model: str) -> None:
+        """Load the model again through the repository API, as an operator after an edit: Triton loads a
+        model only if its files changed (minions/triton/model_control.py), so they are touched first."""
+        import tritonclient.grpc as grpcclient
+
+        for path in (self.server.build / "model_repository" / model).glob("[0-9]*/*"):
+            os.utime(path)
+        client = grpcclient.InferenceServerClient(self.server.grpc_url)
+        try:
+            client.load_model(model, client_timeout=self.recovery_s)
+        finally:
+            client.close()
+
+
+# -- the run -----------------------------------------------------------------------------------------
+@dataclass
+class Settings:
+    deploy: str = str(ROOT / "deploy.yaml")
+    minutes: float = 15.0
+    seed: int = 1
+    faults: tuple[str, ...] = FAULT_KINDS
+    users: int = 4
+    max_tokens: int = 64
+    hang_s: float = 120.0
+    recovery_s: float = 90.0
+    min_gap_s: float = 10.0
+    max_gap_s: float = 40.0
+    sample_s: float = 5.0
+    warmup_min: float = 3.0
+    growth_mib: float = 128.0
+    leak_wait_s: float = 30.0
+    datasets: str = ",".join(DATASETS)
+    prompts: int = 200
+    out: str = str(ROOT / "bench_results" / "chaos")
+
+
+def window_outcomes(results: list[RequestResult], start: float, end: float) -> dict[str, dict[str, int]]:
+    """How the requests under way at `start` (a fault's injection), and those sent from then to `end`
+    (its recovery, or deadline), ended."""
+    return {"in_flight": dict(Counter(r.outcome for r in results if r.start < start <= r.end)),
+            "sent_during": dict(Counter(r.outcome for r in results if start <= r.start <= end))}
+
+
+def summarize_requests(results: list[RequestResult], stuck: list[int]) -> dict:
+    outcomes = Counter(r.outcome for r in results)
+    outcomes[HUNG] += len(stuck)
+    examples: dict[str, list[str]] = {}
+    errors: Counter = Counter()
+    for r in results:
+        if r.outcome != SERVED:
+            if len(examples.setdefault(r.outcome, [])) < 5:
+                examples[r.outcome].append(f"[{r.protocol} {r.speculation} at {r.start:.0f} s] {r.detail[:300]}")
+            errors[re.sub(r"\d+", "N", r.detail[:160])] += 1
+    for worker in stuck:
+        examples.setdefault(HUNG, []).append(f"user {worker}'s request never returned")
+    return {"total": len(results) + len(stuck), "outcomes": {o: outcomes.get(o, 0) for o in OUTCOMES},
+            "by_mode": {f"{p} {m}": dict(Counter(r.outcome for r in results if (r.protocol, r.speculation) == (p, m)))
+                        for p in PROTOCOLS for m in MODES},
+            "tokens": sum(r.tokens for r in results), "examples": examples,
+            "errors": [{"count": n, "message": msg} for msg, n in errors.most_common(12)]}
+
+
+def chaos(s: Settings, out: Path, stamp: str) -> dict:
+    """Start the server, run load and faults for `s.minutes`, stop, and return the report."""
+    kinds = tuple(s.faults)
+    server = TritonProcess(s.deploy, log_path=out / f"{stamp}.tritonserver.log")
+    dep = server.deployment
+    deck = fault_deck(kinds, dep.llm.get("name", "llm"), dep.orchestrator_name, [m["name"] for m in dep.ssms])
+    warnings: list[str] = []
+    with server:
+        t0 = time.monotonic()
+        prompts = mixed_prompts(s.prompts, [d for d in s.datasets.split(",") if d])
+        for protocol, call, url in (("grpc", generate_grpc, server.grpc_url), ("http", generate_http, server.http_url)):
+            outcome, detail = classify(*_attempt(call, url, dep.orchestrator_name, prompts[0]))
+            if outcome != SERVED:
+                warnings.append(f"the warm-up request over {protocol} was not served: {outcome}: {detail}")
+        until = time.monotonic() + 60 * s.minutes
+        injector = Injector(server, fault_schedule(s.seed, deck, s.min_gap_s, s.max_gap_s), until, s.recovery_s, t0,
+                            s.seed)
+        sampler = Sampler(server, s.sample_s, t0, injector.settled)
+        start_memory = sampler.sample()
+        sampler.start()
+        load = Load(server, s.users, s.seed, prompts, s.max_tokens, s.hang_s, t0)
+        load.start()
+        injector.start()
+        while time.monotonic() < until and server.proc.poll() is None:
+            time.sleep(min(1.0, max(0.0, until - time.monotonic())))
+        print(f"[{time.monotonic() - t0:6.1f} s] time is up: waiting for the last fault to settle and the requests "
+              "under way to end", flush=True)
+        injector.stopping.set()
+        injector.join(s.recovery_s + 120)
+        if injector.is_alive() or injector.error:
+            warnings.append(f"the fault injector did not finish: {injector.error or 'still running'}")
+        stuck = load.stop()
+        exited = server.proc.poll()
+        sampler.done.set()
+        sampler.join()
+        end_memory = sampler.sample() if exited is None else {}
+        crashes = crash_lines(server.log_text())
+        leaked = _leaked_after(sampler.regions, s.leak_wait_s) if exited is None else []
+        # the stop, checked before TritonProcess.stop ends stray stubs and sweeps what they left
+        stop_process(server.proc, signal.SIGINT, 90.0)
+        strays = _stubs_after_stop(server, 15.0)
+        present = {p.name for p in Path("/dev/shm").glob(SHM_PREFIX + "*")}
+        left = leaked_regions(sampler.regions, present, mapped_shm_regions())
+    killed = {f.region for f in injector.records if f.kind.endswith("_kill") and f.region}
+    faults = []
+    for f in injector.records:
+        end = f.t + (f.recovered_s if f.recovered_s is not None else s.recovery_s)
+        f.requests = window_outcomes(load.results, f.t, end)
+        faults.append(asdict(f))
+    recoveries = [f["recovered_s"] for f in faults if f["recovered_s"] is not None]
+    verdict = memory_trend([(x["t"], x["total"], x["settled"]) for x in sampler.samples],
+                           60 * min(s.warmup_min, s.minutes / 3), s.growth_mib * MIB)
+    duration = time.monotonic() - t0
+    report = {
+        "settings": {**asdict(s), "faults": list(kinds)}, "stamp": stamp, "duration_s": round(duration, 1),
+        "requests": summarize_requests(load.results, stuck),
+        "faults": faults,
+        "faults_by_kind": dict(Counter(f["kind"] for f in faults)),
+        "recoveries": {"count": len(recoveries), "not_recovered": sum(f["recovered_s"] is None and not f["error"]
+                                                                      for f in faults),
+                       "max_s": max(recoveries, default=None),
+                       "median_s": sorted(recoveries)[len(recoveries) // 2] if recoveries else None,
+                       "by_kind": {k: [f["recovered_s"] for f in faults if f["kind"] == k] for k in kinds}},
+        "server": {"exited_during_run": exited, "exit_code": server.proc.returncode, "crash_lines": crashes[:10]},
+        "memory": {"start_bytes": start_memory["total"], "end_bytes": end_memory.get("total"),
+                   "start": start_memory["rss"], "end": end_memory.get("rss"),
+                   "verdict": str(verdict) if verdict else None, "samples": sampler.samples},
+        "shm": {"regions_seen": len(sampler.regions), "leaked": leaked,
+                "left_after_stop": [r for r in left if r not in killed],
+                "killed_stubs_left_after_stop": [r for r in left if r in killed]},
+        "stubs_after_stop": strays,
+        "warnings": warnings,
+    }
+    report["problems"] = problems(report)
+    return report
+
+
+def _attempt(call, url: str, model: str, prompt: str) -> tuple[Completion | None, BaseException | None]:
+    try:
+        return call(url, model, prompt, GenerationParams(max_tokens=8, chat=True, speculation="off"),
+                    timeout_s=120), None
+    except Exception as exc:  # classified by the caller
+        return None, exc
+
+
+def _stubs_after_stop(server: TritonProcess, wait_s: float) -> list[str]:
+    """The server's stubs still running `wait_s` after it exited (a stub ends when it sees its parent gone)."""
+    deadline = time.monotonic() + wait_s
+    while (stubs := stub_processes(server)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return [f"{s.model} (pid {s.pid})" for s in stubs]
+
+
+def _leaked_after(regions: set[str], wait_s: float) -> list[str]:
+    """Regions of the server's stubs that no process maps, once the orchestrator has had `wait_s` to
+    sweep them after its last reload."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        present = {p.name for p in Path("/dev/shm").glob(SHM_PREFIX + "*")}
+        leaked = leaked_regions(regions, present, mapped_shm_regions())
+        if not leaked or time.monotonic() >= deadline:
+            return leaked
+        time.sleep(1.0)
+
+
+def format_summary(report: dict) -> str:
+    r, s = report["requests"], report["settings"]
+    o = r["outcomes"]
+    mem = report["memory"]
+    rec = report["recoveries"]
+    lines = [
+        f"Chaos run {report['stamp']}: {report['duration_s'] / 60:.1f} min, {s['users']} users, seed {s['seed']}, "
+        f"faults {','.join(s['faults'])}, {Path(s['deploy']).name}",
+        f"requests: {r['total']} ({o[SERVED]} served, {o[REFUSED]} refused, {o[FAILED]} failed with an error, "
+        f"{o[INCOMPLETE]} incomplete, {o[HUNG]} hung); {r['tokens']} tokens",
+        f"faults: {sum(report['faults_by_kind'].values())} "
+        f"({', '.join(f'{k} {n}' for k, n in report['faults_by_kind'].items()) or 'none'}); "
+        f"recovered {rec['count']}, not recovered {rec['not_recovered']}; recovery median "
+        f"{_s(rec['median_s'])}, max {_s(rec['max_s'])}",
+        "recovery by kind: " + "; ".join(f"{k}: {', '.join(_s(x) for x in v) or '-'}"
+                                         for k, v in rec["by_kind"].items()),
+        f"crashes: {len(report['server']['crash_lines']) + (report['server']['exited_during_run'] is not None)}; "
+        f"tritonserver exit code {report['server']['exit_code']}",
+        f"memory (tritonserver + stubs RSS): {_mib(mem['start_bytes'])} at start, {_mib(mem['end_bytes'])} at end; "
+        f"{mem['verdict'] or 'too few samples after warm-up to judge a trend'}",
+        f"/dev/shm: {report['shm']['regions_seen']} regions seen, {len(report['shm']['leaked'])} leaked while "
+        f"serving, {len(report['shm']['left_after_stop'])} left after the stop (and "
+        f"{len(report['shm']['killed_stubs_left_after_stop'])} of killed stubs, which tritonserver holds until it "
+        "exits and then leaves to the launcher's sweep)",
+    ]
+    if r["errors"]:
+        lines.append("errors: " + "; ".join(f"{e['count']}x {e['message'][:120]}" for e in r["errors"][:5]))
+    lines.append(f"FAILED: {len(report['problems'])} problem(s)" if report["problems"] else "PASSED")
+    lines += report["problems"]
+    return "\n".join(lines)
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f} s"
+
+
+def _mib(x: int | None) -> str:
+    return "-" if x is None else f"{x / MIB:.0f} MiB"
+
+
+def parse_args(argv: list[str] | None = None) -> Settings:
+    d = Settings()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--deploy", default=d.deploy, help="deployment of the fresh server")
+    p.add_argument("--minutes", type=float, default=d.minutes, help="minutes of load and faults")
+    p.add_argument("--seed", type=int, default=d.seed, help="seeds the faults, their gaps and the requests")
+    p.add_argument("--faults", default=",".join(d.faults), help="fault kinds, comma-separated: "
+                   + ",".join(FAULT_KINDS))
+    p.add_argument("-u", "--users", type=int, default=d.users, help="concurrent client streams")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="output tokens per request")
+    p.add_argument("--hang-s", type=float, default=d.hang_s, help="a request silent this long is hung")
+    p.add_argument("--recovery-s", type=float, default=d.recovery_s, help="a stub dead this long is not recovered")
+    p.add_argument("--min-gap-s", type=float, default=d.min_gap_s, help="shortest wait between faults")
+    p.add_argument("--max-gap-s", type=float, default=d.max_gap_s, help="longest wait between faults")
+    p.add_argument("--sample-s", type=float, default=d.sample_s, help="memory sampling interval")
+    p.add_argument("--warmup-min", type=float, default=d.warmup_min,
+                   help="memory samples before this (at most a third of the run) are not judged")
+    p.add_argument("--growth-mib", type=float, default=d.growth_mib,
+                   help="steady RSS growth beyond max(this, 10%%) after warm-up fails the run")
+    p.add_argument("--datasets", default=d.datasets, help="prompt sets (../shared/datasets), comma-separated")
+    p.add_argument("--out", default=d.out, help="where the report goes")
+    a = p.parse_args(argv)
+    try:
+        faults = parse_faults(a.faults)
+    except ValueError as exc:
+        p.error(str(exc))
+    if not 0 <= a.min_gap_s <= a.max_gap_s:
+        p.error("need 0 <= --min-gap-s <= --max-gap-s")
+    return Settings(a.deploy, a.minutes, a.seed, faults, a.users, a.max_tokens, a.hang_s, a.recovery_s, a.min_gap_s,
+                    a.max_gap_s, a.sample_s, a.warmup_min, a.growth_mib, d.leak_wait_s, a.datasets, d.prompts, a.out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = parse_args(argv)
+    out = Path(s.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    report = chaos(s, out, stamp)
+    text = format_summary(report)
+    (out / f"{stamp}.json").write_text(json.dumps(report, indent=1))
+    (out / f"{stamp}.txt").write_text(text + "\n")
+    print(text)
+    print(f"wrote {out}/{stamp}.json, {stamp}.txt, {stamp}.tritonserver.log")
+    return 1 if report["problems"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

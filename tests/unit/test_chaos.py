@@ -1,0 +1,194 @@
+"""benchmarks.chaos, its pure parts: the seeded fault schedule, how a request's ending is classified,
+the memory-trend verdict, leaked regions, crash lines and the problems a report fails on."""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import urllib.error
+
+import pytest
+
+from benchmarks.chaos import (FAILED, FAULT_KINDS, HUNG, INCOMPLETE, OUTCOMES, REFUSED, SERVED, classify, crash_lines,
+                              fault_deck, fault_schedule, leaked_regions, memory_trend, parse_faults, problems)
+from client.api import Completion, MinionsClientError, SilentStreamError
+from minions.errors import ServerBusy
+
+MIB = 2**20
+SSMS = ("ssm_ngram", "ssm_suffix")
+
+
+def deck(kinds=FAULT_KINDS):
+    return fault_deck(kinds, "llm", "minions", SSMS)
+
+
+# -- fault kinds and schedule ------------------------------------------------------------------------
+def test_fault_kinds_parse_in_a_fixed_order_and_unknown_ones_are_named():
+    assert parse_faults("reload, ssm_kill") == ("ssm_kill", "reload")
+    assert parse_faults(",".join(FAULT_KINDS)) == FAULT_KINDS
+    with pytest.raises(ValueError, match="'gpu_kill'"):
+        parse_faults("ssm_kill,gpu_kill")
+    with pytest.raises(ValueError):
+        parse_faults(" , ")
+
+
+def test_the_deck_holds_a_kill_per_ssm_and_a_reload_per_model():
+    assert deck() == [("ssm_kill", "ssm_ngram"), ("ssm_kill", "ssm_suffix"), ("llm_kill", "llm"),
+                      ("minions_kill", "minions"), ("reload", "llm"), ("reload", "minions"),
+                      ("reload", "ssm_ngram"), ("reload", "ssm_suffix")]
+    assert deck(("ssm_kill", "reload")) == [p for p in deck() if p[0] in ("ssm_kill", "reload")]
+
+
+def test_the_schedule_is_the_seed_s_alone():
+    def first(seed):
+        return list(itertools.islice(fault_schedule(seed, deck(), 10, 40), 30))
+
+    assert first(7) == first(7)
+    assert first(7) != first(8)
+
+
+def test_every_fault_comes_once_before_any_comes_again():
+    faults = list(itertools.islice(fault_schedule(3, deck(), 1, 2), 3 * len(deck())))
+    for start in range(0, len(faults), len(deck())):
+        dealt = [(f.kind, f.model) for f in faults[start:start + len(deck())]]
+        assert sorted(dealt) == sorted(deck())
+    assert [(f.kind, f.model) for f in faults[:8]] != deck()  # shuffled
+
+
+def test_gaps_are_drawn_from_the_range_and_only_chosen_kinds_come():
+    faults = list(itertools.islice(fault_schedule(1, deck(("ssm_kill", "reload")), 5, 9), 200))
+    assert all(5 <= f.gap_s <= 9 for f in faults)
+    assert max(f.gap_s for f in faults) - min(f.gap_s for f in faults) > 2  # spread, not one value
+    assert {f.kind for f in faults} == {"ssm_kill", "reload"}
+    with pytest.raises(ValueError):
+        next(fault_schedule(1, [], 1, 2))
+
+
+# -- outcomes ----------------------------------------------------------------------------------------
+def test_a_request_is_served_only_with_its_final_response():
+    assert classify(Completion(text="hi", chunks=["hi"], finish_reason="length"), None) == (SERVED, "length")
+    outcome, detail = classify(Completion(text="hi", chunks=["h", "i"]), None)
+    assert outcome == INCOMPLETE and "after 2 chunks without a final response" in detail
+
+
+def test_refusals_are_by_status_or_by_the_busy_message():
+    busy = f"{ServerBusy.PREFIX} (16 requests decoding, 64 waiting, the most it queues): retry later"
+    assert classify(None, MinionsClientError(busy))[0] == REFUSED  # inside a gRPC stream: no status
+    assert classify(None, MinionsClientError(busy, 400))[0] == REFUSED  # Triton's generate_stream
+    assert classify(None, MinionsClientError("overloaded", 503))[0] == REFUSED
+    assert classify(None, MinionsClientError("overloaded", "StatusCode.UNAVAILABLE"))[0] == REFUSED
+
+
+def test_errors_with_a_message_are_failures_and_a_lost_connection_is_not_a_refusal():
+    dead = "engine model 'llm' failed: Stub process 'llm_0_0' is not healthy."
+    assert classify(None, MinionsClientError(dead)) == (FAILED, dead)
+    assert classify(None, MinionsClientError(dead, 400))[0] == FAILED
+    lost = MinionsClientError("failed to connect to all addresses", "StatusCode.UNAVAILABLE")
+    assert classify(None, lost)[0] == FAILED
+    refused = urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+    assert classify(None, refused)[0] == FAILED
+
+
+def test_silence_is_a_hang_and_a_broken_stream_is_incomplete():
+    assert classify(None, SilentStreamError("no response from minions for 120 s"))[0] == HUNG
+    assert classify(None, http.client.IncompleteRead(b""))[0] == INCOMPLETE
+    assert classify(None, ConnectionResetError(104, "Connection reset by peer"))[0] == INCOMPLETE
+    assert classify(None, MinionsClientError(""))[0] == INCOMPLETE
+
+
+# -- memory, shared memory, crashes ------------------------------------------------------------------
+def samples(values, every=5.0, unsettled=()):
+    return [(i * every, v, i not in unsettled) for i, v in enumerate(values)]
+
+
+def test_memory_is_judged_after_warm_up_only():
+    climb_in_warmup = [500 * MIB + i * 100 * MIB for i in range(12)] + [1700 * MIB] * 6  # 12 samples in 60 s
+    assert not memory_trend(samples(climb_in_warmup), warmup_s=60, growth_bytes=64 * MIB).growing
+    assert memory_trend(samples(climb_in_warmup), warmup_s=0, growth_bytes=64 * MIB).growing
+
+
+def test_steady_growth_beyond_the_threshold_fails_and_a_step_or_a_small_climb_does_not():
+    steady = [1500 * MIB + i * 30 * MIB for i in range(18)]  # +510 MiB: beyond 10% of 1.5 GiB
+    assert memory_trend(samples(steady), 0, 128 * MIB).growing
+    small = [1500 * MIB + i * 5 * MIB for i in range(18)]  # +85 MiB: below max(128 MiB, 10%)
+    assert not memory_trend(samples(small), 0, 128 * MIB).growing
+    step = [1500 * MIB] * 6 + [1900 * MIB] * 12  # a reload's arena, once
+    assert not memory_trend(samples(step), 0, 128 * MIB).growing
+    assert "GROWING" in str(memory_trend(samples(steady), 0, 128 * MIB))
+
+
+def test_samples_taken_while_a_fault_is_unsettled_are_not_judged():
+    # a killed orchestrator's 400 MiB are gone until it is back, and a model reloading has two
+    # instances: neither is a climb
+    faults = [1100 * MIB] * 8 + [1300 * MIB] * 8 + [1500 * MIB] * 8
+    assert memory_trend(samples(faults), 0, 128 * MIB).growing
+    assert not memory_trend(samples(faults, unsettled=range(16)), 0, 128 * MIB).growing
+
+
+def test_too_few_samples_after_warm_up_are_not_judged():
+    assert memory_trend(samples([MIB] * 20), warmup_s=90, growth_bytes=MIB) is None
+
+
+def test_a_leaked_region_is_ours_present_and_mapped_by_no_one():
+    ours = {"r1", "r2", "r3", "r4"}
+    present = {"r1", "r2", "r3", "other"}
+    mapped = {"r1", "other"}
+    assert leaked_regions(ours, present, mapped) == ["r2", "r3"]
+
+
+def test_crash_lines_are_signals_and_fatal_python_errors():
+    log = ("I1125 model_lifecycle.cc:839] \"successfully loaded 'llm'\"\n"
+           "Signal (11) received.\n"
+           "Fatal Python error: Segmentation fault\n"
+           "W1125 minions.engines: Stub process 'ssm_ngram_0_0' is not healthy.\n")
+    assert crash_lines(log) == ["Signal (11) received.", "Fatal Python error: Segmentation fault"]
+
+
+# -- the verdict -------------------------------------------------------------------------------------
+def clean_report(**changes) -> dict:
+    report = {
+        "settings": {"recovery_s": 90},
+        "requests": {"total": 10, "outcomes": dict.fromkeys(OUTCOMES, 0) | {SERVED: 8, REFUSED: 1, FAILED: 1},
+                     "examples": {}},
+        "server": {"exited_during_run": None, "crash_lines": [], "exit_code": 1},
+        "faults": [{"kind": "ssm_kill", "model": "ssm_ngram", "t": 12.0, "recovered_s": 4.2, "error": None,
+                    "restored": None}],
+        "shm": {"leaked": [], "left_after_stop": [], "killed_stubs_left_after_stop": ["r9"]},
+        "stubs_after_stop": [],
+        "memory": {"verdict": "tritonserver + stubs RSS: 1500.0 -> 1510.0 MiB (flat)"},
+        "warnings": [],
+    }
+    for key, value in changes.items():
+        head, _, tail = key.partition("__")
+        if tail:
+            report[head] = {**report[head], tail: value}
+        else:
+            report[key] = value
+    return report
+
+
+def test_a_clean_run_has_no_problem():
+    # refusals, failures with a message, Triton's exit code 1 after a killed stub, and the killed
+    # stubs' regions it leaves at exit are reported, not failed on
+    assert problems(clean_report()) == []
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"requests__outcomes": dict.fromkeys(OUTCOMES, 0) | {HUNG: 2}}, "2 request(s) hung"),
+    ({"requests__outcomes": dict.fromkeys(OUTCOMES, 0) | {INCOMPLETE: 1}}, "ended without a final response"),
+    ({"requests__total": 0}, "no request was made"),
+    ({"server__exited_during_run": -11}, "tritonserver exited during the run with code -11"),
+    ({"server__crash_lines": ["Signal (11) received."]}, "crash in tritonserver's log: Signal (11)"),
+    ({"server__exit_code": -9}, "did not stop by itself"),
+    ({"faults": [{"kind": "llm_kill", "model": "llm", "t": 30.0, "recovered_s": None, "error": None,
+                  "restored": "loaded the model again"}]}, "llm_kill llm at 30 s: its stub was still dead after 90 s"),
+    ({"faults": [{"kind": "reload", "model": "llm", "t": 30.0, "recovered_s": None,
+                  "error": "load_model failed: boom", "restored": None}]}, "reload llm at 30 s: load_model failed"),
+    ({"shm__leaked": ["r2"]}, "shared memory leaked (no live process maps it) once the load stopped: r2"),
+    ({"shm__left_after_stop": ["r3"]}, "shared memory left in /dev/shm after the stop: r3"),
+    ({"stubs_after_stop": ["llm (pid 7)"]}, "stub still running after tritonserver exited: llm (pid 7)"),
+    ({"memory__verdict": "tritonserver + stubs RSS: 1500.0 -> 2100.0 MiB (GROWING)"}, "memory grew steadily"),
+])
+def test_each_problem_fails_the_run_with_one_line(change, expected):
+    found = problems(clean_report(**change))
+    assert len(found) == 1 and expected in found[0], found
