@@ -1,22 +1,30 @@
 """What `make serve` runs (python -m minions.deploy.server): tritonserver and, once it is ready, the
-OpenAI frontend beside it; SIGTERM stops both cleanly."""
+OpenAI frontend beside it; SIGTERM stops both cleanly; a dead orchestrator stub is loaded again."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import openai
 import yaml
 
 from minions.deploy.server import free_port, server_env
+from minions.deploy.watchdog import live_stub_pids
 from minions.triton.shm import sweep_orphaned_shm
 from tests.integration.helpers import http_ok, wait_until
 from tests.support.triton_process import ROOT
 
 
-def test_serve_runs_triton_and_the_openai_frontend_and_stops_both(tmp_path):
+@contextlib.contextmanager
+def _serving(tmp_path: Path):
+    """`python -m minions.deploy.server` on free ports until the OpenAI frontend answers; yields the
+    process, the frontend's base URL and the build folder, then stops it with SIGTERM and checks that
+    it exited cleanly and left nothing running."""
     raw = yaml.safe_load((ROOT / "deploy.yaml").read_text())
     raw["cache_dir"] = str(ROOT / raw["cache_dir"])
     ports = {name: free_port() for name in ("http_port", "grpc_port", "metrics_port", "openai_port")}
@@ -33,9 +41,7 @@ def test_serve_runs_triton_and_the_openai_frontend_and_stops_both(tmp_path):
             wait_until(lambda: proc.poll() is not None or http_ok(f"{base}/health"),
                        timeout=300, what="the OpenAI frontend ready", interval=0.5)
             assert proc.poll() is None, log_path.read_text()[-3000:]
-            api = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
-            answer = api.completions.create(model="minions", prompt="1, 2, 3,", max_tokens=4, temperature=0)
-            assert answer.choices[0].text and answer.usage.completion_tokens == 4
+            yield proc, base, build, log_path
         finally:
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(120)
@@ -46,3 +52,29 @@ def test_serve_runs_triton_and_the_openai_frontend_and_stops_both(tmp_path):
         left = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
         assert not left, f"processes of this server left running ({pattern}): {left}"
     sweep_orphaned_shm(min_age_s=0.0)
+
+
+def _completion(base: str) -> str:
+    api = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+    answer = api.completions.create(model="minions", prompt="1, 2, 3,", max_tokens=4, temperature=0)
+    assert answer.usage.completion_tokens == 4
+    return answer.choices[0].text
+
+
+def test_serve_runs_triton_and_the_openai_frontend_and_stops_both(tmp_path):
+    with _serving(tmp_path) as (_, base, _, _):
+        assert _completion(base)
+
+
+def test_serve_loads_the_orchestrator_again_when_its_stub_dies(tmp_path):
+    with _serving(tmp_path) as (_, base, build, log_path):
+        before = _completion(base)
+        model_dir = build / "model_repository" / "minions"
+        [victim] = live_stub_pids(model_dir)
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: "minions: model loaded again" in log_path.read_text(errors="replace"), 60,
+                   "the orchestrator's model loaded again", interval=0.2)
+        assert "minions: its stub has died" in log_path.read_text(errors="replace")
+        [new] = live_stub_pids(model_dir)
+        assert new != victim
+        assert _completion(base) == before

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from minions.deploy.config import ROOT, Deployment, ServerPorts, load_or_exit
 from minions.deploy.render import render_repository
+from minions.deploy.watchdog import WATCH_INTERVAL_S, StubWatchdog
 from minions.triton.shm import sweep_orphaned_shm
 
 log = logging.getLogger("minions.server")
@@ -160,10 +161,11 @@ def frontend_command(grpc_url: str, host: str, port: int, model: str) -> list[st
             f"--model={model}"]
 
 
-def serve(cmd: list[str], ports: ServerPorts, model: str) -> int:
+def serve(cmd: list[str], ports: ServerPorts, model: str, repository: Path) -> int:
     """Run tritonserver and, once it is ready, the OpenAI frontend beside it, until either exits or
-    this process is told to stop (Ctrl-C, SIGTERM); then stop both. Returns tritonserver's exit code,
-    or 1 when the frontend failed on its own (e.g. its port was taken)."""
+    this process is told to stop (Ctrl-C, SIGTERM); then stop both. Meanwhile the orchestrator `model`
+    is loaded again should its stub die (watchdog.py). Returns tritonserver's exit code, or 1 when the
+    frontend failed on its own (e.g. its port was taken)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop as on Ctrl-C: through the finally below
     triton = subprocess.Popen(cmd, env=server_env())
     frontend, failed = None, False
@@ -172,8 +174,15 @@ def serve(cmd: list[str], ports: ServerPorts, model: str) -> int:
         if ports.openai:
             frontend = subprocess.Popen(frontend_command(ports.loopback_grpc_url, ports.host, ports.openai, model),
                                         env=server_env())
+        watchdog, watched_at = StubWatchdog(repository, model, ports.loopback_grpc_url), time.monotonic()
         while triton.poll() is None and (frontend is None or frontend.poll() is None):
             time.sleep(0.5)
+            if time.monotonic() - watched_at >= WATCH_INTERVAL_S:
+                watched_at = time.monotonic()
+                try:
+                    watchdog.check()
+                except Exception as exc:  # tritonserver is busy loading or stopping: the next look tries again
+                    log.debug("watchdog: %s", exc)
         if frontend is not None and frontend.poll() is not None:
             log.error("the OpenAI frontend exited with code %d; stopping tritonserver", frontend.returncode)
             failed = True
@@ -211,7 +220,7 @@ def main() -> None:
     sweep_orphaned_shm()  # an earlier server's killed stubs
     log.info("HTTP %s:%d, gRPC %s:%d, metrics %s:%d, OpenAI %s", ports.host, ports.http, ports.host, ports.grpc,
              ports.host, ports.metrics, f"http://{ports.host}:{ports.openai}/v1" if ports.openai else "off")
-    sys.exit(serve(cmd, ports, dep.orchestrator_name))
+    sys.exit(serve(cmd, ports, dep.orchestrator_name, repo))
 
 
 if __name__ == "__main__":

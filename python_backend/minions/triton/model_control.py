@@ -39,6 +39,14 @@ DEAD_STUB = "is not healthy"
 SWEEP_DELAYS_S = (1.0, 2.0, 4.0, 8.0)
 
 PROBE_ID = "minions-health-probe"
+
+
+def mark_modified(repository: Path, model: str) -> None:
+    """Touch a model's version files before loading it again: Triton loads a model again only if its files
+    changed since it was loaded; a load of an unchanged model is a no-op (its config alone changed: an
+    update without new instances)."""
+    for path in (repository / model).glob("[0-9]*/*"):
+        os.utime(path)
 """The sequence the LLM probe stops: none has this id, so a live stub answers at once and keeps nothing."""
 
 
@@ -138,16 +146,10 @@ class ModelControl:
             return
         self._reloading[ssm] = asyncio.get_running_loop().create_task(self._reload(ssm))
 
-    def _mark_modified(self, model: str) -> None:
-        """Triton loads a model again only if its files changed since it was loaded: a load of an
-        unchanged model is a no-op (its config alone changed: an update without new instances)."""
-        for path in (self.repository / model).glob("[0-9]*/*"):
-            os.utime(path)
-
     async def _load_again(self, model: str) -> str:
         """Load a model whose stub died through the repository API; the outcome, logged."""
         try:
-            self._mark_modified(model)
+            mark_modified(self.repository, model)
             await self.client.service().RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name=model))
         except Exception as exc:
             log.error("%s: loading its model again failed (%s); an operator must load it", model, exc)
