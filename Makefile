@@ -8,7 +8,7 @@ DEPLOY ?= deploy.yaml
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv serve prepare engines test test-unit test-integration bench bench-peers bench-aiperf soak loadtest distill clean
+.PHONY: venv serve prepare engines test test-unit test-integration bench bench-peers bench-aiperf soak chaos loadtest distill clean
 
 # The Triton stub links Debian's libpython3.11, so the venv must come from the system python3.11.
 $(STAMP): requirements.txt
@@ -75,6 +75,15 @@ bench-aiperf: $(AIPERF_STAMP)
 # or shared memory left behind (not in CI).
 soak: $(STAMP)
 	$(PY) -m benchmarks.soak --deploy $(DEPLOY)
+
+# Load on a fresh server for 15 minutes while stubs are killed (SIGKILL) and models reloaded at seeded random
+# intervals; fails on a hung or incomplete request, a crash, a stub not recovered within 90 s, leaked /dev/shm or
+# steady memory growth; figures into bench_results/chaos/ (not in CI; docs/operations.md, "Chaos"). Options:
+# CHAOS_ARGS="--minutes 5 --seed 7 --faults ssm_kill,reload"; all of them: python -m benchmarks.chaos --help.
+# CI runs it short (tests/integration/test_chaos.py).
+CHAOS_ARGS ?=
+chaos: $(STAMP)
+	$(PY) -m benchmarks.chaos --deploy $(DEPLOY) $(CHAOS_ARGS)
 
 # Locust's HTTP SSE and gRPC streaming users against a fresh server: TTFT, ITL, E2E, goodput and a PNG in
 # bench_results/loadtest/ (loadtest/README.md). Options: LOADTEST_ARGS="--users 8 --time 60", or "--host URL"

@@ -1,5 +1,6 @@
-"""Chaos: load on a fresh server while faults are injected at random (seeded) intervals; fails on what
-must never happen.
+"""Chaos: load on a fresh server while stubs are killed and models reloaded at seeded random intervals.
+
+What must never happen fails the run; what may happen under faults (refusals, errors) is counted.
 
     python -m benchmarks.chaos [--minutes 15] [--seed 1] [--faults ssm_kill,llm_kill,minions_kill,reload]
 
@@ -27,10 +28,15 @@ operator would, so the run goes on.
 It fails (exit 1, one line per problem) on a hung or incomplete request, a tritonserver exit or a
 crash in its log ("Signal (", "Fatal Python error"), a stub left dead beyond `--recovery-s`, a reload
 that failed, shared-memory regions of the server's stubs in /dev/shm that no live process maps once the
-load has stopped (or any left after the stop), and steady growth of the total RSS of tritonserver and
-its stubs after warm-up (benchmarks/trend.py). It writes bench_results/chaos/<timestamp>.json (every
-figure, each fault with its recovery and how the requests around it ended), <timestamp>.txt (the
-summary it prints) and <timestamp>.tritonserver.log.
+load has stopped, regions left once tritonserver has stopped (but a killed stub's: Triton 2.51 holds
+a dead stub's instance, and its region, until it exits, and leaves it to the launcher's sweep), a stub
+still running after tritonserver exited, a stop that needed SIGKILL, and steady growth of the total RSS
+of tritonserver and its stubs after warm-up (benchmarks/trend.py; samples taken while a fault has not
+settled are left out). Refusals and failures with an error message are counted, not failed on.
+
+It writes bench_results/chaos/<timestamp>.json (every figure, each fault with its recovery and how the
+requests under way at it and sent during it ended, the memory samples), <timestamp>.txt (the summary
+it prints) and <timestamp>.tritonserver.log.
 """
 
 from __future__ import annotations
@@ -70,8 +76,9 @@ stub's native crash (faulthandler). A SIGKILLed stub leaves neither."""
 PROTOCOLS = ("grpc", "http")
 MODES = ("off", "vote")
 MIB = 2**20
-SETTLE_S = 15.0
-"""After a fault's recovery, how long memory samples still count as unsettled (the old instance's unload)."""
+SETTLE_S = 10.0
+"""After a fault's recovery, how long memory samples still count as unsettled: a reloaded model's old
+instance is unloaded once its last calls are answered (the orchestrator's streams retire after 10 s)."""
 
 
 # -- the pure parts: schedule, outcomes, memory, problems ----------------------------------------------
@@ -531,6 +538,8 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
         exited = server.proc.poll()
         sampler.done.set()
         sampler.join()
+        # memory at the end once the last fault has settled (a reloaded model's old instance gone)
+        time.sleep(max(0.0, min(SETTLE_S, injector.unsettled_until - time.monotonic())))
         end_memory = sampler.sample() if exited is None else {}
         crashes = crash_lines(server.log_text())
         leaked = _leaked_after(sampler.regions, s.leak_wait_s) if exited is None else []
