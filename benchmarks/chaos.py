@@ -23,7 +23,8 @@ each before any repeats: `ssm_kill` (SIGKILL an SSM's stub), `llm_kill`, `minion
 each fault the tool waits until the model has recovered (a new stub of it runs and Triton logged it
 loaded again), for at most `--recovery-s`; then it waits the fault's gap (drawn from the seed) before the
 next. A stub still dead at the deadline is a problem; the tool then loads the model itself, as an
-operator would, so the run goes on.
+operator would, so the run goes on. The server is served as `make serve` serves it: tritonserver, with
+`make serve`'s watchdog of the orchestrator's stub (deploy/watchdog.py) beside it.
 
 It fails (exit 1, one line per problem) on a hung or incomplete request, a tritonserver exit or a
 crash in its log ("Signal (", "Fatal Python error"), a stub left dead beyond `--recovery-s`, a reload
@@ -60,6 +61,7 @@ from pathlib import Path
 
 from client.api import Completion, GenerationParams, MinionsClientError, SilentStreamError, generate_grpc, generate_http
 from loadtest.records import GRPC_TRANSPORT_FAILURES, UNAVAILABLE_STATUSES
+from minions.deploy.watchdog import WATCH_INTERVAL_S, StubWatchdog
 from minions.errors import ServerBusy
 from minions.text.datasets import DATASETS, mixed_prompts
 from minions.triton.shm import SHM_PREFIX, mapped_shm_regions
@@ -340,6 +342,25 @@ class Sampler(threading.Thread):
                 self.sample()
 
 
+class Watchdog(threading.Thread):
+    """`make serve`'s watchdog of the orchestrator's stub (deploy/watchdog.py), run as `make serve` runs it
+    beside tritonserver: a look every WATCH_INTERVAL_S s, loading the model again when its stub died."""
+
+    def __init__(self, server: TritonProcess) -> None:
+        super().__init__(daemon=True, name="chaos-watchdog")
+        self.watchdog = StubWatchdog(server.build / "model_repository", server.deployment.orchestrator_name,
+                                     server.grpc_url)
+        self.done = threading.Event()
+        self.reloads = 0
+
+    def run(self) -> None:
+        while not self.done.wait(WATCH_INTERVAL_S):
+            try:
+                self.reloads += self.watchdog.check()
+            except Exception:  # tritonserver is busy loading or stopping: the next look tries again
+                continue
+
+
 # -- faults ------------------------------------------------------------------------------------------
 @dataclass
 class FaultRecord:
@@ -477,10 +498,12 @@ class Settings:
     out: str = str(ROOT / "bench_results" / "chaos")
 
 
-def window_outcomes(results: list[RequestResult], start: float, end: float) -> dict[str, dict[str, int]]:
-    """How the requests under way at `start` (a fault's injection), and those sent from then to `end`
+def window_outcomes(results: list[RequestResult], start: float, end: float,
+                    since: float = 0.0) -> dict[str, dict[str, int]]:
+    """How the requests under way at `start` (a fault's injection) that were sent after `since` (the
+    previous fault's recovery or deadline: not already caught by it), and those sent from `start` to `end`
     (its recovery, or deadline), ended."""
-    return {"in_flight": dict(Counter(r.outcome for r in results if r.start < start <= r.end)),
+    return {"in_flight": dict(Counter(r.outcome for r in results if since <= r.start < start <= r.end)),
             "sent_during": dict(Counter(r.outcome for r in results if start <= r.start <= end))}
 
 
@@ -525,6 +548,8 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
         sampler.start()
         load = Load(server, s.users, s.seed, prompts, s.max_tokens, s.hang_s, t0)
         load.start()
+        watchdog = Watchdog(server)
+        watchdog.start()
         injector.start()
         while time.monotonic() < until and server.proc.poll() is None:
             time.sleep(min(1.0, max(0.0, until - time.monotonic())))
@@ -535,6 +560,7 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
         if injector.is_alive() or injector.error:
             warnings.append(f"the fault injector did not finish: {injector.error or 'still running'}")
         stuck = load.stop()
+        watchdog.done.set()
         exited = server.proc.poll()
         sampler.done.set()
         sampler.join()
@@ -549,11 +575,12 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
         present = {p.name for p in Path("/dev/shm").glob(SHM_PREFIX + "*")}
         left = leaked_regions(sampler.regions, present, mapped_shm_regions())
     killed = {f.region for f in injector.records if f.kind.endswith("_kill") and f.region}
-    faults = []
+    faults, since = [], 0.0
     for f in injector.records:
         end = f.t + (f.recovered_s if f.recovered_s is not None else s.recovery_s)
-        f.requests = window_outcomes(load.results, f.t, end)
+        f.requests = window_outcomes(load.results, f.t, end, since)
         faults.append(asdict(f))
+        since = end
     recoveries = [f["recovered_s"] for f in faults if f["recovered_s"] is not None]
     verdict = memory_trend([(x["t"], x["total"], x["settled"]) for x in sampler.samples],
                            60 * min(s.warmup_min, s.minutes / 3), s.growth_mib * MIB)
@@ -568,6 +595,7 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
                        "max_s": max(recoveries, default=None),
                        "median_s": sorted(recoveries)[len(recoveries) // 2] if recoveries else None,
                        "by_kind": {k: [f["recovered_s"] for f in faults if f["kind"] == k] for k in kinds}},
+        "watchdog_reloads": watchdog.reloads,
         "server": {"exited_during_run": exited, "exit_code": server.proc.returncode, "crash_lines": crashes[:10]},
         "memory": {"start_bytes": start_memory["total"], "end_bytes": end_memory.get("total"),
                    "start": start_memory["rss"], "end": end_memory.get("rss"),
@@ -626,6 +654,7 @@ def format_summary(report: dict) -> str:
         f"{_s(rec['median_s'])}, max {_s(rec['max_s'])}",
         "recovery by kind: " + "; ".join(f"{k}: {', '.join(_s(x) for x in v) or '-'}"
                                          for k, v in rec["by_kind"].items()),
+        f"make serve's watchdog loaded the orchestrator again {report['watchdog_reloads']} time(s)",
         f"crashes: {len(report['server']['crash_lines']) + (report['server']['exited_during_run'] is not None)}; "
         f"tritonserver exit code {report['server']['exit_code']}",
         f"memory (tritonserver + stubs RSS): {_mib(mem['start_bytes'])} at start, {_mib(mem['end_bytes'])} at end; "

@@ -1,5 +1,6 @@
 """benchmarks.chaos, its pure parts: the seeded fault schedule, how a request's ending is classified,
-the memory-trend verdict, leaked regions, crash lines and the problems a report fails on."""
+the memory-trend verdict, leaked regions, crash lines, the requests around a fault and the problems a
+report fails on."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import urllib.error
 
 import pytest
 
-from benchmarks.chaos import (FAILED, FAULT_KINDS, HUNG, INCOMPLETE, OUTCOMES, REFUSED, SERVED, classify, crash_lines,
-                              fault_deck, fault_schedule, leaked_regions, memory_trend, parse_faults, problems)
+from benchmarks.chaos import (FAILED, FAULT_KINDS, HUNG, INCOMPLETE, OUTCOMES, REFUSED, SERVED, RequestResult,
+                              classify, crash_lines, fault_deck, fault_schedule, leaked_regions, memory_trend,
+                              parse_faults, problems, window_outcomes)
 from client.api import Completion, MinionsClientError, SilentStreamError
 from minions.errors import ServerBusy
 
@@ -192,3 +194,16 @@ def test_a_clean_run_has_no_problem():
 def test_each_problem_fails_the_run_with_one_line(change, expected):
     found = problems(clean_report(**change))
     assert len(found) == 1 and expected in found[0], found
+
+
+def test_requests_around_a_fault_are_those_under_way_at_it_and_those_sent_during_it():
+    def req(start, end, outcome):
+        return RequestResult(0, "grpc", "vote", start, end, outcome, "")
+
+    results = [req(1, 5, SERVED),  # before the fault
+               req(2, 130, HUNG),  # caught by an earlier fault that ended at 3
+               req(8, 12, FAILED),  # under way at the fault (10)
+               req(11, 12, REFUSED), req(14, 15, SERVED),  # sent while it lasted (to 20)
+               req(25, 26, SERVED)]  # after
+    assert window_outcomes(results, 10, 20, since=3) == {"in_flight": {FAILED: 1},
+                                                         "sent_during": {REFUSED: 1, SERVED: 1}}
