@@ -21,19 +21,22 @@ Faults are dealt from a shuffled deck of every (kind, model) pair, reshuffled wh
 each before any repeats: `ssm_kill` (SIGKILL an SSM's stub), `llm_kill`, `minions_kill`, `reload`
 (touch the model's files and load it through the repository API, as an operator after an edit). After
 each fault the tool waits until the model has recovered (a new stub of it runs and Triton logged it
-loaded again), for at most `--recovery-s`; then it waits the fault's gap (drawn from the seed) before the
-next. A stub still dead at the deadline is a problem; the tool then loads the model itself, as an
-operator would, so the run goes on. The server is served as `make serve` serves it: tritonserver, with
-`make serve`'s watchdog of the orchestrator's stub (deploy/watchdog.py) beside it.
+loaded again), for at most `--recovery-s`, then until a request sent after the fault has been served
+(the service is back: the orchestrator finds a dead SSM or LLM through the calls and polls of requests,
+so the next fault waits for traffic), for at most `--hang-s` + `--recovery-s`; then it waits the fault's
+gap (drawn from the seed) before the next. A stub still dead at the deadline is a problem; the tool then
+loads the model itself, as an operator would, so the run goes on. The server runs as `make serve` runs
+it: tritonserver, with `make serve`'s watchdog of the orchestrator's stub (deploy/watchdog.py) beside it.
 
 It fails (exit 1, one line per problem) on a hung or incomplete request, a tritonserver exit or a
 crash in its log ("Signal (", "Fatal Python error"), a stub left dead beyond `--recovery-s`, a reload
-that failed, shared-memory regions of the server's stubs in /dev/shm that no live process maps once the
-load has stopped, regions left once tritonserver has stopped (but a killed stub's: Triton 2.51 holds
-a dead stub's instance, and its region, until it exits, and leaves it to the launcher's sweep), a stub
-still running after tritonserver exited, a stop that needed SIGKILL, and steady growth of the total RSS
-of tritonserver and its stubs after warm-up (benchmarks/trend.py; samples taken while a fault has not
-settled are left out). Refusals and failures with an error message are counted, not failed on.
+that failed, no request served after a fault within its deadline, shared-memory regions of the
+server's stubs in /dev/shm that no live process maps once the load has stopped, regions left once
+tritonserver has stopped (but a killed stub's: Triton 2.51 holds a dead stub's instance, and its
+region, until it exits, and leaves it to the launcher's sweep), a stub still running after
+tritonserver exited, a stop that needed SIGKILL, and steady growth of the total RSS of tritonserver
+and its stubs after warm-up (benchmarks/trend.py; samples taken while a fault has not settled are left
+out). Refusals and failures with an error message are counted, not failed on.
 
 It writes bench_results/chaos/<timestamp>.json (every figure, each fault with its recovery and how the
 requests under way at it and sent during it ended, the memory samples), <timestamp>.txt (the summary
@@ -189,6 +192,9 @@ def problems(report: dict) -> list[str]:
         elif f["recovered_s"] is None:
             out.append(f"{f['kind']} {f['model']} at {f['t']:.0f} s: its stub was still dead after "
                        f"{report['settings']['recovery_s']:g} s (restored by the chaos tool: {f['restored']})")
+        if not f["error"] and f.get("served_again_s", 0) is None:
+            out.append(f"{f['kind']} {f['model']} at {f['t']:.0f} s: no request sent after it was served within "
+                       f"{report['settings']['hang_s'] + report['settings']['recovery_s']:g} s")
     out += [f"shared memory leaked (no live process maps it) once the load stopped: {r}"
             for r in report["shm"]["leaked"]]
     out += [f"shared memory left in /dev/shm after the stop: {r}" for r in report["shm"]["left_after_stop"]]
@@ -374,6 +380,8 @@ class FaultRecord:
     """That stub's shared-memory region."""
     recovered_s: float | None = None
     """Injection to a new stub of the model running and loaded (a reload: the load call's time)."""
+    served_again_s: float | None = None
+    """Injection to the end of the first request sent after it that was served."""
     error: str | None = None
     restored: str | None = None
     """What the chaos tool did itself when the model had not recovered by the deadline."""
@@ -382,10 +390,14 @@ class FaultRecord:
 
 
 class Injector(threading.Thread):
-    def __init__(self, server: TritonProcess, schedule: Iterator[Fault], until: float, recovery_s: float,
-                 t0: float, seed: int) -> None:
+    """Injects the schedule's faults one at a time: each once the previous one has settled (its model
+    recovered and a request sent after it served) and its gap has passed."""
+
+    def __init__(self, server: TritonProcess, load: Load, schedule: Iterator[Fault], until: float,
+                 recovery_s: float, served_s: float, t0: float, seed: int) -> None:
         super().__init__(daemon=True, name="chaos-injector")
-        self.server, self.schedule, self.until, self.recovery_s, self.t0 = server, schedule, until, recovery_s, t0
+        self.server, self.traffic, self.schedule, self.until, self.t0 = server, load, schedule, until, t0
+        self.recovery_s, self.served_s = recovery_s, served_s
         self.rng = random.Random(seed)
         self.log = LogWatch(server.log_path)
         self.records: list[FaultRecord] = []
@@ -404,6 +416,7 @@ class Injector(threading.Thread):
                     return
                 print(f"[{self.now():6.1f} s] {fault.kind} {fault.model}", flush=True)
                 self.unsettled_until = float("inf")
+                injected = time.monotonic()
                 record = self.inject(fault)
                 self.unsettled_until = time.monotonic() + SETTLE_S
                 self.records.append(record)
@@ -411,6 +424,11 @@ class Injector(threading.Thread):
                     f"error: {record.error}" if record.error else
                     f"recovered in {record.recovered_s:.1f} s" if record.recovered_s is not None else
                     f"NOT recovered in {self.recovery_s:g} s; {record.restored}"), flush=True)
+                record.served_again_s = self.wait_served(injected, time.monotonic() + self.served_s)
+                print(f"[{self.now():6.1f} s] {fault.kind} {fault.model}: " + (
+                    f"a request sent after it was served {record.served_again_s:.1f} s after it"
+                    if record.served_again_s is not None else f"NO request served in {self.served_s:g} s"),
+                    flush=True)
         except BaseException as exc:  # reported as a problem by the run
             self.error = exc
 
@@ -451,6 +469,18 @@ class Injector(threading.Thread):
             except Exception as exc:
                 record.restored = f"load_model failed: {exc}"
         return record
+
+    def wait_served(self, after: float, deadline: float) -> float | None:
+        """Seconds from `after` (monotonic) to the end of the first served request sent after it; None if
+        none is by the deadline (or the server has exited)."""
+        since = after - self.t0
+        while time.monotonic() < deadline and self.server.proc.poll() is None:
+            with self.traffic.lock:
+                ends = [r.end for r in self.traffic.results if r.outcome == SERVED and r.start >= since]
+            if ends:
+                return round(min(ends) - since, 2)
+            time.sleep(0.25)
+        return None
 
     def wait_recovered(self, model: str, old_pids: set[int], loads: int, deadline: float) -> bool:
         """Until a stub of `model` that is not one of `old_pids` runs and Triton has logged the model loaded
@@ -541,12 +571,12 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
             if outcome != SERVED:
                 warnings.append(f"the warm-up request over {protocol} was not served: {outcome}: {detail}")
         until = time.monotonic() + 60 * s.minutes
-        injector = Injector(server, fault_schedule(s.seed, deck, s.min_gap_s, s.max_gap_s), until, s.recovery_s, t0,
-                            s.seed)
+        load = Load(server, s.users, s.seed, prompts, s.max_tokens, s.hang_s, t0)
+        injector = Injector(server, load, fault_schedule(s.seed, deck, s.min_gap_s, s.max_gap_s), until,
+                            s.recovery_s, s.hang_s + s.recovery_s, t0, s.seed)
         sampler = Sampler(server, s.sample_s, t0, injector.settled)
         start_memory = sampler.sample()
         sampler.start()
-        load = Load(server, s.users, s.seed, prompts, s.max_tokens, s.hang_s, t0)
         load.start()
         watchdog = Watchdog(server)
         watchdog.start()
@@ -556,7 +586,7 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
         print(f"[{time.monotonic() - t0:6.1f} s] time is up: waiting for the last fault to settle and the requests "
               "under way to end", flush=True)
         injector.stopping.set()
-        injector.join(s.recovery_s + 120)
+        injector.join(2 * s.recovery_s + s.hang_s + 120)
         if injector.is_alive() or injector.error:
             warnings.append(f"the fault injector did not finish: {injector.error or 'still running'}")
         stuck = load.stop()
@@ -577,7 +607,7 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
     killed = {f.region for f in injector.records if f.kind.endswith("_kill") and f.region}
     faults, since = [], 0.0
     for f in injector.records:
-        end = f.t + (f.recovered_s if f.recovered_s is not None else s.recovery_s)
+        end = f.t + max(f.recovered_s if f.recovered_s is not None else s.recovery_s, f.served_again_s or 0.0)
         f.requests = window_outcomes(load.results, f.t, end, since)
         faults.append(asdict(f))
         since = end
@@ -594,7 +624,9 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
                                                                       for f in faults),
                        "max_s": max(recoveries, default=None),
                        "median_s": sorted(recoveries)[len(recoveries) // 2] if recoveries else None,
-                       "by_kind": {k: [f["recovered_s"] for f in faults if f["kind"] == k] for k in kinds}},
+                       "by_kind": {k: [f["recovered_s"] for f in faults if f["kind"] == k] for k in kinds},
+                       "served_again_by_kind": {k: [f["served_again_s"] for f in faults if f["kind"] == k]
+                                                for k in kinds}},
         "watchdog_reloads": watchdog.reloads,
         "server": {"exited_during_run": exited, "exit_code": server.proc.returncode, "crash_lines": crashes[:10]},
         "memory": {"start_bytes": start_memory["total"], "end_bytes": end_memory.get("total"),
@@ -652,8 +684,9 @@ def format_summary(report: dict) -> str:
         f"({', '.join(f'{k} {n}' for k, n in report['faults_by_kind'].items()) or 'none'}); "
         f"recovered {rec['count']}, not recovered {rec['not_recovered']}; recovery median "
         f"{_s(rec['median_s'])}, max {_s(rec['max_s'])}",
-        "recovery by kind: " + "; ".join(f"{k}: {', '.join(_s(x) for x in v) or '-'}"
-                                         for k, v in rec["by_kind"].items()),
+        "recovery by kind (model back / a request sent after the fault served): " + "; ".join(
+            f"{k}: {', '.join(f'{_s(x)}/{_s(y)}' for x, y in zip(v, rec['served_again_by_kind'][k])) or '-'}"
+            for k, v in rec["by_kind"].items()),
         f"make serve's watchdog loaded the orchestrator again {report['watchdog_reloads']} time(s)",
         f"crashes: {len(report['server']['crash_lines']) + (report['server']['exited_during_run'] is not None)}; "
         f"tritonserver exit code {report['server']['exit_code']}",
