@@ -11,7 +11,7 @@ headless Locust because the verdict needs each request's own ending (an incomple
 folded into "error") and a mix of modes in one run. Each request ends in one of:
 
 - served: its final response arrived;
-- refused: the server said it is at capacity (UNAVAILABLE, 503/429, `ServerBusy.PREFIX`);
+- refused: the server said to retry later (UNAVAILABLE, 503/429, `minions.errors.is_refusal`);
 - failed: the server (or the transport) returned an error message;
 - incomplete: the stream ended without a final response and without an error;
 - hung: silent for `--hang-s` s (then cancelled), or still running when the load was told to stop and
@@ -65,7 +65,7 @@ from pathlib import Path
 from client.api import Completion, GenerationParams, MinionsClientError, SilentStreamError, generate_grpc, generate_http
 from loadtest.records import GRPC_TRANSPORT_FAILURES, UNAVAILABLE_STATUSES
 from minions.deploy.watchdog import WATCH_INTERVAL_S, StubWatchdog
-from minions.errors import ServerBusy
+from minions.errors import is_refusal
 from minions.text.datasets import DATASETS, mixed_prompts
 from minions.triton.shm import SHM_PREFIX, mapped_shm_regions
 from tests.support.triton_process import ROOT, TritonProcess, stop_process
@@ -135,7 +135,7 @@ def classify(completion: Completion | None, exc: BaseException | None) -> tuple[
     if isinstance(exc, SilentStreamError):
         return HUNG, str(exc)
     message = str(exc).strip()
-    if ServerBusy.PREFIX in message:  # a refusal inside a stream carries no status
+    if is_refusal(message):  # a refusal inside a stream carries no status
         return REFUSED, message
     if isinstance(exc, MinionsClientError):
         lost = exc.status == "StatusCode.UNAVAILABLE" and any(m in message for m in GRPC_TRANSPORT_FAILURES)

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from client.api import MinionsClientError, SilentStreamError
-from minions.errors import ServerBusy
+from minions.errors import is_refusal
 
 OK, UNAVAILABLE, TIMEOUT, ERROR = "ok", "unavailable", "timeout", "error"
 """Outcomes: served; refused by the server as over capacity; silent too long (cancelled); anything else."""
@@ -60,7 +60,7 @@ def outcome_of(exc: BaseException) -> str:
     """The outcome a failed request's exception stands for."""
     if isinstance(exc, SilentStreamError):
         return TIMEOUT
-    if ServerBusy.PREFIX in str(exc):  # Minions' refusal, whose status a stream does not carry
+    if is_refusal(str(exc)):  # Minions' refusal, whose status a stream does not carry
         return UNAVAILABLE
     if isinstance(exc, MinionsClientError) and exc.status in UNAVAILABLE_STATUSES:
         lost = exc.status == "StatusCode.UNAVAILABLE" and any(m in str(exc) for m in GRPC_TRANSPORT_FAILURES)

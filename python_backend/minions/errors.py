@@ -16,3 +16,15 @@ class ServerBusy(RuntimeError):
 class ModelUnavailable(RuntimeError):
     """A model the request needs is not ready (unloaded, loading, or its stub died and it is being
     loaded again): Triton's UNAVAILABLE; retry later."""
+
+    PREFIX = "the service is unavailable"
+    """How its message begins, for the same reason as ServerBusy.PREFIX."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{self.PREFIX}: {reason}")
+
+
+def is_refusal(message: str) -> bool:
+    """Whether an error's message is a refusal to retry later (ServerBusy, ModelUnavailable): a
+    decoupled model's error reaches gRPC stream and SSE clients without a status code."""
+    return ServerBusy.PREFIX in message or ModelUnavailable.PREFIX in message

@@ -197,6 +197,7 @@ def serve(cmd: list[str], ports: ServerPorts, model: str, repository: Path) -> i
                 except subprocess.TimeoutExpired:
                     proc.kill()
     code = triton.wait()
+    sweep_orphaned_shm()  # killed stubs' regions, which tritonserver held until it exited
     return 1 if failed else code
 
 

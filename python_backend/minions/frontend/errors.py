@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from minions.errors import ServerBusy
+from minions.errors import is_refusal
 from minions.frontend.protocol import OpenAIError
 from minions.frontend.settings import FrontendSettings
 from minions.frontend.triton_stream import TritonError
@@ -24,9 +24,9 @@ HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.NOT_FOUND:
 
 def openai_error(exc: TritonError, retry_after_s: int = FrontendSettings.retry_after_s) -> OpenAIError:
     """Triton's refusal as the HTTP answer. A 503 (the server at capacity, or Triton unreachable) says
-    when to retry; a refusal for load is recognised by its message too (ServerBusy.PREFIX), should it
+    when to retry; a refusal is recognised by its message too (minions.errors.is_refusal), should it
     come without its status."""
-    busy = str(exc).startswith(ServerBusy.PREFIX)
+    busy = is_refusal(str(exc))
     status = 503 if busy else HTTP_STATUS.get(exc.code, 500)
     if status != 503:
         return OpenAIError(status, str(exc))

@@ -10,7 +10,8 @@ stub it loads the model again through the repository API, as an operator would.
 The LLM has no stand-in: while it is not ready requests are refused at once (UNAVAILABLE) rather than
 left to fail after the engine stall timeout. Its stub's death is found by a probe each poll (a `stop`
 of a sequence that does not exist, which a live stub answers at once), or by any call that fails so;
-then every call waiting on it ends at once with UNAVAILABLE, and its model is loaded again.
+then every call waiting on it ends at once with UNAVAILABLE, and its model is loaded again. The SSMs
+are probed the same way.
 """
 
 from __future__ import annotations
@@ -90,14 +91,29 @@ class ModelControl:
         if self.llm not in self._reloading:
             ready, state = described(self.llm)
             self._set_llm(None if ready else f"the LLM model {self.llm!r} is not ready ({state}): retry later")
-            if ready and self.llm not in self.client.native_models:  # TensorRT-LLM's own models keep no sequences
-                await self._probe_llm()
+        # Probed, not only watched through requests: a dead stub that requests seldom ask (an SSM the
+        # vote rarely waits for, an LLM while every request streams) would go unnoticed.
+        probed = [m for m in (self.llm, *self.ssms) if self._probed(m, described(m)[0])]
+        for model, failure in zip(probed, await asyncio.gather(*(self._probe(m) for m in probed))):
+            if failure is None:
+                continue
+            if model == self.llm:
+                self.llm_failed(failure)
+            elif DEAD_STUB in failure and self.reload and model not in self._reloading:
+                self._reloading[model] = asyncio.get_running_loop().create_task(self._reload(model))
 
-    async def _probe_llm(self) -> None:
+    def _probed(self, model: str, ready: bool) -> bool:
+        """Whether to probe the model now: ready, not being loaded again, and keeping sequences
+        (TensorRT-LLM's own models keep none, and are not Python stubs)."""
+        return ready and model not in self._reloading and model not in self.client.native_models
+
+    async def _probe(self, model: str) -> str | None:
+        """Stop a sequence that does not exist: a live stub answers at once. The failure's message, if any."""
         try:
-            await self.client.generate(self.llm, EngineRequest.release(PROBE_ID))
+            await self.client.generate(model, EngineRequest.release(PROBE_ID))
         except Exception as exc:
-            self.llm_failed(str(exc))
+            return str(exc)
+        return None
 
     def llm_failed(self, reason: str) -> None:
         """A call to the LLM failed: if its stub died, end the calls waiting on it and load it again."""
