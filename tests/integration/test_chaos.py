@@ -14,8 +14,6 @@ import json
 
 from benchmarks.chaos import FAILED, HUNG, INCOMPLETE, REFUSED, SERVED, main
 
-NOT_RECOVERED = "its stub was still dead after"
-
 
 def test_a_short_chaos_run_with_ssm_kills_and_reloads(tmp_path, kept_datasets):
     # seed 1 deals reloads of llm, minions and ssm_suffix, then kills ssm_ngram's stub (then more)
@@ -35,6 +33,5 @@ def test_a_short_chaos_run_with_ssm_kills_and_reloads(tmp_path, kept_datasets):
     assert report["faults_by_kind"].get("ssm_kill", 0) >= 1 and report["faults_by_kind"].get("reload", 0) >= 1
     reloads = [f for f in report["faults"] if f["kind"] == "reload"]
     assert all(f["recovered_s"] is not None and f["error"] is None for f in reloads), reloads
-    others = [p for p in report["problems"] if not (p.startswith("ssm_kill ") and NOT_RECOVERED in p)]
-    assert others == [], others
-    assert rc == (1 if report["problems"] else 0)
+    assert report["problems"] == [], report["problems"]  # every killed SSM loaded again in time, too
+    assert rc == 0
