@@ -80,7 +80,7 @@ soak: $(STAMP)
 # intervals; fails on a hung or incomplete request, a crash, a stub not recovered within 90 s, leaked /dev/shm or
 # steady memory growth; figures into bench_results/chaos/ (not in CI; docs/operations.md, "Chaos"). Options:
 # CHAOS_ARGS="--minutes 5 --seed 7 --faults ssm_kill,reload"; all of them: python -m benchmarks.chaos --help.
-# CI runs it short (tests/integration/test_chaos.py).
+# CI runs it short (tests/integration/test_chaos_run.py).
 CHAOS_ARGS ?=
 chaos: $(STAMP)
 	$(PY) -m benchmarks.chaos --deploy $(DEPLOY) $(CHAOS_ARGS)
