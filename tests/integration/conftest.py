@@ -5,6 +5,7 @@ self-draft with logits) for what needs a model SSM."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from minions.text.datasets import DATASETS
 from tests.integration.helpers import kept_prompts, openai_frontend, served
@@ -32,6 +33,19 @@ def server(tmp_path_factory):
 def torch_server(tmp_path_factory):
     """deploy.torch.yaml: the LLM on torch fp32, ssm_q4 (llama.cpp, drafts with logits) and prompt lookup."""
     yield from _serve(tmp_path_factory, "deploy.torch.yaml")
+
+
+@pytest.fixture(scope="module")
+def one_slot_server(tmp_path_factory):
+    """The default deployment with one request decoding and one waiting, beyond which requests are
+    refused (a server per module that uses it)."""
+    build = tmp_path_factory.mktemp("triton-one-slot")
+    raw = yaml.safe_load((ROOT / "deploy.yaml").read_text())
+    raw["cache_dir"] = str(ROOT / raw["cache_dir"])
+    raw["orchestrator"].update(max_active_requests=1, max_queued_requests=1)
+    deploy = build / "deploy.one-slot.yaml"
+    deploy.write_text(yaml.safe_dump(raw))
+    yield from served(deploy, build)
 
 
 @pytest.fixture(scope="session")

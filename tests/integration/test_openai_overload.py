@@ -14,25 +14,12 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import openai
 import pytest
-import yaml
 
 from minions.errors import ServerBusy
 from minions.frontend.settings import FrontendSettings
-from tests.integration.helpers import http_request, metric_value, openai_frontend, served, wait_until
-from tests.support.triton_process import ROOT
+from tests.integration.helpers import http_request, metric_value, openai_frontend, wait_until
 
 SHORT = {"model": "minions", "prompt": "Name three animals.", "max_tokens": 4, "temperature": 0}
-
-
-@pytest.fixture(scope="module")
-def one_slot_server(tmp_path_factory):
-    build = tmp_path_factory.mktemp("triton-one-slot")
-    raw = yaml.safe_load((ROOT / "deploy.yaml").read_text())
-    raw["cache_dir"] = str(ROOT / raw["cache_dir"])
-    raw["orchestrator"].update(max_active_requests=1, max_queued_requests=1)
-    deploy = build / "deploy.one-slot.yaml"
-    deploy.write_text(yaml.safe_dump(raw))
-    yield from served(deploy, build)
 
 
 @pytest.fixture(scope="module")

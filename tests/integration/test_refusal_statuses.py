@@ -18,29 +18,15 @@ from __future__ import annotations
 import json
 import queue
 
-import pytest
 import tritonclient.grpc as grpcclient
-import yaml
 
 from minions.errors import ServerBusy
-from tests.integration.helpers import metric_value, served, wait_until
+from tests.integration.helpers import metric_value, wait_until
 from tests.integration.triton_calls import DEADLINE_S, GRPC_ERROR_HEADER, grpc_stream, http_generate, tensors
-from tests.support.triton_process import ROOT
 
 SHORT = {"text_input": "Name three animals.", "max_tokens": 4}
 HOLD = {"text_input": "Count upwards from one:", "max_tokens": 1024, "min_tokens": 1024, "stream": True,
         "speculation": "off"}
-
-
-@pytest.fixture(scope="module")
-def one_slot_server(tmp_path_factory):
-    build = tmp_path_factory.mktemp("triton-one-slot")
-    raw = yaml.safe_load((ROOT / "deploy.yaml").read_text())
-    raw["cache_dir"] = str(ROOT / raw["cache_dir"])
-    raw["orchestrator"].update(max_active_requests=1, max_queued_requests=1)
-    deploy = build / "deploy.one-slot.yaml"
-    deploy.write_text(yaml.safe_dump(raw))
-    yield from served(deploy, build)
 
 
 class Stream:
