@@ -14,7 +14,7 @@ import openai
 import yaml
 
 from minions.deploy.server import free_port, server_env
-from minions.deploy.watchdog import live_stub_pids
+from minions.triton.stubs import live_stub_pids
 from minions.triton.shm import sweep_orphaned_shm
 from tests.integration.helpers import http_ok, wait_until
 from tests.support.triton_process import ROOT

@@ -15,28 +15,12 @@ from pathlib import Path
 import tritonclient.grpc as grpcclient
 
 from minions.triton.model_control import mark_modified
+from minions.triton.stubs import live_stub_pids
 
 log = logging.getLogger("minions.watchdog")
 
 WATCH_INTERVAL_S = 2.0
 """How often `make serve` looks for the orchestrator's stub: a dead one is loaded again within this."""
-
-
-def live_stub_pids(model_dir: Path, proc: Path = Path("/proc")) -> list[int]:
-    """Python-backend stub processes serving the model in `model_dir`, zombies excluded."""
-    pids = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
-            continue
-        if state != "Z" and args and args[0].endswith(b"triton_python_backend_stub") and \
-                any(a.startswith(f"{model_dir}/".encode()) for a in args[1:]):
-            pids.append(int(entry.name))
-    return pids
 
 
 class StubWatchdog:

@@ -28,6 +28,7 @@ from minions.errors import ModelUnavailable
 from minions.serving.metric_tally import MetricTally
 from minions.speculation.health import SsmHealth
 from minions.triton.shm import sweep_orphaned_shm
+from minions.triton.stubs import live_stub_pids
 
 from .engine_client import TritonEngineClient
 
@@ -40,6 +41,9 @@ DEAD_STUB = "is not healthy"
 SWEEP_DELAYS_S = (1.0, 2.0, 4.0, 8.0)
 
 PROBE_ID = "minions-health-probe"
+
+PROBE_TIMEOUT_S = 5.0
+"""A probe waits this long at most, so that one unanswered call does not hold up the next poll."""
 
 
 def mark_modified(repository: Path, model: str) -> None:
@@ -91,10 +95,14 @@ class ModelControl:
         if self.llm not in self._reloading:
             ready, state = described(self.llm)
             self._set_llm(None if ready else f"the LLM model {self.llm!r} is not ready ({state}): retry later")
-        # Probed, not only watched through requests: a dead stub that requests seldom ask (an SSM the
-        # vote rarely waits for, an LLM while every request streams) would go unnoticed.
-        probed = [m for m in (self.llm, *self.ssms) if self._probed(m, described(m)[0])]
-        for model, failure in zip(probed, await asyncio.gather(*(self._probe(m) for m in probed))):
+        # Watched, not only through requests: a dead stub that requests seldom ask (an SSM the vote
+        # rarely waits for, an LLM while every request streams) would go unnoticed. A model Triton calls
+        # ready with no live stub process has died; one with a live stub is probed.
+        watched = [m for m in (self.llm, *self.ssms) if self._probed(m, described(m)[0])]
+        dead = {m: f"no live stub process: it {DEAD_STUB}" for m in watched if not live_stub_pids(self.repository / m)}
+        probed = [m for m in watched if m not in dead]
+        failures = dict(zip(probed, await asyncio.gather(*(self._probe(m) for m in probed)))) | dead
+        for model, failure in failures.items():
             if failure is None:
                 continue
             if model == self.llm:
@@ -108,9 +116,14 @@ class ModelControl:
         return ready and model not in self._reloading and model not in self.client.native_models
 
     async def _probe(self, model: str) -> str | None:
-        """Stop a sequence that does not exist: a live stub answers at once. The failure's message, if any."""
+        """Stop a sequence that does not exist: a live stub answers at once, or after the step it is
+        in. The failure's message, if any (a probe still unanswered after PROBE_TIMEOUT_S is none: the
+        model may be busy with a long prefill)."""
         try:
-            await self.client.generate(model, EngineRequest.release(PROBE_ID))
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                await self.client.generate(model, EngineRequest.release(PROBE_ID))
+        except TimeoutError:
+            return None
         except Exception as exc:
             return str(exc)
         return None

@@ -1,10 +1,10 @@
-"""deploy/watchdog.py: which processes count as a model's live stub."""
+"""triton/stubs.py: which processes count as a model's live stub."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from minions.deploy.watchdog import live_stub_pids
+from minions.triton.stubs import live_stub_pids
 
 STUB = "/build/backends/python/triton_python_backend_stub"
 
