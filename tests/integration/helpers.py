@@ -66,6 +66,12 @@ def grpc_tensor(name: str, array: np.ndarray, triton_type: str):
     return t
 
 
+def grpc_tensors(arrays: dict[str, np.ndarray]) -> list:
+    """gRPC input tensors of numpy arrays by name, each typed from its array (object arrays as BYTES)."""
+    return [grpc_tensor(name, array, "BYTES" if array.dtype == object else grpcclient.np_to_triton_dtype(array.dtype))
+            for name, array in arrays.items()]
+
+
 def metric_value(metrics_url: str, name: str, **labels: str) -> float:
     """Sum of a Prometheus metric's samples on Triton's metrics port whose labels include `labels`."""
     with urllib.request.urlopen(metrics_url, timeout=30) as resp:

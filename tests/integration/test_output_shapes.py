@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from tests.integration.helpers import grpc_tensors
 from tests.support.model_config import BLS_TEXT_OUTPUT, shape_breaches
 
 PROMPT = "The capital of France is"
@@ -15,12 +16,7 @@ PROMPT = "The capital of France is"
 
 def _responses(server, model: str, arrays: dict[str, np.ndarray]) -> list[grpcclient.InferResult]:
     """Every response to one request over the gRPC stream, all outputs (none named, so all come back)."""
-    inputs = []
-    for name, array in arrays.items():
-        dtype = "BYTES" if array.dtype == object else grpcclient.np_to_triton_dtype(array.dtype)
-        tensor = grpcclient.InferInput(name, list(array.shape), dtype)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
+    inputs = grpc_tensors(arrays)
     results, errors = [], []
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: (errors if error else results).append(error or result))

@@ -9,7 +9,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from client.api import GenerationParams, generate_grpc
-from tests.integration.helpers import COPY_PROMPT, metric_above, metric_value, wait_until
+from tests.integration.helpers import COPY_PROMPT, grpc_tensors, metric_above, metric_value, wait_until
 
 PROMPT = "What is the capital of France?"
 PERF_OUTPUTS = ["kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
@@ -30,17 +30,7 @@ def _inputs(streaming: bool, temperature: float = 0.0, perf: bool = True, **extr
         **({"return_perf_metrics": np.array([[True]], dtype=bool)} if perf else {}),
         **extra,
     }
-    return _tensors(arrays)
-
-
-def _tensors(arrays: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
-    tensors = []
-    for name, array in arrays.items():
-        dtype = "BYTES" if array.dtype == object else grpcclient.np_to_triton_dtype(array.dtype)
-        tensor = grpcclient.InferInput(name, list(array.shape), dtype)
-        tensor.set_data_from_numpy(array)
-        tensors.append(tensor)
-    return tensors
+    return grpc_tensors(arrays)
 
 
 def _outputs(perf: bool = True) -> list[grpcclient.InferRequestedOutput]:
@@ -102,7 +92,7 @@ IFB_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_pro
 
 def _ifb_inputs(ids: list[int], streaming: bool, end_id: int, **extra) -> list[grpcclient.InferInput]:
     """What inflight_batcher_llm_client.prepare_inputs builds with its defaults (top_k 1: greedy)."""
-    return _tensors({
+    return grpc_tensors({
         "input_ids": np.array([ids], dtype=np.int32),
         "input_lengths": np.array([[len(ids)]], dtype=np.int32),
         "request_output_len": np.array([[16]], dtype=np.int32),

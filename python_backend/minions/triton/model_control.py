@@ -98,7 +98,7 @@ class ModelControl:
         # Watched, not only through requests: a dead stub that requests seldom ask (an SSM the vote
         # rarely waits for, an LLM while every request streams) would go unnoticed. A model Triton calls
         # ready with no live stub process has died; one with a live stub is probed.
-        watched = [m for m in (self.llm, *self.ssms) if self._probed(m, described(m)[0])]
+        watched = [m for m in (self.llm, *self.ssms) if self._watched(m, described(m)[0])]
         dead = {m: f"no live stub process: it {DEAD_STUB}" for m in watched if not live_stub_pids(self.repository / m)}
         probed = [m for m in watched if m not in dead]
         failures = dict(zip(probed, await asyncio.gather(*(self._probe(m) for m in probed)))) | dead
@@ -110,9 +110,9 @@ class ModelControl:
             elif DEAD_STUB in failure and self.reload and model not in self._reloading:
                 self._reloading[model] = asyncio.get_running_loop().create_task(self._reload(model))
 
-    def _probed(self, model: str, ready: bool) -> bool:
-        """Whether to probe the model now: ready, not being loaded again, and keeping sequences
-        (TensorRT-LLM's own models keep none, and are not Python stubs)."""
+    def _watched(self, model: str, ready: bool) -> bool:
+        """Whether to watch the model now: ready, not being loaded again, and a Python stub (TensorRT-LLM's
+        own models are neither stubs nor keep sequences)."""
         return ready and model not in self._reloading and model not in self.client.native_models
 
     async def _probe(self, model: str) -> str | None:
