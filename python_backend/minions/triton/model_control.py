@@ -71,7 +71,7 @@ class ModelControl:
         self.reload = reload
         self.ready: dict[str, bool] = {}
         self._reloading: dict[str, asyncio.Task] = {}
-        health.on_open = self.breaker_opened
+        health.on_open = self.ssm_failed
 
     async def watch(self) -> None:
         """Follow the SSM models' readiness while the orchestrator is loaded (a task on its event loop)."""
@@ -107,8 +107,8 @@ class ModelControl:
                 continue
             if model == self.llm:
                 self.llm_failed(failure)
-            elif DEAD_STUB in failure and self.reload and model not in self._reloading:
-                self._reloading[model] = asyncio.get_running_loop().create_task(self._reload(model))
+            else:
+                self.ssm_failed(model, failure)
 
     def _watched(self, model: str, ready: bool) -> bool:
         """Whether to watch the model now: ready, not being loaded again, and a Python stub (TensorRT-LLM's
@@ -169,8 +169,9 @@ class ModelControl:
         self.ready[ssm] = ready
         self.health.set_ready(ssm, ready)
 
-    def breaker_opened(self, ssm: str, reason: str) -> None:
-        """SsmHealth's hook: an SSM failed `threshold` times in a row; reload its model if its stub died."""
+    def ssm_failed(self, ssm: str, reason: str) -> None:
+        """An SSM failed (`threshold` times in a row: SsmHealth's hook; or its poll found it dead): reload
+        its model if its stub died."""
         if not (self.reload and DEAD_STUB in reason) or ssm in self._reloading:
             return
         self._reloading[ssm] = asyncio.get_running_loop().create_task(self._reload(ssm))
