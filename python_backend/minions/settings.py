@@ -232,19 +232,24 @@ class OrchestratorSettings(_Settings):
     with --model-control-mode=explicit, as minions.deploy.server starts it)."""
     model_poll_interval_s: float = 1.0
     """How often the orchestrator asks Triton which SSM models are ready (unloaded or reloading: skipped)."""
-    plain_stretch_tokens: int = 16
-    """When the LLM streams (a decoupled in-flight engine), plain decoding chosen by the adaptive
-    selector (s = 0) streams this many tokens from one engine call before the selector chooses again."""
+    plain_stretch_tokens: int = ranged(16, 1)
+    """When the LLM streams but cannot be stopped mid-stream (a TensorRT-LLM engine: tensorrtllm_backend
+    has no `stop` for a running request), plain decoding of a request that drafts streams this many
+    tokens from one call before the next plan; other streaming LLMs stream until a probe finds a draft."""
     probe_tokens: int = 8
-    """When the LLM streams and drafting is nearly free, a round the selector gave s = 0 still asks the
-    drafters for this many tokens (0: never) and verifies what they propose..."""
+    """When the LLM streams (a decoupled in-flight engine), a drafting request's plain tokens stream from
+    one call while its drafters are asked now and then (probes) for this many tokens (0: never)..."""
     probe_min_draft: int = 4
-    """...when it is at least this long; a shorter proposal is streamed past."""
+    """...and a proposal at least this long ends the stream to be verified (speculation/watch.py)."""
+    probe_min_gap: int = ranged(8, 1)
+    """Tokens between two probes at first; doubled after each probe that found nothing..."""
+    probe_max_gap: int = ranged(64, 1)
+    """...up to this many."""
     probe_max_draft_cost_ms: float = 1.0
     """Drafting counts as nearly free below this many milliseconds per token (the server's measure)."""
     probe_max_load: int = 4
-    """Probes only while at most this many requests decode: a probe's rejected draft is verified in a
-    step every request shares (docs/adaptive-draft-length.md measures it)."""
+    """Probes only while at most this many requests decode: a probe's stop and verification cost a step
+    every request shares."""
     draft_pool_size: int = 0
     """Drafts waiting for the LLM at most (0: the LLM's max_batch_size; `draft_pool`)."""
     max_active_requests: int = 0

@@ -3,9 +3,6 @@ with the real length policies and Services."""
 
 from __future__ import annotations
 
-import pytest
-
-from minions.settings import DEFAULTS
 from minions.speculation.draft_length import DraftLengthSelector, FixedLength
 from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
@@ -51,29 +48,34 @@ def test_a_fixed_length_is_verified_and_cut_to_what_remains():
 
 def test_nothing_left_to_draft_streams_the_last_token():
     svc = services()
-    assert plan(svc, FixedLength(4, svc.length_stats), remaining=1) == StreamPlain(1, 1)
+    assert plan(svc, FixedLength(4, svc.length_stats), remaining=1) == StreamPlain(1, 1, watch=True)
 
 
-def test_drafts_that_came_back_empty_stream_a_stretch_instead_of_a_one_token_call():
+def test_drafts_that_came_back_empty_stream_the_rest_under_watch_instead_of_a_one_token_call():
     svc = services()
-    assert plan(svc, FixedLength(4, svc.length_stats), empty=True) == StreamPlain(svc.plain_stretch, 1)
-    assert plan(svc, FixedLength(4, svc.length_stats), empty=True, remaining=5) == StreamPlain(5, 1)
+    assert plan(svc, FixedLength(4, svc.length_stats), empty=True) == StreamPlain(50, 1, watch=True)
+    assert plan(svc, FixedLength(4, svc.length_stats), empty=True, remaining=5) == StreamPlain(5, 1, watch=True)
 
 
-def test_plain_decoding_chosen_by_the_policy_probes_nearly_free_drafters_at_low_load():
+def test_an_llm_that_cannot_be_stopped_mid_stream_streams_a_stretch_before_the_next_plan():
+    svc = services(llm_stops_streams=False, plain_stretch=16)
+    assert plan(svc, FixedLength(4, svc.length_stats), empty=True) == StreamPlain(16, 1, watch=True)
+    assert plan(svc, plain_choosing_selector(), remaining=5) == StreamPlain(5, 1, watch=True)
+
+
+def test_plain_decoding_chosen_by_the_policy_streams_under_watch():
     svc = services(load=1)
-    got = plan(svc, plain_choosing_selector())
-    assert got == Verify(svc.probe_tokens, 1, 0, probe=True)
+    assert plan(svc, plain_choosing_selector()) == StreamPlain(50, 1, watch=True)
 
 
-@pytest.mark.parametrize("why", ["too busy", "came back empty", "no streaming", "probes off"])
-def test_without_a_probe_plain_decoding_streams_a_stretch(why):
-    load = DEFAULTS.probe_max_load + 1 if why == "too busy" else 1
-    svc = services(load=load, streams=why != "no streaming",
-                   probe_tokens=0 if why == "probes off" else 8)
-    got = plan(svc, plain_choosing_selector(), empty=why == "came back empty")
-    if why == "no streaming":
-        assert got == Verify(0, 1, 0), "an LLM that does not stream gets a one-token call"
-    else:
-        assert got == StreamPlain(svc.plain_stretch, svc.load())
+def test_an_llm_that_does_not_stream_gets_a_one_token_call_for_plain_decoding():
+    svc = services(streams=False)
+    assert plan(svc, plain_choosing_selector()) == Verify(0, 1, 0)
 
+
+def test_a_draft_a_probe_found_is_verified_next_cut_to_what_remains():
+    svc = services(load=2)
+    assert plan_round(svc, plain_choosing_selector(), drafting=True, first=False, remaining=50,
+                      drafts_came_back_empty=False, found=6) == Verify(6, 2, 6)
+    assert plan_round(svc, plain_choosing_selector(), drafting=True, first=False, remaining=4,
+                      drafts_came_back_empty=False, found=6) == Verify(3, 2, 6)

@@ -1,6 +1,7 @@
 """The decode loop over a streaming LLM (the llama.cpp engine, in process): `off` is one streaming call,
-stretches the selector gives s = 0 stream too, every mode's greedy output is `off`'s, and stopping a
-request mid-stream ends the engine's generation and frees its slot."""
+plain decoding of a request that drafts streams from one call too while probes watch it, every
+mode's greedy output is `off`'s, and stopping a request mid-stream ends the engine's generation and
+frees its slot."""
 
 from __future__ import annotations
 
@@ -49,23 +50,26 @@ def test_off_is_one_streaming_call_with_plain_decoding_s_output(client, llm, pro
 @pytest.mark.parametrize("num_draft_tokens", [None, 3])
 def test_speculation_over_a_streaming_llm_keeps_off_s_output(client, llm, num_draft_tokens):
     plan = make_plan(REPEATING, N, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
-                     num_draft_tokens=num_draft_tokens, plain_stretch=4)
+                     num_draft_tokens=num_draft_tokens)
     tokens, stats, _ = decode(client, plan)
     assert tokens == reference(llm, REPEATING)
     assert stats.accepted_tokens > 0 and "req" not in llm.cache
 
 
-def test_a_stretch_the_selector_gives_s_0_is_streamed(client, llm):
-    """With only s = 0 to choose from, every round after the first is a streamed plain token, and
-    each stretch of `plain_stretch` tokens is one LLM call."""
+def test_plain_decoding_the_selector_chose_is_one_stream_when_probes_find_nothing(client, llm):
+    """With only s = 0 to choose from and text that prompt lookup cannot draft, every token after the
+    first comes from one streaming call: probes that find nothing end nothing."""
     stats = SharedLengthStats(LengthPolicy(candidates=(0,)))
-    plan = make_plan(PROMPTS[1], 17, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
-                     num_draft_tokens=None, plain_stretch=4, length_stats=stats, probe_tokens=0)
+    distinct = list(range(1000, 1020))
+    plan = make_plan(distinct, 17, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
+                     num_draft_tokens=None, length_stats=stats, probe_min_gap=1)
     tokens, _, rounds = decode(client, plan)
-    assert tokens == reference(llm, PROMPTS[1])[:17]
+    assert tokens == reference(llm, distinct)[:17]
     llm_calls = [call for model, call in client.calls if model == "llm" and not call.stop]
-    assert [c.streaming for c in llm_calls] == [False] + [True] * 4  # round 1, then 16 tokens in 4 stretches
+    assert [c.streaming for c in llm_calls] == [False, True]  # round 1, then 16 tokens from one stream
     assert all(r.drafted == 0 for r in rounds)
+    probes = [call for model, call in client.calls if model == "ngram" and len(call.input_ids) > len(distinct) + 1]
+    assert probes, "the stream was probed"
 
 
 def test_closing_a_request_mid_stream_ends_the_generation_and_its_sequence(client, llm):
@@ -89,7 +93,7 @@ def test_a_round_whose_drafters_find_nothing_streams_instead_of_a_one_token_call
     token, the loop streams; every LLM call after the first verifies a draft or streams."""
     distinct = list(range(1000, 1020))
     plan = make_plan(distinct, 24, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
-                     num_draft_tokens=3, plain_stretch=4)
+                     num_draft_tokens=3)
     tokens, _, _ = decode(client, plan)
     assert tokens == reference(llm, distinct)[:24]
     calls = [call for model, call in client.calls if model == "llm" and not call.stop]
@@ -98,25 +102,29 @@ def test_a_round_whose_drafters_find_nothing_streams_instead_of_a_one_token_call
     assert any(call.streaming for call in calls[1:])
 
 
-def test_free_drafters_are_probed_where_the_selector_chose_plain_decoding(client, llm):
-    """With s = 0 the only choice, a request whose text repeats still gets its long prompt-lookup drafts
-    verified (probes), and a probe that finds too little is streamed past."""
+def test_a_probe_s_draft_stops_the_stream_and_is_verified(client, llm):
+    """With s = 0 the only choice, a request whose text repeats still gets its prompt-lookup drafts
+    verified: a probe that finds one stops the plain stream (a `stop` while it runs, the stream's
+    tokens kept), and only drafts at least `probe_min_draft` long are verified."""
     stats = SharedLengthStats(LengthPolicy(candidates=(0,)))
     plan = make_plan(REPEATING, N, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
-                     num_draft_tokens=None, plain_stretch=4, length_stats=stats, probe_tokens=6, probe_min_draft=3)
+                     num_draft_tokens=None, length_stats=stats, probe_tokens=6, probe_min_draft=3, probe_min_gap=1)
     tokens, stats_, _ = decode(client, plan)
     assert tokens == reference(llm, REPEATING)
     verified = [call for model, call in client.calls if model == "llm" and call.draft]
-    assert verified and all(len(call.draft) >= 3 for call in verified)
+    assert verified and all(len(call.draft) >= 1 for call in verified)
     assert stats_.accepted_tokens > 0
+    streams = [call for model, call in client.calls if model == "llm" and call.streaming]
+    assert len(streams) >= 2, "a probe's draft ended a stream, and plain decoding went on in a new one"
+    assert ("llm", "req") in client.released[:-1], "the stream was stopped before the request ended"
 
 
 def test_no_probes_above_the_load_limit(client, llm):
-    """Under load a probe's rejected draft costs a step every request shares: above probe_max_load the
-    selector's s = 0 is plain streaming, drafters unasked."""
+    """Under load a probe's stop and verification cost a step every request shares: above
+    probe_max_load the selector's s = 0 is plain streaming, drafters unasked."""
     stats = SharedLengthStats(LengthPolicy(candidates=(0,)))
     plan = make_plan(REPEATING, N, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
-                     num_draft_tokens=None, plain_stretch=4, length_stats=stats, probe_tokens=6,
+                     num_draft_tokens=None, length_stats=stats, probe_tokens=6,
                      probe_min_draft=3, probe_max_load=4, load=lambda: 8)
     tokens, _, _ = decode(client, plan)
     assert tokens == reference(llm, REPEATING)

@@ -6,8 +6,9 @@ Each turn plans a round (round_plan.py), runs it, and yields what it emitted:
   accepted prefix plus one token of its own (TensorRT-LLM's draft-tokens-external mode). With no
   draft the LLM returns one plain token through the same call.
 - `StreamPlain`: one streaming call to an LLM that streams (an in-flight llama.cpp engine); each
-  token is a round of its own. `off` streams its whole output so; a stretch the length policy gives
-  s = 0 streams `plain_stretch` tokens before the next plan.
+  token is a round of its own. `off` streams its whole output so; a request that drafts streams so
+  where the length policy gives s = 0 or the drafters found nothing, while its drafters are probed
+  (watch.py): a probe's draft worth verifying ends the stream, and the next round verifies it.
 Both paths observe through one method: the drafter and the length policy learn from the outcome.
 The whole sequence is resent every call (engines keep their own prefix KV caches), and every
 engine's state for the request is released when it ends, however it ends. Drafting ahead during
@@ -30,6 +31,7 @@ from minions.speculation.pipelining import DraftSource
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
 from minions.speculation.rounds import Round
 from minions.speculation.services import Services
+from minions.speculation.watch import DraftWatch, ProbeSchedule
 
 
 async def speculative_decode(client: EngineClient, request: DecodeRequest, services: Services,
@@ -69,13 +71,25 @@ class _Decode:
         self.drafted_before = False
         """The first draft also pays the SSMs' prefill of the prompt: its drafting time is not a sample."""
         self.drafts_came_back_empty = False
+        schedule = ProbeSchedule(services.probe_min_gap, services.probe_max_gap)
+        stop = (lambda: client.release(services.llm, request_id)) if services.llm_stops_streams else None
+        self.watch = (DraftWatch(schedule, services.probe_min_draft, self._probe, stop)
+                      if self.drafter and services.probe_tokens > 0 else None)
+        self.found: Proposal | None = None
+        """A draft a probe found during the last plain stream, for the next round to verify."""
 
     def plan(self) -> StreamPlain | Verify:
         plan = plan_round(self.services, self.length, drafting=self.drafter is not None,
                           first=self.progress.produced == 0, remaining=self.progress.remaining,
-                          drafts_came_back_empty=self.drafts_came_back_empty)
+                          drafts_came_back_empty=self.drafts_came_back_empty,
+                          found=len(self.found.draft) if self.found else 0)
         self.drafts_came_back_empty = False
         return plan
+
+    async def _probe(self, sequence: list[int]) -> Proposal:
+        """The drafters' proposal continuing `sequence`, asked while plain tokens stream."""
+        k = max(self.services.probe_tokens, self.length.current)
+        return await self.drafter.propose(self.client, self.source.round(sequence, k, self.progress.index))
 
     async def stream_plain(self, plan: StreamPlain) -> AsyncIterator[Round]:
         """Up to plan.tokens plain tokens streamed from one LLM call, a round per response (timed from the
@@ -84,32 +98,42 @@ class _Decode:
             self.source.drop_early()
         self._report_work(0)
         call = self.request.llm_call(self.request_id, self.progress.sequence, plan.tokens, streaming=True)
+        watch = self.watch if plan.watch else None
         t = time.perf_counter()
         new_call = True
         async with aclosing(self.client.stream(self.services.llm, call)) as stream:
             async for result in stream:
+                if not result.tokens:  # the final answer of a stream a probe stopped may hold nothing new
+                    continue
                 now = time.perf_counter()
                 tokens = result.tokens[: plan.tokens]
                 last = self._observe(tokens, plan.batch, 0, 0, None, now - t, steps=len(tokens))
                 yield Round(tokens=tokens, ssm=None, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=now - t,
                             last=last, llm_call=new_call, log_probs=_first(result.log_probs, plan.tokens))
                 t, new_call = now, False
+                if watch is not None:
+                    watch.arrived(self.progress.sequence, len(tokens),
+                                  self.services.probe_pays(self.length, self.services.load()))
+        if watch is not None:
+            self.found = await watch.settle(self.progress.sequence)
 
     async def verify(self, plan: Verify) -> AsyncIterator[Round]:
         """Draft up to plan.k tokens and verify them in one LLM call (drafting the next round meanwhile);
-        nothing, when a streaming LLM would be asked to verify too short a draft (the next plan streams)."""
+        nothing, when a streaming LLM would be asked to verify no draft at all (the next plan streams)."""
         progress, services = self.progress, self.services
         t0 = time.perf_counter()
-        proposal, pipelined = (await self.source.draft(progress.sequence, plan.k, progress.index, progress.emitted)
-                               if self.source else (Proposal(), False))
+        if self.found is not None:
+            (proposal, pipelined), self.found = (self.found, False), None
+        else:
+            proposal, pipelined = (await self.source.draft(progress.sequence, plan.k, progress.index, progress.emitted)
+                                   if self.source else (Proposal(), False))
         draft = proposal.draft = proposal.draft[: plan.k]
         if proposal.logits is not None:
             proposal.logits = proposal.logits[: len(draft)]
         t1 = time.perf_counter()
-        too_short = len(draft) < (services.probe_min_draft if plan.probe else 1)
-        if services.llm_streams and progress.produced > 0 and too_short:
-            # The drafters found nothing (or a probe too little to pay for a verification): a one-token
-            # call would cost a round trip to the LLM model; stream instead.
+        if services.llm_streams and progress.produced > 0 and not draft:
+            # The drafters found nothing: a one-token call would cost a round trip to the LLM model;
+            # stream instead.
             if self.source is not None:
                 self.source.release_slot()
             self.drafts_came_back_empty = True
@@ -139,6 +163,8 @@ class _Decode:
             self.drafter.observe(proposal, emitted, draft_seconds, t2 - t1) if self.drafter and plan.k > 0 else 0.0)
         early_discarded = self.source is not None and self.source.wasted(emitted)
         last = self._observe(emitted, plan.batch, len(draft), accepted, draft_seconds, t2 - t1)
+        if self.watch is not None:
+            self.watch.schedule.verified(len(draft), accepted)
         yield Round(tokens=emitted, ssm=proposal.chosen if draft else None, drafted=len(draft), accepted=accepted,
                     draft_seconds=draft_seconds, verify_seconds=t2 - t1, failed=proposal.failed, last=last,
                     drafts=proposal.drafts, control_seconds=control, planned=plan.planned, pipelined=pipelined,
@@ -168,6 +194,8 @@ class _Decode:
         """Free a finished request's state in every engine, once its early drafts are done. Every SSM,
         even one whose breaker is open (one that was only slow still holds state), and concurrently, so
         a dead stub's failing call costs that once; this runs after the request's final response."""
+        if self.watch is not None:
+            await self.watch.close()
         if self.source is not None:
             await self.source.close()
         ssms = self.drafter.ssms if self.drafter else ()

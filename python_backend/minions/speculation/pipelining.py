@@ -68,7 +68,8 @@ class DraftSource:
         self.slot: Slot | None = None
         self._started: list[asyncio.Task] = []  # every early draft, awaited before the engines' release
 
-    def _round(self, sequence: list[int], k: int, index: int) -> DraftRound:
+    def round(self, sequence: list[int], k: int, index: int) -> DraftRound:
+        """Round `index`'s request to the drafters: up to k tokens continuing `sequence`."""
         return DraftRound(self.request_id, list(sequence), k, self.sampling,
                           round_seed(self.seed, len(sequence), stream=1), index)
 
@@ -84,7 +85,7 @@ class DraftSource:
             return Proposal(), False
         self.slot = await self.pool.acquire() if self.pool is not None else None
         try:
-            return await self.drafter.propose(self.client, self._round(sequence, k, index)), False
+            return await self.drafter.propose(self.client, self.round(sequence, k, index)), False
         except BaseException:
             self.release_slot()
             raise
@@ -115,7 +116,7 @@ class DraftSource:
         slot = self.pool.try_acquire() if self.pool is not None else None
         if self.pool is not None and slot is None:
             return
-        task = asyncio.ensure_future(self.drafter.propose(self.client, self._round(sequence + draft, length, index + 1)))
+        task = asyncio.ensure_future(self.drafter.propose(self.client, self.round(sequence + draft, length, index + 1)))
         self.early = EarlyDraft(task, list(draft), slot)
         self._started = [t for t in self._started if not t.done()] + [task]
 

@@ -20,6 +20,9 @@ class StreamPlain:
     tokens: int
     batch: int
     """Requests decoding when the round was planned (what the length policy learns against)."""
+    watch: bool = False
+    """The request drafts: its drafters are probed while the tokens stream (watch.py), and a draft
+    worth verifying ends the stream early."""
 
 
 @dataclass(frozen=True)
@@ -30,32 +33,30 @@ class Verify:
     k: int
     batch: int
     planned: int
-    """The length policy's choice (k may be shorter: fewer tokens remain; or longer: a probe)."""
-    probe: bool = False
-    """The policy chose plain decoding, but nearly free drafters are asked anyway (Services.probe_pays):
-    a proposal shorter than `probe_min_draft` is then streamed past instead of verified."""
+    """The length policy's choice (k may be shorter: fewer tokens remain), or the length of the draft a
+    probe found while plain tokens streamed."""
 
 
 RoundPlan = StreamPlain | Verify
 
 
 def plan_round(services: Services, length: DraftLengthSelector | FixedLength, *, drafting: bool, first: bool,
-               remaining: int, drafts_came_back_empty: bool) -> RoundPlan:
+               remaining: int, drafts_came_back_empty: bool, found: int = 0) -> RoundPlan:
     """The next round's plan. `drafting`: the request has a drafter; `first`: nothing emitted yet
     (round 1 is plain decoding, so the first token costs one LLM prefill, as in `off`);
-    `drafts_came_back_empty`: the last Verify found nothing worth verifying."""
+    `drafts_came_back_empty`: the last Verify found nothing worth verifying; `found`: the length of
+    a draft a probe found during the last plain stream (0: none)."""
     batch = services.load()
+    if found:
+        return Verify(min(found, remaining - 1), batch, found)
     planned = length.choose(batch) if drafting and not first else 0
     k = min(planned, remaining - 1)
-    policy_chose_plain = k == 0 and not first
-    probe = policy_chose_plain and drafting and not drafts_came_back_empty and services.probe_pays(length, batch)
-    if probe:
-        k = min(services.probe_tokens, remaining - 1)
     if services.llm_streams:
         plain_request = not drafting  # `off`: the whole output from one call
         if plain_request:
             return StreamPlain(remaining, batch)
         nothing_to_verify = drafts_came_back_empty or (k == 0 and not first)
-        if nothing_to_verify:
-            return StreamPlain(min(remaining, services.plain_stretch), batch)
-    return Verify(k, batch, planned, probe)
+        if nothing_to_verify:  # until the request ends or a probe finds a draft (and stops the stream)
+            return StreamPlain(remaining if services.llm_stops_streams else min(remaining, services.plain_stretch),
+                               batch, watch=True)
+    return Verify(k, batch, planned)

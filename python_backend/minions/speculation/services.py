@@ -53,12 +53,16 @@ class Services:
     llm_streams: bool = False
     """The LLM streams a generation token by token from one call (a decoupled in-flight engine):
     plain decoding then costs one engine step per token, not one call."""
+    llm_stops_streams: bool = True
+    """A `stop` ends the LLM's running stream (a llama.cpp engine; not TensorRT-LLM's)..."""
     plain_stretch: int = DEFAULTS.plain_stretch_tokens
-    """Tokens a plain stretch chosen by the selector streams before it chooses again."""
+    """...else plain decoding of a request that drafts streams this many tokens a call."""
     probe_tokens: int = DEFAULTS.probe_tokens
     probe_min_draft: int = DEFAULTS.probe_min_draft
     probe_max_draft_cost_s: float = DEFAULTS.probe_max_draft_cost_ms / 1000.0
     probe_max_load: int = DEFAULTS.probe_max_load
+    probe_min_gap: int = DEFAULTS.probe_min_gap
+    probe_max_gap: int = DEFAULTS.probe_max_gap
 
     def __post_init__(self) -> None:
         self.weights = self.weights or SsmWeights(self.ssms)
@@ -79,11 +83,14 @@ class Services:
             pipeline_max_load=settings.pipeline_max_load,
             pipeline_min_hit=settings.pipeline_min_hit,
             llm_streams=settings.llm_model_name in settings.decoupled_model_names,
+            llm_stops_streams=settings.llm_model_name not in settings.trtllm_model_names,
             plain_stretch=settings.plain_stretch_tokens,
             probe_tokens=settings.probe_tokens,
             probe_min_draft=settings.probe_min_draft,
             probe_max_draft_cost_s=settings.probe_max_draft_cost_ms / 1000.0,
             probe_max_load=settings.probe_max_load,
+            probe_min_gap=settings.probe_min_gap,
+            probe_max_gap=settings.probe_max_gap,
         )
 
     def drafter(self, request: DecodeRequest) -> Drafter | None:
@@ -106,13 +113,12 @@ class Services:
         return FixedLength(request.num_draft_tokens or 0, self.length_stats, request.pipeline)
 
     def probe_pays(self, length: DraftLengthSelector | FixedLength, batch: int) -> bool:
-        """Whether a round the adaptive selector gave s = 0 still asks the drafters (`probe_tokens`):
-        only when plain decoding streams and drafting costs next to nothing at this load (prompt
-        lookup, suffix matching) and at most `probe_max_load` requests decode, so that a request whose
-        text starts to repeat its prompt is noticed at the next stretch instead of at the selector's
-        next exploration."""
-        return (self.llm_streams and self.probe_tokens > 0 and batch <= self.probe_max_load
-                and isinstance(length, DraftLengthSelector) and length.draft_cost(batch) <= self.probe_max_draft_cost_s)
+        """Whether a request's plain stream may ask its drafters for a draft now (watch.py): only when
+        drafting costs next to nothing at this load (prompt lookup, suffix matching) and at most
+        `probe_max_load` requests decode (each probe's stop and verification cost a step that every
+        request shares)."""
+        return (self.probe_tokens > 0 and batch <= self.probe_max_load
+                and self.length_stats.draft_estimate(batch, length.pipelined) <= self.probe_max_draft_cost_s)
 
     def early_draft_pays(self, length: DraftLengthSelector | FixedLength, batch: int, drafted: int) -> bool:
         """Whether to draft round r+1 during round r's verification of `drafted` tokens, at load `batch`."""

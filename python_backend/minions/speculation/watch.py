@@ -1,0 +1,131 @@
+"""Watching a plain stream for a draft worth verifying, so that plain decoding costs what `off` costs.
+
+While a streaming LLM decodes plain tokens for a request that drafts, the drafters are asked now and
+then (a probe) for a draft that continues what has arrived. A probe that finds one at least
+`min_draft` tokens long stops the stream (tensorrt_llm's `stop`: the engine ends the call before its
+next step and answers the tokens it had made); the draft, less the tokens the stream made meanwhile,
+is verified next. A probe that finds nothing ends nothing: plain decoding goes on in the same call.
+Before, a plain stretch ended every 16 tokens to ask the drafters, and each new call cost a gap in
+the LLM's work: `vote` ran at 0.86x `off` on 16 chat streams (docs/benchmarks.md).
+
+Probes back off: the tokens between two probes double after each probe that found nothing and each
+verification that accepted less than half its draft, up to `max_gap`, and fall back to `min_gap`
+after a verification that accepted at least half. Text that gives the drafters nothing costs a few
+probes, text that copies is probed often.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from minions.speculation.drafters import Proposal
+
+
+@dataclass
+class ProbeSchedule:
+    """When the next probe is due: tokens since the last one against a gap that backs off."""
+
+    min_gap: int
+    max_gap: int
+    gap: int = field(init=False)
+    since: int = 0
+    """Tokens arrived since the last probe (or since the request's stream began)."""
+
+    def __post_init__(self) -> None:
+        self.gap = self.min_gap
+
+    @property
+    def due(self) -> bool:
+        return self.since >= self.gap
+
+    def arrived(self, tokens: int) -> None:
+        self.since += tokens
+
+    def probed(self) -> None:
+        self.since = 0
+
+    def found_nothing(self) -> None:
+        self.gap = min(self.gap * 2, self.max_gap)
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        """A verification's outcome: half its draft accepted or more brings probes back to `min_gap`."""
+        if drafted > 0 and 2 * accepted >= drafted:
+            self.gap = self.min_gap
+        elif drafted > 0:
+            self.found_nothing()
+
+
+def aligned(proposal: Proposal, made: list[int]) -> Proposal | None:
+    """The proposal less the tokens the stream `made` after the probe's sequence, when it predicted them
+    all; None when it did not or nothing is left of it."""
+    n = len(made)
+    if len(proposal.draft) <= n or proposal.draft[:n] != made:
+        return None
+    proposal.draft = proposal.draft[n:]
+    if proposal.logits is not None:
+        proposal.logits = proposal.logits[n:]
+    proposal.drafts = {ssm: d[n:] for ssm, d in proposal.drafts.items() if len(d) > n and d[:n] == made}
+    return proposal
+
+
+class DraftWatch:
+    """One request's probes over its plain streams (one probe at a time)."""
+
+    def __init__(self, schedule: ProbeSchedule, min_draft: int, ask: Callable[[list[int]], Awaitable[Proposal]],
+                 stop: Callable[[], Awaitable[None]] | None) -> None:
+        """`stop` ends the running stream (None: the LLM cannot be stopped mid-stream; a found draft
+        then waits for the stream's own end, a plain stretch)."""
+        self.schedule = schedule
+        self.min_draft = min_draft
+        self._ask, self._stop = ask, stop
+        self._task: asyncio.Task[Proposal | None] | None = None
+        self._asked_at = 0
+        """Length of the sequence the running probe drafts from."""
+        self._stopping = False
+        """The running probe found a draft and is stopping the stream: it is waited for, never cancelled."""
+
+    def arrived(self, sequence: list[int], tokens: int, allowed: bool) -> None:
+        """`tokens` new tokens have arrived (`sequence` holds them): start a probe if one is due and
+        `allowed` (the load permits drafting)."""
+        self.schedule.arrived(tokens)
+        if self._task is not None and self._task.done():
+            if self._task.result() is None:  # a probe that found something stopped the stream: settle() takes it
+                self.schedule.found_nothing()
+                self._task = None
+        if self._task is None and allowed and self.schedule.due:
+            self.schedule.probed()
+            self._asked_at = len(sequence)
+            self._task = asyncio.ensure_future(self._probe(list(sequence)))
+
+    async def _probe(self, sequence: list[int]) -> Proposal | None:
+        proposal = await self._ask(sequence)
+        if len(proposal.draft) < self.min_draft:
+            return None
+        if self._stop is not None:
+            self._stopping = True
+            await self._stop()
+        return proposal
+
+    async def settle(self, sequence: list[int]) -> Proposal | None:
+        """After a stream ended: the draft a probe found, aligned to what the stream made since it was
+        asked (None: no probe found one, or the stream made other tokens)."""
+        task, self._task = self._task, None
+        if task is None:
+            return None
+        if not task.done() and not self._stopping:  # the stream ended on its own: no waiting for a draft
+            task.cancel()
+        self._stopping = False
+        try:
+            proposal = await task
+        except asyncio.CancelledError:
+            return None
+        if proposal is None:
+            self.schedule.found_nothing()
+            return None
+        return aligned(proposal, sequence[self._asked_at:])
+
+    async def close(self) -> None:
+        """Cancel a probe still running (the request ended) and wait for it."""
+        await self.settle([])

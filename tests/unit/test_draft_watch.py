@@ -1,0 +1,139 @@
+"""speculation.watch: the probe schedule's back-off, a found draft aligned to what the stream made
+meanwhile, and the watch's probes (one at a time, a found draft stops the stream, a late one is
+cancelled). `asyncio.sleep(0)` lets a probe task take its next step; no time passes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from minions.speculation.drafters import Proposal
+from minions.speculation.watch import DraftWatch, ProbeSchedule, aligned
+
+
+def test_the_gap_doubles_after_probes_that_find_nothing_up_to_its_cap():
+    schedule = ProbeSchedule(min_gap=4, max_gap=16)
+    gaps = []
+    for _ in range(4):
+        gaps.append(schedule.gap)
+        schedule.found_nothing()
+    assert gaps == [4, 8, 16, 16]
+
+
+def test_a_verification_that_accepted_half_brings_probes_back_and_one_that_did_not_backs_off():
+    schedule = ProbeSchedule(min_gap=4, max_gap=64)
+    schedule.found_nothing()
+    schedule.found_nothing()
+    schedule.verified(drafted=6, accepted=3)
+    assert schedule.gap == 4
+    schedule.verified(drafted=6, accepted=2)
+    assert schedule.gap == 8
+    schedule.verified(drafted=0, accepted=0)  # plain rounds say nothing about drafts
+    assert schedule.gap == 8
+
+
+def test_a_probe_is_due_once_the_gap_s_tokens_have_arrived():
+    schedule = ProbeSchedule(min_gap=4, max_gap=64)
+    schedule.arrived(3)
+    assert not schedule.due
+    schedule.arrived(1)
+    assert schedule.due
+    schedule.probed()
+    assert not schedule.due
+
+
+def test_aligned_drops_the_tokens_the_stream_made_when_the_draft_predicted_them():
+    logits = np.arange(5 * 3, dtype=np.float32).reshape(5, 3)
+    proposal = Proposal([1, 2, 3, 4, 5], logits, "a", {"a": [1, 2, 3, 4, 5], "b": [1, 9, 9]})
+    got = aligned(proposal, [1, 2])
+    assert got is not None and got.draft == [3, 4, 5]
+    assert got.logits.tolist() == logits[2:].tolist()
+    assert got.drafts == {"a": [3, 4, 5]}
+
+
+def test_aligned_is_nothing_when_the_stream_made_other_tokens_or_overtook_the_draft():
+    assert aligned(Proposal([1, 2, 3]), [1, 7]) is None
+    assert aligned(Proposal([1, 2, 3]), [1, 2, 3]) is None
+    assert aligned(Proposal([1, 2, 3]), [1, 2, 3, 4]) is None
+
+
+class Drafters:
+    """Answers probes from a script, each when the test releases it; records the sequences asked."""
+
+    def __init__(self, drafts: list[list[int]]) -> None:
+        self.drafts = drafts
+        self.asked: list[list[int]] = []
+        self.release = asyncio.Event()
+        self.stops = 0
+
+    async def ask(self, sequence: list[int]) -> Proposal:
+        self.asked.append(sequence)
+        await self.release.wait()
+        return Proposal(self.drafts[len(self.asked) - 1])
+
+    async def stop(self) -> None:
+        self.stops += 1
+
+
+def test_a_probe_that_finds_nothing_ends_nothing_and_the_next_waits_a_doubled_gap():
+    async def run():
+        drafters = Drafters([[5], [6, 7, 8, 9]])
+        drafters.release.set()
+        watch = DraftWatch(ProbeSchedule(2, 64), 3, drafters.ask, drafters.stop)
+        sequence = [1, 2]
+        watch.arrived(sequence, 2, allowed=True)  # due: probe 1 from [1, 2]
+        await asyncio.sleep(0)
+        sequence += [3, 4]
+        watch.arrived(sequence, 2, allowed=True)  # probe 1 found one token: too short; gap 4, 2 since
+        assert len(drafters.asked) == 1 and watch.schedule.gap == 4
+        sequence += [5, 6]
+        watch.arrived(sequence, 2, allowed=True)  # 4 since: probe 2 from [1..6]
+        await asyncio.sleep(0)
+        assert drafters.asked[-1] == [1, 2, 3, 4, 5, 6]
+        assert drafters.stops == 1, "a draft at least min_draft long stops the stream"
+        sequence += [6]
+        found = await watch.settle(sequence)
+        assert found is not None and found.draft == [7, 8, 9]
+    asyncio.run(run())
+
+
+def test_no_probe_while_not_allowed_nor_while_one_runs():
+    async def run():
+        drafters = Drafters([[1, 2, 3, 4]] * 3)
+        watch = DraftWatch(ProbeSchedule(1, 64), 3, drafters.ask, drafters.stop)
+        watch.arrived([1], 1, allowed=False)
+        assert drafters.asked == []
+        watch.arrived([1, 2], 1, allowed=True)
+        await asyncio.sleep(0)
+        watch.arrived([1, 2, 3], 1, allowed=True)
+        assert len(drafters.asked) == 1, "one probe at a time"
+        drafters.release.set()
+        await asyncio.sleep(0)
+        await watch.close()
+    asyncio.run(run())
+
+
+def test_a_probe_still_drafting_when_the_stream_ends_is_cancelled():
+    async def run():
+        drafters = Drafters([[1, 2, 3, 4]])
+        watch = DraftWatch(ProbeSchedule(1, 64), 3, drafters.ask, drafters.stop)
+        watch.arrived([1], 1, allowed=True)
+        await asyncio.sleep(0)
+        assert await watch.settle([1, 2]) is None
+        assert drafters.stops == 0
+    asyncio.run(run())
+
+
+def test_without_a_stop_a_found_draft_waits_for_the_stream_s_own_end():
+    """An LLM that cannot be stopped mid-stream (TensorRT-LLM) streams a stretch; a draft found meanwhile
+    is verified after it, less what the stretch made."""
+    async def run():
+        drafters = Drafters([[3, 4, 5, 6]])
+        drafters.release.set()
+        watch = DraftWatch(ProbeSchedule(1, 64), 3, drafters.ask, None)
+        watch.arrived([1, 2], 1, allowed=True)
+        await asyncio.sleep(0)
+        found = await watch.settle([1, 2, 3])
+        assert found is not None and found.draft == [4, 5, 6]
+    asyncio.run(run())
