@@ -4,8 +4,8 @@ Starts the real tritonserver with the deployment (one per Minions mode: `off` an
 llama-server (built once from the llama.cpp that the pinned llama-cpp-python vendors:
 peers/llama_server_build.py) in several configurations: plain on the LLM's GGUF as shipped and as
 the deployment computes with it, and its two speculative modes (a draft model, the deployment's
-llama.cpp SSM; n-gram cache). Per workload (mixed chat sets, code editing, summarisation)
-and concurrency, every system in turn streams the same held-out prompts, greedy, chat template,
+llama.cpp SSM; n-gram cache). Per workload (mixed chat sets, code editing, summarisation, one
+template filled with different records: peers/templated.py) and concurrency, every system in turn streams the same held-out prompts, greedy, chat template,
 96 output tokens at most (EOS ends earlier, for all alike). Per cell: output tokens/s over the cell's
 wall time, TTFT (mean, p50), ITL, tokens/s over the plain llama-server configuration that was faster
 over the run (in the same cell), how many outputs are identical to Minions `off`, and the CPU other
@@ -40,9 +40,11 @@ from .peers.conversations import (ConversationCell, Converse, conversations, for
 from .peers.llama_server import LlamaServer, ServerConfig, chat_completion, conversation_turn
 from .peers.llama_server_build import llama_server, pinned_version
 from .peers.report import format_table, plot, summarize
+from .peers.templated import templated_prompts
 from .peers.streams import Cell, Request, Sample, run_cell
 
-WORKLOADS = ("chat", *COPY_HEAVY, *MULTI_TURN)
+TEMPLATED = "templated"
+WORKLOADS = ("chat", *COPY_HEAVY, TEMPLATED, *MULTI_TURN)
 HELD_OUT = 8
 """Prompts before this index of each set warm or drive other benchmarks and tests (bench_load,
 test_load, the greedy-equality test); each concurrency here takes its own block after it, so no
@@ -63,6 +65,9 @@ def workload_prompts(workload: str, counts: list[int]) -> list[list[str]]:
         if workload == "chat":
             cells.append(mixed_prompts(count, offset=offset))
             offset += -(-count // len(DATASETS))
+        elif workload == TEMPLATED:
+            cells.append(templated_prompts(count, offset))
+            offset += count
         else:
             cells.append(load_prompts(workload, count, offset))
             offset += count
@@ -119,7 +124,7 @@ def run_single_turn(workloads: list[str], args: argparse.Namespace, systems: dic
                     sessions: set[int]) -> list[Cell]:
     cells = []
     for workload in workloads:
-        count = args.prompts if workload == "chat" else args.copy_prompts
+        count = args.prompts if workload in ("chat", TEMPLATED) else args.copy_prompts
         for streams, prompts in zip(args.streams, workload_prompts(workload, [max(count, s) for s in args.streams])):
             for name, request in systems.items():
                 with ForeignCpu(sessions) as foreign:
@@ -158,7 +163,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
     p.add_argument("--streams", nargs="+", type=int, default=[1, 8, 16])
-    p.add_argument("--prompts", type=int, default=16, help="prompts per chat cell (at least one per stream)")
+    p.add_argument("--prompts", type=int, default=16, help="prompts per chat and templated cell (at least one per stream)")
     p.add_argument("--copy-prompts", type=int, default=8,
                    help="prompts per code_edit / summarization cell (at least one per stream)")
     p.add_argument("--conversations", type=int, default=8,

@@ -30,6 +30,14 @@ def test_every_cell_gets_prompts_no_other_cell_or_benchmark_warm_up_uses(prompt_
     assert not set(flat) & set(warm)
 
 
+def test_templated_cells_are_one_template_with_distinct_records_and_need_no_dataset():
+    cells = workload_prompts("templated", [4, 8])
+    flat = [p for c in cells for p in c]
+    assert [len(c) for c in cells] == [4, 8] and len(set(flat)) == len(flat)
+    prefix = flat[0].split("Record:")[0]
+    assert all(p.startswith(prefix) for p in flat)
+
+
 def _cell(system: str, workload: str, rate: float, texts: list[str]) -> Cell:
     cell = Cell(system, workload, 8, wall_s=len(texts) * 10 / rate)
     cell.samples = {i: Sample(t, 10, 0.1, 1.0) for i, t in enumerate(texts)}
