@@ -113,6 +113,10 @@ class EngineSettings(_Settings):
     """Sequences whose state (KV cache, llama.cpp sequence) the engine keeps, LRU beyond."""
     prefix_caching: bool = True
     """llama.cpp: finished sequences stay as prefixes that new requests share (engines/prefix_cache.py)."""
+    prefix_cache_ram_mib: float = ranged(1024.0, 0)
+    """llama.cpp: finished sequences' KV cells are kept in host memory up to this size, least recently
+    used first, instead of idle in the KV buffer, where every step's attention visits them (llama-server's
+    --cache-ram). 0: idle in the KV buffer."""
     max_context: int = derived(2048)
     """Set from orchestrator.max_context by the renderer."""
     dtype: str = "float32"

@@ -20,9 +20,11 @@ from test_llamacpp_batching import alone, assert_same_draft, prompts, with_logit
 SLOTS = 3
 
 
-@pytest.fixture
-def engine(smollm2_f16_gguf):
-    engine = LlamaCppEngine(smollm2_f16_gguf, num_threads=1, max_sequences=SLOTS, n_ctx=256)
+@pytest.fixture(params=[0, 64], ids=["idle-in-kv", "host-memory"])
+def engine(smollm2_f16_gguf, request):
+    """Finished sequences kept idle in the KV buffer, or copied to host memory (prefix_cache_ram_mib)."""
+    engine = LlamaCppEngine(smollm2_f16_gguf, num_threads=1, max_sequences=SLOTS, n_ctx=256,
+                            prefix_cache_ram_mib=request.param)
     yield engine
     engine.close()
 
@@ -136,6 +138,8 @@ def test_a_request_stopped_before_or_after_its_prefill_leaves_the_cache_sound(en
 
 
 def test_idle_prefixes_make_room_oldest_first_within_the_slots(engine):
+    if engine.stepper.slots.stored_bytes:
+        pytest.skip("with a host-memory tier no prefix stays idle in a slot")
     prompts_ = [prompt(seed=70 + i) for i in range(SLOTS + 1)]
     for i, tokens in enumerate(prompts_):
         engine.generate(EngineRequest(f"e{i}", tokens, 2))
@@ -145,3 +149,26 @@ def test_idle_prefixes_make_room_oldest_first_within_the_slots(engine):
     assert engine.generate(EngineRequest("old", prompts_[0], 2)).cached_tokens < len(prompts_[0]) - 1, \
         "the oldest prefix was evicted"
     assert engine.generate(EngineRequest("new", prompts_[-1], 2)).cached_tokens == len(prompts_[-1]) - 1
+
+
+def test_with_a_host_memory_tier_finished_cells_leave_the_kv_buffer_and_come_back(smollm2_f16_gguf, reference):
+    """Idle cells would slow every step of the live sequences (attention visits every cell up to the
+    highest in use): a finished sequence's cells are stored and cleared, and a later request that
+    shares its prefix gets them back."""
+    import llama_cpp
+
+    engine = LlamaCppEngine(smollm2_f16_gguf, num_threads=1, max_sequences=SLOTS, n_ctx=256, prefix_cache_ram_mib=64)
+    try:
+        memory = llama_cpp.llama_get_memory(engine.stepper._ctx.ctx)
+        tokens = prompt(seed=90)
+        engine.generate(EngineRequest("a", tokens, 4))
+        engine.release("a")
+        slots = engine.stepper.slots
+        assert len(slots.free) == SLOTS and not slots.idle and len(slots.stored) == 1
+        assert all(llama_cpp.llama_memory_seq_pos_max(memory, s) == -1 for s in range(SLOTS)), "no cell is left"
+        again = with_logits(EngineRequest("b", tokens + [7, 8], 4))
+        result = engine.generate(again)
+        assert result.cached_tokens == len(tokens)  # the stored prompt, up to where the new one differs
+        assert_same_draft(result, alone(reference, again))
+    finally:
+        engine.close()

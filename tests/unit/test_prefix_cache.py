@@ -141,3 +141,56 @@ def test_a_sequence_that_does_not_share_uses_no_prefix_lends_none_and_leaves_non
     assert placed(cache, "other", CONVERSATION).donor != seeded.slot, "it lends its cells to no other"
     cache.finish("seeded")
     assert seeded.slot in cache.free and seeded.slot not in cache.idle
+
+
+def stored_cache(limit: int) -> PrefixCache:
+    return PrefixCache(4, stored_bytes=limit)
+
+
+def finish_and_store(cache: PrefixCache, request_id: str, tokens: list[int], size: int) -> int | None:
+    cache.live.get(request_id).tokens = list(tokens)
+    slot, stored = cache.finish(request_id)
+    assert stored == tokens
+    cache.store(stored, f"blob of {request_id}", size)
+    return slot
+
+
+def test_with_a_host_memory_tier_a_finished_slot_is_freed_and_its_prefix_restored_from_the_store():
+    cache = stored_cache(1000)
+    first = placed(cache, "a", CONVERSATION)
+    assert finish_and_store(cache, "a", CONVERSATION + [7], 100) == first.slot
+    assert not cache.idle and len(cache.free) == 4
+    again = placed(cache, "b", CONVERSATION + [7, 8])
+    assert again.restore == "blob of a" and again.donor is None and again.shared == len(CONVERSATION) + 1
+    assert cache.stats.hits == len(CONVERSATION) + 1
+
+
+def test_a_longer_live_prefix_is_shared_rather_than_a_stored_one():
+    cache = stored_cache(1000)
+    placed(cache, "a", CONVERSATION[:10])
+    finish_and_store(cache, "a", CONVERSATION[:10], 100)
+    live = placed(cache, "live", CONVERSATION)
+    cache.live.get("live").tokens = CONVERSATION[:30]
+    choice = placed(cache, "new", CONVERSATION + [1])
+    assert choice.restore is None and choice.donor == live.slot and choice.shared == 30
+
+
+def test_the_store_keeps_its_bytes_least_recently_used_first_and_drops_what_a_newer_turn_extends():
+    cache = stored_cache(250)
+    for name, base in (("x", 1000), ("y", 2000)):
+        placed(cache, name, [base + i for i in range(8)])
+        finish_and_store(cache, name, [base + i for i in range(8)], 100)
+    assert placed(cache, "x again", [1000 + i for i in range(8)] + [5]).restore == "blob of x"  # x is now the newest
+    finish_and_store(cache, "x again", [1000 + i for i in range(8)] + [5, 6], 100)  # extends x: x goes
+    assert [s.blob for s in cache.stored] == ["blob of y", "blob of x again"]
+    placed(cache, "z", [3000 + i for i in range(8)])
+    finish_and_store(cache, "z", [3000 + i for i in range(8)], 100)  # 300 bytes > 250: y, the oldest, goes
+    assert [s.blob for s in cache.stored] == ["blob of x again", "blob of z"]
+    assert cache.stored_size() == 200
+
+
+def test_a_sequence_larger_than_the_store_is_not_kept():
+    cache = stored_cache(50)
+    placed(cache, "a", CONVERSATION)
+    finish_and_store(cache, "a", CONVERSATION, 100)
+    assert not cache.stored

@@ -4,9 +4,11 @@ decoder, or a cheap self-draft.
 One llama.cpp context holds up to `max_sequences` sequences (a sequence id each, one unified KV
 buffer); a request keeps its slot while it lives. Each call rewinds the slot to the longest common
 prefix of what it holds and what it is sent and evaluates only the rest. Across requests the slots are a
-prefix cache (prefix_cache.py): a finished request's slot stays as an idle prefix, and a new request
-shares the KV cells of the longest common prefix of any slot, finished or live (`seq_cp` on the
-unified buffer shares cells, it copies nothing), so a re-sent conversation or file is not prefilled again.
+prefix cache (prefix_cache.py): a finished request's KV cells are copied to host memory and cleared
+(`prefix_cache_ram_mib`; with 0 its slot stays as an idle prefix instead, which slows every step of
+the others), and a new request shares the KV cells of the longest common prefix of any live slot
+(`seq_cp` on the unified buffer shares cells, it copies nothing) or copies back the longest stored
+one, so a re-sent conversation or file is not prefilled again.
 
 Calls are batched in flight: each llama.cpp decode step carries the pending tokens of every call in
 progress: one token of each generation, and the uncached tail plus the whole draft of each
@@ -20,6 +22,7 @@ token as it is made (inflight_batching.py sends it on). Measured on this machine
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -74,9 +77,10 @@ class LlamaCppEngine:
         draft_min_prob: float = 0.0,
         n_batch: int = 512,
         prefix_caching: bool = True,
+        prefix_cache_ram_mib: float = 0,
     ) -> None:
         self.stepper = LlamaCppStepper(model_path, num_threads, max_sequences, n_ctx, draft_min_prob, n_batch,
-                                       prefix_caching)
+                                       prefix_caching, int(prefix_cache_ram_mib * 2**20))
         self.cache = self.stepper.slots.live
         self.stats = self.stepper.stats  # passes = llama.cpp decode calls
         self.prefix_stats = self.stepper.slots.stats
@@ -109,7 +113,7 @@ class LlamaCppStepper:
     """One llama.cpp context and the decode steps over it; used from the batcher's thread only."""
 
     def __init__(self, model_path: str, num_threads: int, max_sequences: int, n_ctx: int,
-                 draft_min_prob: float, n_batch: int, prefix_caching: bool) -> None:
+                 draft_min_prob: float, n_batch: int, prefix_caching: bool, stored_bytes: int = 0) -> None:
         from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
         from llama_cpp._logger import set_verbose
 
@@ -120,7 +124,7 @@ class LlamaCppStepper:
         self.draft_min_prob = draft_min_prob
         self.n_ctx = n_ctx
         self.n_batch = n_batch
-        self.slots = PrefixCache(max_sequences, enabled=prefix_caching)
+        self.slots = PrefixCache(max_sequences, enabled=prefix_caching, stored_bytes=stored_bytes)
         self._stepping: set[str] = set()  # ids with a call in progress: their slots are never evicted
         # Loaded eagerly so that a bad path fails at model load.
         self._model = LlamaModel(path_model=model_path, params=LlamaModel.default_params(), verbose=False)
@@ -183,9 +187,12 @@ class LlamaCppStepper:
         return job.log_probs[job.streamed:] if job.request.return_log_probs else None
 
     def release(self, request_id: str) -> None:
-        """The request is done: its slot stays as an idle prefix for later requests."""
+        """The request is done: its cells go to host memory (or its slot stays as an idle prefix)."""
         self._stepping.discard(request_id)
-        self._clear(self.slots.finish(request_id))
+        slot, tokens = self.slots.finish(request_id)
+        if slot is not None and tokens:
+            self._store(slot, tokens)
+        self._clear(slot)
 
     def drop(self, request_id: str) -> None:
         """Forget a sequence whose cells are unknown after a failed step: its slot is cleared."""
@@ -275,10 +282,33 @@ class LlamaCppStepper:
         seeded = request.seed is not None and not request.sampling.greedy
         entry, choice = self.slots.place(request.request_id, sequence, busy=self._stepping, share=not seeded)
         self._clear(choice.evicted)
+        if choice.restore is not None and not self._restore(choice.slot, choice.restore):
+            entry.tokens = []  # no room for its cells: computed from scratch
+            self._ctx.kv_cache_seq_rm(choice.slot, -1, -1)
+            return entry
         if choice.donor is not None and choice.donor != choice.slot:
             self._ctx.kv_cache_seq_cp(choice.donor, choice.slot, 0, choice.shared)
         self._ctx.kv_cache_seq_rm(choice.slot, choice.shared, -1)
         return entry
+
+    def _store(self, slot: int, tokens: list[int]) -> None:
+        """Copy a finished sequence's KV cells to host memory, for the prefix cache to keep."""
+        import llama_cpp
+
+        ctx = self._ctx.ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, slot)
+        if not size or size > self.slots.stored_bytes:
+            return
+        blob = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(ctx, blob, size, slot)
+        if written:
+            self.slots.store(tokens, blob, written)
+
+    def _restore(self, slot: int, blob) -> bool:
+        """Copy stored KV cells into an empty slot; False when the KV buffer had no room for them."""
+        import llama_cpp
+
+        return llama_cpp.llama_state_seq_set_data(self._ctx.ctx, blob, ctypes.sizeof(blob), slot) > 0
 
     def _clear(self, slot: int | None) -> None:
         """Remove every KV cell of a slot the bookkeeping freed or evicted (None: nothing to clear)."""
