@@ -130,6 +130,8 @@ class EngineSettings(_Settings):
     """llama.cpp: stop a greedy draft early below this top-1 probability (0 = never)."""
     max_ngram: int = ranged(3, 1)
     min_ngram: int = ranged(1, 1)
+    ngram_spec_factor: float = ranged(2.0, 0)
+    """ngram: a match of m tokens (followed back beyond the n-gram) drafts at most this times m (0: no bound)."""
     suffix_max_match: int = 24
     """suffix: the longest suffix of the sequence matched (tokens)."""
     suffix_min_match: int = 2
@@ -254,6 +256,12 @@ class OrchestratorSettings(_Settings):
     probe_max_load: int = 4
     """Probes only while at most this many requests decode: a probe's stop and verification cost a step
     every request shares."""
+    speculation_max_load: int = ranged(0, 0)
+    """Above this many requests decoding, a drafting request decodes plainly (0: no limit), as
+    TensorRT-LLM's `max_concurrency` and vLLM's `speculative_disable_by_batch_size` do: where a step's
+    cost grows with its tokens (llama.cpp on a CPU), every draft token verified slows every request's
+    step, and drafts pay only when nearly all of them are accepted. A running request takes its
+    drafting up again when the load falls (its plain stream's probes)."""
     draft_pool_size: int = 0
     """Drafts waiting for the LLM at most (0: the LLM's max_batch_size; `draft_pool`)."""
     max_active_requests: int = 0

@@ -63,3 +63,12 @@ def test_k_zero_or_negative():
 
 def test_max_ngram_longer_than_sequence():
     assert ngram_draft([6, 6, 6], 2, max_ngram=10) == [6]
+
+
+def test_a_spec_factor_bounds_the_draft_by_the_whole_match_followed_back():
+    weak = [9, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3]  # [1, 2, 3] matched; the token before differs: a 3-token match
+    assert ngram_draft(weak, 10, 3, 2) == [4, 5, 6, 7, 8, 1, 2, 3]
+    assert ngram_draft(weak, 10, 3, 2, spec_factor=2.0) == [4, 5, 6, 7, 8, 1]
+    longer = [5, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 5, 1, 2, 3]  # [5, 1, 2, 3]: the match is 4 long
+    assert ngram_draft(longer, 16, 3, 2, spec_factor=1.0) == [4, 5, 6, 7]
+    assert ngram_draft(longer, 16, 3, 2, spec_factor=2.0) == [4, 5, 6, 7, 8, 9, 10, 11]

@@ -79,3 +79,13 @@ def test_a_draft_a_probe_found_is_verified_next_cut_to_what_remains():
                       drafts_came_back_empty=False, found=6) == Verify(6, 2, 6)
     assert plan_round(svc, plain_choosing_selector(), drafting=True, first=False, remaining=4,
                       drafts_came_back_empty=False, found=6) == Verify(3, 2, 6)
+
+
+def test_above_the_speculation_load_limit_a_drafting_request_streams_plain_tokens():
+    busy = services(load=5, speculation_max_load=4)
+    assert plan(busy, FixedLength(4, busy.length_stats)) == StreamPlain(50, 5, watch=True)
+    assert not busy.probe_pays(FixedLength(4, busy.length_stats), 5), "its stream's probes are off too"
+    calm = services(load=4, speculation_max_load=4)
+    assert plan(calm, FixedLength(4, calm.length_stats)) == Verify(4, 4, 4)
+    unlimited = services(load=64)
+    assert plan(unlimited, FixedLength(4, unlimited.length_stats)) == Verify(4, 64, 4)

@@ -41,7 +41,7 @@ def build_engine(settings: EngineSettings) -> Engine:
     if kind == EngineKind.NGRAM:
         from minions.engines.ngram_engine import NgramEngine
 
-        return NgramEngine(settings.max_ngram, settings.min_ngram)
+        return NgramEngine(settings.max_ngram, settings.min_ngram, settings.ngram_spec_factor)
     if kind == EngineKind.SUFFIX:
         from minions.engines.suffix_engine import SuffixEngine
 

@@ -7,6 +7,7 @@ orchestrator calls it like any other SSM.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,10 +16,18 @@ from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.errors import InvalidRequest
 
 
-def ngram_draft(tokens: Sequence[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
+MAX_MATCH = 64
+"""How far back a found match is followed to measure it (bounds the draft at spec_factor * MAX_MATCH)."""
+
+
+def ngram_draft(tokens: Sequence[int], k: int, max_ngram: int = 3, min_ngram: int = 1,
+                spec_factor: float = 0.0) -> list[int]:
     """Up to k tokens that followed the most recent earlier occurrence of the longest matching suffix.
 
-    Tries suffix lengths max_ngram down to min_ngram; returns [] when nothing matches.
+    Tries suffix lengths max_ngram down to min_ngram; returns [] when nothing matches. With
+    `spec_factor` > 0 the draft is at most spec_factor times the match's whole length (followed back
+    beyond the n-gram, up to MAX_MATCH), as SuffixDecoding bounds its drafts: a 2-token match, which
+    any text has, is weak evidence for a long continuation; a copy that has run for 30 tokens is strong.
     """
     if k <= 0 or len(tokens) < 2:
         return []
@@ -30,19 +39,31 @@ def ngram_draft(tokens: Sequence[int], k: int, max_ngram: int = 3, min_ngram: in
         starts = np.flatnonzero((windows == suffix).all(axis=1))
         starts = starts[starts + n < n_total]  # a continuation must exist before the suffix itself
         if starts.size:
-            begin = int(starts[-1]) + n
+            start = int(starts[-1])
+            begin = start + n
+            if spec_factor > 0:
+                k = min(k, math.ceil(spec_factor * _match_length(seq, start, n)))
             return [int(t) for t in seq[begin: min(begin + k, n_total)]]
     return []
+
+
+def _match_length(seq: np.ndarray, start: int, n: int) -> int:
+    """How many tokens before the sequence's end match those before `start + n` (at least n)."""
+    length = n
+    while length < MAX_MATCH and start + n - length - 1 >= 0 and seq[start + n - length - 1] == seq[-length - 1]:
+        length += 1
+    return length
 
 
 class NgramEngine:
     """An `Engine` (engines/api.py) without state: each call looks the draft up in its input_ids."""
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, spec_factor: float = 0.0) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self.spec_factor = spec_factor
 
     def generate(self, request: EngineRequest) -> EngineResult:
         if request.stop:
@@ -51,7 +72,8 @@ class NgramEngine:
             raise InvalidRequest("this engine drafts only: draft_input_ids are not supported")
         # return_generation_logits: a lookup has no logits, so none are returned (the draft is then
         # treated as deterministic, which is exactly what it is).
-        tokens = ngram_draft(request.input_ids, request.request_output_len, self.max_ngram, self.min_ngram)
+        tokens = ngram_draft(request.input_ids, request.request_output_len, self.max_ngram, self.min_ngram,
+                             self.spec_factor)
         if request.end_id is not None and request.end_id in tokens:
             tokens = tokens[: tokens.index(request.end_id) + 1]
         return EngineResult(tokens)

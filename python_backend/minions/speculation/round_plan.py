@@ -45,11 +45,12 @@ def plan_round(services: Services, length: DraftLengthSelector | FixedLength, *,
     """The next round's plan. `drafting`: the request has a drafter; `first`: nothing emitted yet
     (round 1 is plain decoding, so the first token costs one LLM prefill, as in `off`);
     `drafts_came_back_empty`: the last Verify found nothing worth verifying; `found`: the length of
-    a draft a probe found during the last plain stream (0: none)."""
+    a draft a probe found during the last plain stream (0: none). Above `speculation_max_load`
+    requests decoding, a drafting request decodes plainly (s = 0)."""
     batch = services.load()
     if found:
         return Verify(min(found, remaining - 1), batch, found)
-    planned = length.choose(batch) if drafting and not first else 0
+    planned = length.choose(batch) if drafting and not first and not services.too_busy(batch) else 0
     k = min(planned, remaining - 1)
     if services.llm_streams:
         plain_request = not drafting  # `off`: the whole output from one call

@@ -61,6 +61,7 @@ class Services:
     probe_min_draft: int = DEFAULTS.probe_min_draft
     probe_max_draft_cost_s: float = DEFAULTS.probe_max_draft_cost_ms / 1000.0
     probe_max_load: int = DEFAULTS.probe_max_load
+    speculation_max_load: int = DEFAULTS.speculation_max_load
     probe_min_gap: int = DEFAULTS.probe_min_gap
     probe_max_gap: int = DEFAULTS.probe_max_gap
 
@@ -89,6 +90,7 @@ class Services:
             probe_min_draft=settings.probe_min_draft,
             probe_max_draft_cost_s=settings.probe_max_draft_cost_ms / 1000.0,
             probe_max_load=settings.probe_max_load,
+            speculation_max_load=settings.speculation_max_load,
             probe_min_gap=settings.probe_min_gap,
             probe_max_gap=settings.probe_max_gap,
         )
@@ -117,8 +119,12 @@ class Services:
         drafting costs next to nothing at this load (prompt lookup, suffix matching) and at most
         `probe_max_load` requests decode (each probe's stop and verification cost a step that every
         request shares)."""
-        return (self.probe_tokens > 0 and batch <= self.probe_max_load
+        return (self.probe_tokens > 0 and batch <= self.probe_max_load and not self.too_busy(batch)
                 and self.length_stats.draft_estimate(batch, length.pipelined) <= self.probe_max_draft_cost_s)
+
+    def too_busy(self, batch: int) -> bool:
+        """Whether this many requests decoding is beyond `speculation_max_load` (drafting is off)."""
+        return 0 < self.speculation_max_load < batch
 
     def early_draft_pays(self, length: DraftLengthSelector | FixedLength, batch: int, drafted: int) -> bool:
         """Whether to draft round r+1 during round r's verification of `drafted` tokens, at load `batch`."""
