@@ -5,14 +5,14 @@ llama-server (built once from the llama.cpp that the pinned llama-cpp-python ven
 peers/llama_server_build.py) in several configurations: plain on the LLM's GGUF as shipped and as
 the deployment computes with it, and its two speculative modes (a draft model, the deployment's
 llama.cpp SSM; n-gram cache). Per workload (mixed chat sets, code editing, summarisation, one
-template filled with different records: peers/templated.py) and concurrency, every system in turn streams the same held-out prompts, greedy, chat template,
-96 output tokens at most (EOS ends earlier, for all alike). Per cell: output tokens/s over the cell's
-wall time, TTFT (mean, p50), ITL, tokens/s over the plain llama-server configuration that was faster
-over the run (in the same cell), how many outputs are identical to Minions `off`, and the CPU other
-processes took meanwhile. The multi-turn workloads (peers/conversations.py) re-send each
-conversation's history every turn and report TTFT p50/p99 per turn against llama-server's (plain, the
-LLM's GGUF as the deployment computes with it). Writes tables, JSON (with every output) and PNG under
-bench_results/peers.
+template filled with different records: peers/templated.py) and concurrency, every system in turn
+streams the same held-out prompts, greedy, chat template, 96 output tokens at most (EOS ends
+earlier, for all alike). Per cell: output tokens/s over the cell's wall time, TTFT (mean, p50), ITL,
+tokens/s over the plain llama-server configuration that was faster over the run (in the same cell),
+how many outputs are identical to Minions `off`, and the CPU other processes took meanwhile. The
+multi-turn workloads (peers/conversations.py) re-send each conversation's history every turn and
+report TTFT p50/p99 per turn against llama-server's (plain, the LLM's GGUF as the deployment
+computes with it). Writes tables, JSON (with every output) and PNG under bench_results/peers.
 """
 
 from __future__ import annotations
@@ -163,7 +163,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
     p.add_argument("--streams", nargs="+", type=int, default=[1, 8, 16])
-    p.add_argument("--prompts", type=int, default=16, help="prompts per chat and templated cell (at least one per stream)")
+    p.add_argument("--prompts", type=int, default=16,
+                   help="prompts per chat and templated cell (at least one per stream)")
     p.add_argument("--copy-prompts", type=int, default=8,
                    help="prompts per code_edit / summarization cell (at least one per stream)")
     p.add_argument("--conversations", type=int, default=8,

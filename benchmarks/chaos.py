@@ -29,15 +29,16 @@ loads the model itself, as an operator would, so the run goes on. The server run
 it: tritonserver, with `make serve`'s watchdog of the orchestrator's stub (deploy/watchdog.py) beside it.
 
 It fails (exit 1, one line per problem) on a hung or incomplete request, a tritonserver exit or a
-crash in its log ("Signal (", "Fatal Python error"), a stub left dead beyond `--recovery-s`, a reload
-that failed, no request served after a fault within its deadline, shared-memory regions of the
-server's stubs in /dev/shm that no live process maps once the load has stopped, regions left once
-tritonserver has stopped (but a killed stub's: Triton 2.51 holds a dead stub's instance, and its
-region, until it exits, and leaves it to the launcher's sweep), a stub still running after
+crash in its log ("Signal (", "Fatal Python error"), a stub left dead beyond `--recovery-s`, a
+reload that failed, no request served after a fault within its deadline, shared-memory regions of
+the server's stubs in /dev/shm that no live process maps once the load has stopped, regions left
+once tritonserver has stopped (but a killed stub's: Triton 2.51 holds a dead stub's instance, and
+its region, until it exits, and leaves it to the launcher's sweep), a stub still running after
 tritonserver exited, a stop that needed SIGKILL, and steady growth of the total RSS of tritonserver
-and its stubs after warm-up (benchmarks/trend.py; samples taken while a fault has not settled are left
-out). The llama.cpp engines' host-memory prefix store, a cache that fills up to its bound as requests
-finish, is held to LEAK_CHECK_RAM_MIB for the run, so that its filling is not read as growth. Refusals and failures with an error message are counted, not failed on.
+and its stubs after warm-up (benchmarks/trend.py; samples taken while a fault has not settled are
+left out). The llama.cpp engines' host-memory prefix store, a cache that fills up to its bound as
+requests finish, is held to LEAK_CHECK_RAM_MIB for the run, so that its filling is not read as
+growth. Refusals and failures with an error message are counted, not failed on.
 
 It writes bench_results/chaos/<timestamp>.json (every figure, each fault with its recovery and how the
 requests under way at it and sent during it ended, the memory samples), <timestamp>.txt (the summary
