@@ -144,7 +144,7 @@ class PrefixCache:
             return
         self.stored = [s for s in self.stored if common_prefix_len(s.tokens, tokens) < len(s.tokens)]
         self.stored.append(StoredPrefix(list(tokens), blob, size))
-        while sum(s.size for s in self.stored) > self.stored_bytes:
+        while self.stored_size() > self.stored_bytes:
             self.stored.pop(0)
 
     def drop(self, request_id: str) -> int | None:

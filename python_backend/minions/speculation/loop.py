@@ -71,9 +71,9 @@ class _Decode:
         self.drafted_before = False
         """The first draft also pays the SSMs' prefill of the prompt: its drafting time is not a sample."""
         self.drafts_came_back_empty = False
-        schedule = ProbeSchedule(services.probe_min_gap, services.probe_max_gap)
         stop = (lambda: client.release(services.llm, request_id)) if services.llm_stops_streams else None
-        self.watch = (DraftWatch(schedule, services.probe_min_draft, self._probe, stop)
+        self.watch = (DraftWatch(ProbeSchedule(services.probe_min_gap, services.probe_max_gap),
+                                 services.probe_min_draft, self._probe, stop)
                       if self.drafter and services.probe_tokens > 0 else None)
         self.found: Proposal | None = None
         """A draft a probe found during the last plain stream, for the next round to verify."""

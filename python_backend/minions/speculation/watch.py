@@ -90,10 +90,9 @@ class DraftWatch:
         """`tokens` new tokens have arrived (`sequence` holds them): start a probe if one is due and
         `allowed` (the load permits drafting)."""
         self.schedule.arrived(tokens)
-        if self._task is not None and self._task.done():
-            if self._task.result() is None:  # a probe that found something stopped the stream: settle() takes it
-                self.schedule.found_nothing()
-                self._task = None
+        if self._task is not None and self._task.done() and self._task.result() is None:
+            self.schedule.found_nothing()  # (a probe that found a draft stays for settle())
+            self._task = None
         if self._task is None and allowed and self.schedule.due:
             self.schedule.probed()
             self._asked_at = len(sequence)
