@@ -20,6 +20,12 @@ MAX_MATCH = 64
 """How far back a found match is followed to measure it (bounds the draft at spec_factor * MAX_MATCH)."""
 
 
+def spec_limit(k: int, match: int, spec_factor: float) -> int:
+    """How many tokens a lookup drafter may draft after a match of `match` tokens: at most k, and at
+    most spec_factor * match when spec_factor > 0 (SuffixDecoding's max_spec_factor; 0: no bound)."""
+    return min(k, math.ceil(spec_factor * match)) if spec_factor > 0 else k
+
+
 def ngram_draft(tokens: Sequence[int], k: int, max_ngram: int = 3, min_ngram: int = 1,
                 spec_factor: float = 0.0) -> list[int]:
     """Up to k tokens that followed the most recent earlier occurrence of the longest matching suffix.
@@ -42,7 +48,7 @@ def ngram_draft(tokens: Sequence[int], k: int, max_ngram: int = 3, min_ngram: in
             start = int(starts[-1])
             begin = start + n
             if spec_factor > 0:
-                k = min(k, math.ceil(spec_factor * _match_length(seq, start, n)))
+                k = spec_limit(k, _match_length(seq, start, n), spec_factor)
             return [int(t) for t in seq[begin: min(begin + k, n_total)]]
     return []
 

@@ -11,7 +11,6 @@ call costs the new tokens and the candidates, never a rescan of the sequence or 
 
 from __future__ import annotations
 
-import math
 import threading
 from array import array
 from collections import deque
@@ -22,6 +21,7 @@ import numpy as np
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.decoding.tokens import common_prefix_len
 from minions.engines.api import BatchStats
+from minions.engines.ngram_engine import spec_limit
 from minions.engines.sequence_cache import CachedSequence, SequenceCache
 from minions.errors import InvalidRequest
 
@@ -235,7 +235,7 @@ class SuffixEngine:
         for source in (own, self.corpus):
             length, ends = source.occurrences(pattern)
             if length >= best[0]:
-                limit = min(k, math.ceil(self.spec_factor * length)) if self.spec_factor > 0 else k
+                limit = spec_limit(k, length, self.spec_factor)
                 draft, score = source.continuation(ends, limit, self.min_prob)
                 if draft and (length, score) > best[:2]:
                     best = (length, score, draft)
