@@ -8,7 +8,7 @@ DEPLOY ?= deploy.yaml
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv serve prepare engines test test-unit test-integration bench bench-peers bench-aiperf soak chaos loadtest distill clean
+.PHONY: venv serve prepare engines test test-unit test-integration bench bench-peers bench-aiperf gpu-bundle gpu-check soak chaos loadtest distill clean
 
 # The Triton stub links Debian's libpython3.11, so the venv must come from the system python3.11.
 $(STAMP): requirements.txt
@@ -51,6 +51,15 @@ bench: $(STAMP)
 # Minions against llama.cpp's own llama-server on the same GGUF (builds llama-server once under .cache/peers).
 bench-peers: $(STAMP)
 	$(PY) -m benchmarks.bench_peers --deploy $(DEPLOY)
+
+# The GPU acceptance run (docs/benchmarks.md, "GPU check"). Here, with network: `make gpu-bundle` puts the
+# wheels and prompt sets a bare lent GPU machine lacks into .cache/gpu-check/part-*. There, with the parts
+# carried: `make gpu-check` (runs with the machine's own python3, not .venv) writes report.md into $$OUT.
+gpu-bundle:
+	bash benchmarks/gpu/bundle.sh
+
+gpu-check:
+	bash benchmarks/gpu/check.sh
 
 # NVIDIA AIPerf against the OpenAI-compatible API of a server you started yourself (`make serve` first;
 # this target does not start one): chat streaming, speculation off and vote, concurrency 1 and 4, into

@@ -23,6 +23,7 @@ import yaml
 
 from minions.deploy.config import Deployment, ServerPorts, load_deployment
 from minions.settings import OrchestratorSettings
+from tests.support.requirements import pins
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -84,17 +85,6 @@ def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
     lines = [ln for ln in path.read_text().splitlines() if not ln.lstrip().startswith("#")]
     joined = re.sub(r"\\\n", " ", "\n".join(lines))
     return [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1].strip()) for ln in joined.splitlines() if ln.strip()]
-
-
-def pins(path: Path) -> dict[str, str | None]:
-    """Each requirement line's package (extras dropped, lower case) -> its `==` version (None: not pinned so)."""
-    out = {}
-    for line in path.read_text().splitlines():
-        req = line.split("#", 1)[0].strip()
-        if req:
-            m = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[[^]]*\])?\s*(?:==\s*(\S+)|.*)", req)
-            out[m[1].lower()] = m[2]
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -87,9 +87,9 @@ def test_imports_only_point_down():
 @pytest.mark.parametrize("folder", ["tests", "python_backend", "client"])
 def test_nothing_but_benchmarks_imports_benchmarks(folder):
     """Benchmarks stand on the tests' support (TritonProcess, the near-tie check), never the reverse;
-    only the tests of benchmark code itself (test_bench_*, test_soak_trend, and the chaos tool's unit
-    tests and its short run in make test) import it."""
-    allowed = {"test_bench_load.py", "test_bench_peers.py", "test_soak_trend.py", "test_chaos.py",
+    only the tests of benchmark code itself (test_bench_*, test_soak_trend, test_gpu_check, and the chaos
+    tool's unit tests and its short run in make test) import it."""
+    allowed = {"test_bench_load.py", "test_bench_peers.py", "test_soak_trend.py", "test_gpu_check.py", "test_chaos.py",
                "test_chaos_run.py"}
     found = []
     for path in sorted((ROOT / folder).rglob("*.py")):

@@ -1,0 +1,113 @@
+"""`make gpu-check`: the GPU acceptance run in one command, on a lent GPU machine (docs/benchmarks.md).
+
+Serves deploy.cuda.yaml (SmolLM2 on torch on CUDA, fp32) and runs benchmarks.bench_load twice, on chat
+prompts and on copy-heavy ones: `off`, the default (`minions`: vote + adaptive length + pipeline) and the
+suffix drafter alone, at 1, 8 and 16 streams, greedy, counting outputs identical to `off`'s. The suffix
+drafter's corpus of finished requests is off: every mode replays the same prompts, so a corpus would hold
+the answers `off` just gave. Writes report.md (the machine, the versions, both tables) under --out, and
+exits non-zero if a sweep failed or any speculative output differed from `off`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from importlib import metadata
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from minions.deploy.config import ROOT
+
+SWEEPS = {"chat": [], "copy_heavy": ["summarization", "code_edit"]}
+"""Sweep name -> bench_load --datasets (none: the chat sets, mixed)."""
+
+MODES = ["off", "minions", "single:ssm_suffix"]
+
+
+def gpu_deployment(source: Path, target: Path) -> Path:
+    """`source` with the suffix drafter's cross-request corpus off and the model cache where `source` keeps it."""
+    raw = yaml.safe_load(source.read_text())
+    raw["cache_dir"] = str((source.parent / raw.get("cache_dir", ".cache/minions")).resolve())
+    for ssm in raw.get("ssms", []):
+        if ssm.get("engine") == "suffix":
+            ssm["suffix_corpus_tokens"] = 0
+    target.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return target
+
+
+def machine() -> str:
+    """What ran it: the GPU, the driver, and the versions that matter."""
+    lines = [f"- python {platform.python_version()}, {platform.machine()}"]
+    try:
+        gpus = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.strip()
+        lines.append(f"- GPU: {gpus or 'none reported'}")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        lines.append(f"- GPU: nvidia-smi failed ({exc})")
+    for name in ("torch", "transformers", "numpy", "tritonclient", "nvidia-pytriton"):
+        try:
+            lines.append(f"- {name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            lines.append(f"- {name}: not installed")
+    return "\n".join(lines)
+
+
+def sweep(name: str, datasets: list[str], deploy: Path, out: Path, args: argparse.Namespace) -> tuple[int, Path]:
+    """One bench_load run; its output goes to the console and to <out>/<name>/bench_load.log."""
+    target = out / name
+    target.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "benchmarks.bench_load", "--deploy", str(deploy), "--streams", *map(str, args.streams),
+           "--modes", *MODES, "--max-tokens", str(args.max_tokens), "--min-requests", str(args.min_requests),
+           "--out", str(target), *(["--datasets", *datasets] if datasets else [])]
+    print(f"== {name}: {' '.join(cmd)}", flush=True)
+    with open(target / "bench_load.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            log.write(line)
+    return proc.wait(), target
+
+
+def mismatches(target: Path) -> list[str]:
+    """Cells whose outputs were not all identical to `off`'s (a near tie flipped, or a bug)."""
+    path = target / "load_sweep.json"
+    if not path.exists():
+        return [f"{target.name}: no results"]
+    rows = json.loads(path.read_text())["rows"]
+    return [f"{target.name} {r['mode']} @{r['streams']}: {r['identical_to_off']}/{r['requests']} identical"
+            for r in rows if r["identical_to_off"] != r["requests"]]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--deploy", default=str(ROOT / "deploy.cuda.yaml"))
+    p.add_argument("--out", default=str(ROOT / "bench_results" / "gpu-check"))
+    p.add_argument("--streams", nargs="+", type=int, default=[1, 8, 16])
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--min-requests", type=int, default=8)
+    p.add_argument("--sweeps", nargs="+", choices=list(SWEEPS), default=list(SWEEPS))
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    deploy = gpu_deployment(Path(args.deploy), out / "deploy.yaml")
+    report = ["# GPU check", "", machine(), "", f"Deployment: {args.deploy}, suffix corpus off ({deploy} here).", ""]
+    failures: list[str] = []
+    for name in args.sweeps:
+        code, target = sweep(name, SWEEPS[name], deploy, out, args)
+        table = target / "load_sweep.md"
+        report += [f"## {name} ({', '.join(SWEEPS[name]) or 'chat sets, mixed'})", "",
+                   table.read_text() if table.exists() else f"(no table: bench_load exited {code})", ""]
+        failures += [f"{name}: bench_load exited {code}"] if code else []
+        failures += mismatches(target)
+        (out / "report.md").write_text("\n".join(report + ["## Failures", *failures] if failures else report) + "\n")
+    print("\n".join(["", *failures]) if failures else "\nall speculative outputs identical to off", flush=True)
+    print(f"wrote {out / 'report.md'}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
