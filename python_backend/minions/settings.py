@@ -117,6 +117,12 @@ class EngineSettings(_Settings):
     """llama.cpp: finished sequences' KV cells are kept in host memory up to this size, least recently
     used first, instead of idle in the KV buffer, where every step's attention visits them (llama-server's
     --cache-ram). 0: idle in the KV buffer."""
+    kv_unified: bool = True
+    """llama.cpp: one KV buffer for every sequence (True), or a stream of cells per sequence, as
+    llama-server runs. In one buffer every token's attention spans every sequence's cells, so long
+    prompts at many streams slow each step; per sequence, a step is cut into one ubatch per run of
+    consecutive sequence ids with equal token counts, so ragged drafts verify in several passes
+    (docs/engines.md)."""
     max_context: int = derived(2048)
     """Set from orchestrator.max_context by the renderer."""
     dtype: str = "float32"

@@ -23,9 +23,12 @@ SLOTS = 4
 LOGIT_TOLERANCE = 0.25
 
 
-@pytest.fixture(scope="module")
-def engine(smollm2_f16_gguf):
-    return LlamaCppEngine(smollm2_f16_gguf, num_threads=1, max_sequences=SLOTS, n_ctx=256)
+@pytest.fixture(scope="module", params=[True, False], ids=["unified-kv", "stream-per-slot"])
+def engine(smollm2_f16_gguf, request):
+    """One KV buffer, or a stream per slot (kv_unified false: ragged steps run in several ubatches)."""
+    engine = LlamaCppEngine(smollm2_f16_gguf, num_threads=1, max_sequences=SLOTS, n_ctx=256, kv_unified=request.param)
+    yield engine
+    engine.close()
 
 
 @pytest.fixture(scope="module")

@@ -20,11 +20,13 @@ from test_llamacpp_batching import alone, assert_same_draft, prompts, with_logit
 SLOTS = 3
 
 
-@pytest.fixture(params=[0, 64], ids=["idle-in-kv", "host-memory"])
+@pytest.fixture(params=[(0, True), (64, True), (64, False)], ids=["idle-in-kv", "host-memory", "stream-per-slot"])
 def engine(smollm2_f16_gguf, request):
-    """Finished sequences kept idle in the KV buffer, or copied to host memory (prefix_cache_ram_mib)."""
+    """Finished sequences kept idle in the KV buffer, or copied to host memory (prefix_cache_ram_mib); one
+    KV buffer, or a stream of cells per slot (kv_unified false: a live prefix is copied, not shared)."""
+    ram_mib, unified = request.param
     engine = LlamaCppEngine(smollm2_f16_gguf, num_threads=1, max_sequences=SLOTS, n_ctx=256,
-                            prefix_cache_ram_mib=request.param)
+                            prefix_cache_ram_mib=ram_mib, kv_unified=unified)
     yield engine
     engine.close()
 

@@ -1,14 +1,15 @@
 """A GGUF model run by llama.cpp as an engine, batched across requests: the LLM's verifier, a plain
 decoder, or a cheap self-draft.
 
-One llama.cpp context holds up to `max_sequences` sequences (a sequence id each, one unified KV
-buffer); a request keeps its slot while it lives. Each call rewinds the slot to the longest common
-prefix of what it holds and what it is sent and evaluates only the rest. Across requests the slots are a
-prefix cache (prefix_cache.py): a finished request's KV cells are copied to host memory and cleared
-(`prefix_cache_ram_mib`; with 0 its slot stays as an idle prefix instead, which slows every step of
-the others), and a new request shares the KV cells of the longest common prefix of any live slot
-(`seq_cp` on the unified buffer shares cells, it copies nothing) or copies back the longest stored
-one, so a re-sent conversation or file is not prefilled again.
+One llama.cpp context holds up to `max_sequences` sequences (a sequence id each, in one unified KV
+buffer or, with `kv_unified` false, a stream of cells each); a request keeps its slot while it lives.
+Each call rewinds the slot to the longest common prefix of what it holds and what it is sent and
+evaluates only the rest. Across requests the slots are a prefix cache (prefix_cache.py): a finished
+request's KV cells are copied to host memory and cleared (`prefix_cache_ram_mib`; with 0 its slot
+stays as an idle prefix instead, which slows every step of the others), and a new request shares the
+KV cells of the longest common prefix of any live slot (`seq_cp` on the unified buffer shares cells;
+across streams it copies them) or copies back the longest stored one, so a re-sent conversation or
+file is not prefilled again.
 
 Calls are batched in flight: each llama.cpp decode step carries the pending tokens of every call in
 progress: one token of each generation, and the uncached tail plus the whole draft of each
@@ -78,9 +79,10 @@ class LlamaCppEngine:
         n_batch: int = 512,
         prefix_caching: bool = True,
         prefix_cache_ram_mib: float = 0,
+        kv_unified: bool = True,
     ) -> None:
         self.stepper = LlamaCppStepper(model_path, num_threads, max_sequences, n_ctx, draft_min_prob, n_batch,
-                                       prefix_caching, int(prefix_cache_ram_mib * 2**20))
+                                       prefix_caching, int(prefix_cache_ram_mib * 2**20), kv_unified)
         self.cache = self.stepper.slots.live
         self.stats = self.stepper.stats  # passes = llama.cpp decode calls
         self.prefix_stats = self.stepper.slots.stats
@@ -113,7 +115,8 @@ class LlamaCppStepper:
     """One llama.cpp context and the decode steps over it; used from the batcher's thread only."""
 
     def __init__(self, model_path: str, num_threads: int, max_sequences: int, n_ctx: int,
-                 draft_min_prob: float, n_batch: int, prefix_caching: bool, stored_bytes: int = 0) -> None:
+                 draft_min_prob: float, n_batch: int, prefix_caching: bool, stored_bytes: int = 0,
+                 kv_unified: bool = True) -> None:
         from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
         from llama_cpp._logger import set_verbose
 
@@ -130,12 +133,12 @@ class LlamaCppStepper:
         self._model = LlamaModel(path_model=model_path, params=LlamaModel.default_params(), verbose=False)
         params = LlamaContext.default_params()
         params.n_seq_max = max_sequences
-        # One KV buffer shared by every sequence. With a stream per sequence (kv_unified = False)
-        # llama.cpp splits a step into one ubatch per run of consecutive sequence ids, so the drafts
-        # of a batch ran one after another: 12.6 ms/token at 8 sequences against 7.5 when their ids
-        # happened to be consecutive (docs/engines.md). Unified, any sequences share a ubatch;
-        # flash attention (llama.cpp's default here) skips the cells of the other sequences.
-        params.kv_unified = True
+        # Unified: one KV buffer, any sequences share a ubatch, but every token's attention spans every
+        # sequence's cells. Per sequence: llama.cpp cuts a step into one ubatch per run of consecutive
+        # sequence ids with equal token counts, so steps go in slot order and slots are taken lowest
+        # first (docs/engines.md, EngineSettings.kv_unified).
+        self.kv_unified = kv_unified
+        params.kv_unified = kv_unified
         params.n_ctx = n_ctx * max_sequences  # each sequence is held to n_ctx by the check in start()
         params.n_batch = params.n_ubatch = n_batch
         params.n_threads = params.n_threads_batch = num_threads
@@ -203,7 +206,8 @@ class LlamaCppStepper:
     def _decode(self, jobs: list[_Job]) -> list[list[np.ndarray]]:
         """Evaluate each job's pending tokens (in chunks of n_batch); the logits of each one's last
         `logit_rows` tokens."""
-        items = [(job, pos, token, i >= len(job.pending) - job.logit_rows) for job in jobs
+        items = [(job, pos, token, i >= len(job.pending) - job.logit_rows)
+                 for job in sorted(jobs, key=lambda job: job.entry.state)
                  for i, (pos, token) in enumerate(enumerate(job.pending, start=len(job.entry.tokens)))]
         rows: dict[int, list[np.ndarray]] = {id(job): [] for job in jobs}
         batch = self._batch.batch
@@ -287,7 +291,8 @@ class LlamaCppStepper:
             self._ctx.kv_cache_seq_rm(choice.slot, -1, -1)
             return entry
         if choice.donor is not None and choice.donor != choice.slot:
-            self._ctx.kv_cache_seq_cp(choice.donor, choice.slot, 0, choice.shared)
+            # Across streams llama.cpp copies a whole sequence only; the tail goes below.
+            self._ctx.kv_cache_seq_cp(choice.donor, choice.slot, 0, choice.shared if self.kv_unified else -1)
         self._ctx.kv_cache_seq_rm(choice.slot, choice.shared, -1)
         return entry
 

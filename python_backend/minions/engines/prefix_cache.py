@@ -184,8 +184,10 @@ class PrefixCache:
     def _free_slot(self, donor: CachedSequence[int] | None, shared: int, busy: Container[str]
                    ) -> tuple[int, int | None]:
         """A slot for a new sequence, and the slot evicted to make it (None: it was free or is taken over)."""
-        if self.free:
-            return self.free.pop(), None
+        if self.free:  # the lowest: a llama.cpp step with a KV stream per slot runs consecutive slots together
+            slot = min(self.free)
+            self.free.remove(slot)
+            return slot, None
         donor_slot = donor.state if donor is not None else None
         donor_idle = donor_slot is not None and donor_slot in self.idle
         if donor_idle and 2 * shared >= len(donor.tokens):  # little of the donor would be lost: take it over
