@@ -1,10 +1,12 @@
 """`make gpu-check`: the GPU acceptance run in one command, on a lent GPU machine (docs/benchmarks.md).
 
-Serves deploy.cuda.yaml (SmolLM2 on torch on CUDA, fp32) and runs benchmarks.bench_load twice, on chat
-prompts and on copy-heavy ones: `off`, the default (`minions`: vote + adaptive length + pipeline) and the
-suffix drafter alone, at 1, 8 and 16 streams, greedy, counting outputs identical to `off`'s. The suffix
-drafter's corpus of finished requests is off: every mode replays the same prompts, so a corpus would hold
-the answers `off` just gave. Writes report.md (the machine, the versions, both tables) under --out, and
+Serves deploy.cuda.yaml (SmolLM2 on torch on CUDA, fp32) and runs benchmarks.bench_load on chat prompts
+and on copy-heavy ones, for the default (`minions`: vote + adaptive length + pipeline) and the suffix
+drafter alone, each against `off` at 1, 8 and 16 streams, greedy, counting outputs identical to `off`'s.
+Each speculative mode gets a fresh server: the adaptive length learns the LLM's costs server-wide, so a
+mode measured after another would start from the lengths the first one climbed to. The suffix drafter's
+corpus of finished requests is off: every mode replays the same prompts, so a corpus would hold the
+answers `off` just gave. Writes report.md (the machine, the versions, every table) under --out, and
 exits non-zero if a sweep failed or any speculative output differed from `off`'s.
 """
 
@@ -25,7 +27,8 @@ from minions.deploy.config import ROOT
 SWEEPS = {"chat": [], "copy_heavy": ["summarization", "code_edit"]}
 """Sweep name -> bench_load --datasets (none: the chat sets, mixed)."""
 
-MODES = ["off", "minions", "single:ssm_suffix"]
+MODES = ["minions", "single:ssm_suffix"]
+"""The speculative modes, each in its own sweep against `off`."""
 
 
 def gpu_deployment(source: Path, target: Path) -> Path:
@@ -56,12 +59,14 @@ def machine() -> str:
     return "\n".join(lines)
 
 
-def sweep(name: str, datasets: list[str], deploy: Path, out: Path, args: argparse.Namespace) -> tuple[int, Path]:
-    """One bench_load run; its output goes to the console and to <out>/<name>/bench_load.log."""
+def sweep(name: str, mode: str, datasets: list[str], deploy: Path, out: Path, args: argparse.Namespace
+          ) -> tuple[int, Path]:
+    """One bench_load run of `mode` and `off` on a fresh server; its output goes to the console and to
+    <out>/<name>/bench_load.log."""
     target = out / name
     target.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "benchmarks.bench_load", "--deploy", str(deploy), "--streams", *map(str, args.streams),
-           "--modes", *MODES, "--max-tokens", str(args.max_tokens), "--min-requests", str(args.min_requests),
+           "--modes", mode, "--max-tokens", str(args.max_tokens), "--min-requests", str(args.min_requests),
            "--out", str(target), *(["--datasets", *datasets] if datasets else [])]
     print(f"== {name}: {' '.join(cmd)}", flush=True)
     with open(target / "bench_load.log", "w") as log:
@@ -96,10 +101,11 @@ def main() -> None:
     deploy = gpu_deployment(Path(args.deploy), out / "deploy.yaml")
     report = ["# GPU check", "", machine(), "", f"Deployment: {args.deploy}, suffix corpus off ({deploy} here).", ""]
     failures: list[str] = []
-    for name in args.sweeps:
-        code, target = sweep(name, SWEEPS[name], deploy, out, args)
+    for prompts, mode in [(p, m) for p in args.sweeps for m in MODES]:
+        name = f"{prompts}-{mode.replace(':', '-')}"
+        code, target = sweep(name, mode, SWEEPS[prompts], deploy, out, args)
         table = target / "load_sweep.md"
-        report += [f"## {name} ({', '.join(SWEEPS[name]) or 'chat sets, mixed'})", "",
+        report += [f"## {mode} on {prompts} ({', '.join(SWEEPS[prompts]) or 'chat sets, mixed'})", "",
                    table.read_text() if table.exists() else f"(no table: bench_load exited {code})", ""]
         failures += [f"{name}: bench_load exited {code}"] if code else []
         failures += mismatches(target)
