@@ -176,3 +176,37 @@ def test_a_call_submitted_while_another_drafts_joins_its_steps(engine):
     assert order == ["short", "long"]
     assert engine.stats.passes - before <= 24 + 1  # the short call's steps were the long call's too
     release_all(engine, [EngineRequest("long", long, 1), EngineRequest("short", short, 1)])
+
+
+def test_long_prompts_go_in_by_chunks_without_holding_up_a_generating_request(smollm2_f16_gguf, reference):
+    """A step takes every job's next token, then at most n_batch prompt tokens, oldest prompt first: a
+    generating request gets a token every step while two long prompts go in one after the other (the
+    first starts generating before the second is in), and each decodes as if computed alone."""
+    engine = LlamaCppEngine(smollm2_f16_gguf, num_threads=1, max_sequences=3, n_ctx=256, n_batch=32)
+    stepper = engine.stepper
+    try:
+        generating = with_logits(EngineRequest("g", prompts(1, seed=5)[0], 12))
+        first, second = (with_logits(EngineRequest(name, prompt * 5, 3))  # 60 and 85 tokens
+                         for name, prompt in zip("ab", prompts(3, seed=6)[1:]))
+        g = stepper.start(generating)
+        stepper.step([g])
+        jobs = {"g": g, "a": stepper.start(first), "b": stepper.start(second)}
+        first_token_step, results = {}, {}
+        for step in range(1, 12):
+            made = len(g.tokens)
+            live = [job for name, job in jobs.items() if name not in results]
+            for job, done in zip(live, stepper.step(live)):
+                name = job.request.request_id
+                if job.tokens and name not in first_token_step:
+                    first_token_step[name] = step
+                if done:
+                    results[name] = stepper.result(job)
+            if "g" not in results:
+                assert len(g.tokens) == made + 1, "the generating request made a token in every step"
+            if len(results) == 3:
+                break
+        assert 1 < first_token_step["a"] < first_token_step["b"], first_token_step
+        for request in (generating, first, second):
+            assert_same_draft(results[request.request_id], alone(reference, request))
+    finally:
+        engine.close()

@@ -14,7 +14,8 @@ file is not prefilled again.
 Calls are batched in flight: each llama.cpp decode step carries the pending tokens of every call in
 progress: one token of each generation, and the uncached tail plus the whole draft of each
 verification (logits at every draft position, so a ragged batch of drafts costs its tokens, no
-padding). A verification finishes in that one step: the draft is judged (decoding/verification.py)
+padding); uncached prompt tokens beyond the step's n_batch go in chunks over later steps, oldest call
+first. A verification finishes in the step that evaluates its draft: the draft is judged (decoding/verification.py)
 and the KV cells of rejected tokens are removed at once. Calls that arrive meanwhile join at the next
 step, so b calls of s tokens cost about s steps instead of b * s. A streaming generation reports each
 token as it is made (inflight_batching.py sends it on). Measured on this machine with one thread,
@@ -163,8 +164,10 @@ class LlamaCppStepper:
                     cached=keep)
 
     def step(self, jobs: list[_Job]) -> list[bool]:
-        """One decode step: every job's pending tokens in; which jobs are finished."""
-        return [self._absorb(job, rows) for job, rows in zip(jobs, self._decode(jobs))]
+        """One decode step: every job's pending tokens in, long prompts in chunks (`_takes`); which jobs
+        are finished. A job whose prompt is not all in yet waits for a later step."""
+        rows = self._decode(jobs, self._takes(jobs))
+        return [not job.pending and self._absorb(job, row) for job, row in zip(jobs, rows)]
 
     def partial(self, job: _Job) -> EngineResult | None:
         """The tokens a streaming job made since the last call (None: nothing new)."""
@@ -203,12 +206,29 @@ class LlamaCppStepper:
         self._clear(self.slots.drop(request_id))
 
     # -- internals ---------------------------------------------------------------------------------
-    def _decode(self, jobs: list[_Job]) -> list[list[np.ndarray]]:
-        """Evaluate each job's pending tokens (in chunks of n_batch); the logits of each one's last
-        `logit_rows` tokens."""
+    def _takes(self, jobs: list[_Job]) -> list[int]:
+        """How many of each job's pending tokens this step evaluates. Every job's logit positions (its
+        next token, its draft) go in; the uncached prompt tokens before them share what is left of
+        n_batch, oldest job first, a prompt that does not fit going in part (at least a quarter of
+        n_batch a step). So, as in llama-server's batches, a long prompt does not hold up every other
+        request's next token, and prompts that arrive together start streaming one after another
+        instead of all after the last one's prefill."""
+        budget = max(self.n_batch - sum(min(len(job.pending), job.logit_rows) for job in jobs), self.n_batch // 4)
+        takes = []
+        for job in jobs:
+            prefix = max(len(job.pending) - job.logit_rows, 0)
+            take = len(job.pending) if prefix <= budget else budget
+            budget -= min(take, prefix)
+            takes.append(take)
+        return takes
+
+    def _decode(self, jobs: list[_Job], takes: list[int]) -> list[list[np.ndarray]]:
+        """Evaluate the first `takes` pending tokens of each job (in chunks of n_batch); the logits of
+        its last `logit_rows` tokens, for a job whose pending tokens all went in."""
+        ordered = sorted(zip(jobs, takes), key=lambda pair: pair[0].entry.state)
         items = [(job, pos, token, i >= len(job.pending) - job.logit_rows)
-                 for job in sorted(jobs, key=lambda job: job.entry.state)
-                 for i, (pos, token) in enumerate(enumerate(job.pending, start=len(job.entry.tokens)))]
+                 for job, take in ordered
+                 for i, (pos, token) in enumerate(enumerate(job.pending[:take], start=len(job.entry.tokens)))]
         rows: dict[int, list[np.ndarray]] = {id(job): [] for job in jobs}
         batch = self._batch.batch
         for start in range(0, len(items), self.n_batch):
@@ -228,9 +248,9 @@ class LlamaCppStepper:
                 if wanted:
                     logits = np.ctypeslib.as_array(self._ctx.get_logits_ith(j), shape=(self.n_vocab,))
                     rows[id(job)].append(logits.copy())
-        for job in jobs:
-            job.entry.tokens = job.entry.tokens + job.pending
-            job.pending = []
+        for job, take in zip(jobs, takes):
+            job.entry.tokens = job.entry.tokens + job.pending[:take]
+            job.pending = job.pending[take:]
         return [rows[id(job)] for job in jobs]
 
     def _absorb(self, job: _Job, rows: list[np.ndarray]) -> bool:
