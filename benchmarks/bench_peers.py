@@ -1,6 +1,7 @@
 """`make bench-peers`: Minions against llama.cpp's own llama-server on the same GGUF, in one run.
 
-Starts the real tritonserver with the deployment (one per Minions mode: `off` and the default) and
+Starts the real tritonserver with the deployment (one per Minions mode: `off`, the default, and each
+SSM alone, whose table shows the default against its best single drafter) and
 llama-server (built once from the llama.cpp that the pinned llama-cpp-python vendors:
 peers/llama_server_build.py) in several configurations: plain on the LLM's GGUF as shipped and as
 the deployment computes with it, and its two speculative modes (a draft model, the deployment's
@@ -39,7 +40,7 @@ from .peers.conversations import (ConversationCell, Converse, conversations, for
                                   run_conversations)
 from .peers.llama_server import LlamaServer, ServerConfig, chat_completion, conversation_turn
 from .peers.llama_server_build import llama_server, pinned_version
-from .peers.report import format_table, plot, summarize
+from .peers.report import format_drafters, format_table, plot, summarize
 from .peers.templated import templated_prompts
 from .peers.streams import Cell, Request, Sample, run_cell
 
@@ -54,7 +55,10 @@ MULTI_TURN_FROM = 48
 the blocks the single-turn cells take at the default counts."""
 SPEC_DRAFT_N_MAX = 8
 MINIONS_OFF = "minions off"
-SYSTEM_KEYS = ("minions-off", "minions-default", "plain", "draft", "ngram")
+SYSTEM_KEYS = ("minions-off", "minions-default", "minions-single", "plain", "draft", "ngram")
+"""`minions-single`: a Minions server per SSM of the deployment, drafting with that SSM alone."""
+SINGLE = "minions single:"
+"""The label prefix of the single-drafter systems (the default's comparison, peers/report.py)."""
 
 
 def workload_prompts(workload: str, counts: list[int]) -> list[list[str]]:
@@ -191,13 +195,14 @@ def main() -> None:
     # Each Minions mode has a server of its own, as each llama-server configuration has: no mode finds
     # another's prompts in its prefix cache, and drafters that learn from finished requests (suffix)
     # never see another mode's answers. None sends no speculation (the deployment's default).
-    minions_modes = {"minions-default": (f"minions {orchestrator.default_speculation}", None),
-                     "minions-off": (MINIONS_OFF, "off")}
+    default_label = f"minions {orchestrator.default_speculation}"
+    minions_modes = {"minions-default": [(default_label, None)], "minions-off": [(MINIONS_OFF, "off")],
+                     "minions-single": [(f"{SINGLE}{ssm['name']}", f"single:{ssm['name']}") for ssm in dep.ssms]}
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with ExitStack() as stack:
-        for key in [key for key in minions_modes if key in args.systems]:
-            label, speculation = minions_modes[key]
-            triton = stack.enter_context(TritonProcess(args.deploy, log_path=out / f"tritonserver-{key}.log"))
+        for label, speculation in [mode for key in minions_modes if key in args.systems for mode in minions_modes[key]]:
+            log_name = "tritonserver-minions-" + (speculation or "default").replace(":", "-") + ".log"
+            triton = stack.enter_context(TritonProcess(args.deploy, log_path=out / log_name))
             sessions.add(triton.proc.pid)
             systems[label] = minions_request(triton.grpc_url, orchestrator.model_name, speculation, args.max_tokens)
             conversers[label] = minions_converse(triton.grpc_url, orchestrator.model_name, speculation,
@@ -213,11 +218,13 @@ def main() -> None:
             run_cell(name, "warm-up", request, mixed_prompts(2), 2)
         cells = run_single_turn([w for w in args.workloads if w not in MULTI_TURN], args, systems, sessions)
         # Multi-turn: Minions' modes and llama-server plain on the file the deployment computes with.
-        turn_systems = {label for label, _ in minions_modes.values()} | {reference_label}
+        turn_systems = {default_label, MINIONS_OFF, reference_label}
         turn_cells = run_multi_turn([w for w in args.workloads if w in MULTI_TURN], args,
                                     {n: c for n, c in conversers.items() if n in turn_systems}, sessions)
     rows, winner = summarize(cells, plain, MINIONS_OFF)
     text = format_table(rows, winner, MINIONS_OFF) if cells else ""
+    if any(r["system"].startswith(SINGLE) for r in rows):
+        text += "\n\n" + format_drafters(rows, default_label, SINGLE)
     turn_rows = [r for cell in turn_cells for r in cell.rows()]
     if turn_rows:
         reference = {(r["workload"], r["streams"], r["turn"]): r for r in turn_rows if r["system"] == reference_label}

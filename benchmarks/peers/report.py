@@ -58,6 +58,8 @@ def format_table(rows: list[dict], winner: dict, reference: str) -> str:
     title = (f"## Minions against llama-server (greedy; vs plain = tokens/s over {winner['faster']}, the faster "
              f"llama-server plain configuration, in the same cell; same = outputs identical to {reference}; others = CPU cores other processes "
              "used meanwhile)")
+    if winner["faster"] is None:
+        title = f"## Minions (greedy; no llama-server in this run; same = outputs identical to {reference})"
     lines = [title, head, "-" * len(head)]
     for r in rows:
         ttft_mean, ttft_p50, itl = (_ms(r[key]) for key in ("ttft_mean_ms", "ttft_p50_ms", "itl_ms"))
@@ -69,7 +71,28 @@ def format_table(rows: list[dict], winner: dict, reference: str) -> str:
                      + (f"  ({r['errors']} errors)" if r["errors"] else ""))
     wins = ", ".join(f"{name} won {n} cells at {winner['mean_tokens_per_s'][name]:.1f} tok/s mean"
                      for name, n in winner["cells_won"].items())
-    lines += ["", f"Faster llama-server plain configuration: {winner['faster']} ({wins})"]
+    if winner["faster"] is not None:
+        lines += ["", f"Faster llama-server plain configuration: {winner['faster']} ({wins})"]
+    return "\n".join(lines)
+
+
+def format_drafters(rows: list[dict], default: str, single_prefix: str) -> str:
+    """Per cell, the default mode's tokens/s over its best single drafter's (each on its own server):
+    issue 27 asks the vote to be at least as fast as any of its members."""
+    head = (f"{'workload':<13} {'streams':>7} {'default tok/s':>13} {'best single drafter':<28} {'tok/s':>7} "
+            f"{'ratio':>6}")
+    lines = [f"## {default} against its best single drafter (same cell)", head, "-" * len(head)]
+    for workload, streams in dict.fromkeys((r["workload"], r["streams"]) for r in rows):
+        cell = [r for r in rows if r["workload"] == workload and r["streams"] == streams]
+        mine = next((r for r in cell if r["system"] == default), None)
+        singles = [r for r in cell if r["system"].startswith(single_prefix)]
+        if mine is None or not singles:
+            continue
+        best = max(singles, key=lambda r: r["tokens_per_s"])
+        ratio = mine["tokens_per_s"] / best["tokens_per_s"] if best["tokens_per_s"] else None
+        lines.append(f"{workload:<13} {streams:>7} {mine['tokens_per_s']:>13.1f} "
+                     f"{best['system'].removeprefix(single_prefix):<28} {best['tokens_per_s']:>7.1f} "
+                     f"{f'{ratio:.2f}x' if ratio is not None else '-':>6}")
     return "\n".join(lines)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.bench_peers import HELD_OUT, workload_prompts
 from benchmarks.peers.llama_server_build import pinned_version
-from benchmarks.peers.report import summarize
+from benchmarks.peers.report import format_drafters, summarize
 from benchmarks.peers.streams import Cell, Sample
 from minions.text.datasets import COPY_HEAVY, DATASETS, load_prompts
 from tests.support.datasets import write_prompt_sets
@@ -58,6 +58,19 @@ def test_ratios_are_against_the_plain_configuration_faster_over_the_run_not_each
     assert chat["q4"]["vs_plain"] == pytest.approx(100 / 90)
     assert chat["minions off"]["vs_plain"] == pytest.approx(80 / 90)
     assert chat["q4"]["same_as_ref"] == 2 and chat["f16"]["same_as_ref"] == 4
+
+
+def test_the_default_is_compared_with_its_fastest_single_drafter_in_each_cell():
+    texts = ["a", "b"]
+    cells = [_cell("minions vote", "chat", 90.0, texts), _cell("minions single:ssm_ngram", "chat", 60.0, texts),
+             _cell("minions single:ssm_suffix", "chat", 100.0, texts), _cell("f16", "chat", 95.0, texts),
+             _cell("minions vote", "code", 120.0, texts), _cell("minions single:ssm_ngram", "code", 100.0, texts),
+             _cell("f16", "code", 95.0, texts)]
+    rows, _ = summarize(cells, ["f16"], "minions vote")
+    table = format_drafters(rows, "minions vote", "minions single:").splitlines()
+    assert table[3].split() == ["chat", "8", "90.0", "ssm_suffix", "100.0", "0.90x"]
+    assert table[4].split() == ["code", "8", "120.0", "ssm_ngram", "100.0", "1.20x"]
+    assert len(table) == 5
 
 
 def test_sample_itl_spreads_the_time_after_the_first_token_over_the_rest():
