@@ -42,3 +42,13 @@ def test_only_available_arms_are_chosen():
     b = Ucb1(["a", "b"])
     assert b.choose(["b"]) == "b"
     assert b.choose([]) is None
+
+
+def test_an_arm_that_joins_is_tried_before_the_pulled_ones():
+    bandit = Ucb1(["a", "b"])
+    for name in ("a", "b"):
+        bandit.choose([name])
+        bandit.reward(name, 10.0)
+    bandit.add("c")
+    bandit.add("a")
+    assert bandit.choose(["a", "b", "c"]) == "c"

@@ -61,3 +61,12 @@ def test_request_weights_start_from_global_and_evolve_apart():
     r.update({"a": 0.0, "b": 1.0})
     assert r.snapshot()["b"] > g.snapshot()["b"] and r.snapshot()["a"] < g.snapshot()["a"]
     assert set(g.snapshot(["b"])) == {"b"}
+
+
+def test_an_ssm_that_joins_starts_at_the_initial_weight_and_a_second_add_changes_nothing():
+    weights = SsmWeights(["a", "b"])
+    weights.update({"a": 1.0, "b": 0.0})
+    before = weights.snapshot()
+    weights.add("c")
+    weights.add("a")
+    assert weights.snapshot() == before | {"c": 1.0}

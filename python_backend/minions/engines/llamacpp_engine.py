@@ -8,8 +8,8 @@ evaluates only the rest. Across requests the slots are a prefix cache (prefix_ca
 request's KV cells are copied to host memory and cleared (`prefix_cache_ram_mib`; with 0 its slot
 stays as an idle prefix instead, which slows every step of the others), and a new request shares the
 KV cells of the longest common prefix of any live slot (`seq_cp` on the unified buffer shares cells;
-across streams it copies them) or copies back the longest stored one, so a re-sent conversation or
-file is not prefilled again.
+across streams they are copied through host memory) or copies back the longest stored one, so a
+re-sent conversation or file is not prefilled again.
 
 Calls are batched in flight: each llama.cpp decode step carries the pending tokens of every call in
 progress: one token of each generation, and the uncached tail plus the whole draft of each
@@ -311,23 +311,39 @@ class LlamaCppStepper:
             self._ctx.kv_cache_seq_rm(choice.slot, -1, -1)
             return entry
         if choice.donor is not None and choice.donor != choice.slot:
-            # Across streams llama.cpp copies a whole sequence only; the tail goes below.
-            self._ctx.kv_cache_seq_cp(choice.donor, choice.slot, 0, choice.shared if self.kv_unified else -1)
+            if self.kv_unified:
+                self._ctx.kv_cache_seq_cp(choice.donor, choice.slot, 0, choice.shared)
+            elif not self._copy(choice.donor, choice.slot):
+                entry.tokens = []
+                self._ctx.kv_cache_seq_rm(choice.slot, -1, -1)
+                return entry
         self._ctx.kv_cache_seq_rm(choice.slot, choice.shared, -1)
         return entry
 
+    def _copy(self, donor: int, slot: int) -> bool:
+        """Copy a live sequence's cells into another stream now, through host memory. llama.cpp's own
+        `seq_cp` across streams only queues the copy for the next decode, by when a slot freed meanwhile
+        may hold other cells (a restored prefix), which the copy would then carry over or overwrite."""
+        blob = self._blob(donor)
+        return blob is not None and self._restore(slot, blob[0])
+
     def _store(self, slot: int, tokens: list[int]) -> None:
         """Copy a finished sequence's KV cells to host memory, for the prefix cache to keep."""
+        blob = self._blob(slot, self.slots.stored_bytes)
+        if blob is not None:
+            self.slots.store(tokens, *blob)
+
+    def _blob(self, slot: int, limit: int | None = None) -> tuple[ctypes.Array, int] | None:
+        """A slot's KV cells in host memory and their size (None: none, or more than `limit` bytes)."""
         import llama_cpp
 
         ctx = self._ctx.ctx
         size = llama_cpp.llama_state_seq_get_size(ctx, slot)
-        if not size or size > self.slots.stored_bytes:
-            return
+        if not size or (limit is not None and size > limit):
+            return None
         blob = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(ctx, blob, size, slot)
-        if written:
-            self.slots.store(tokens, blob, written)
+        return (blob, written) if written else None
 
     def _restore(self, slot: int, blob) -> bool:
         """Copy stored KV cells into an empty slot; False when the KV buffer had no room for them."""

@@ -36,6 +36,11 @@ class Ucb1:
         self._scale = 0.0
         self._lock = threading.Lock()
 
+    def add(self, name: str) -> None:
+        """An SSM that joined the served ones: a new arm, pulled first."""
+        with self._lock:
+            self.arms.setdefault(name, Arm())
+
     def choose(self, available: list[str] | tuple[str, ...]) -> str | None:
         """The arm to pull now among `available` (unpulled arms first, in the given order)."""
         with self._lock:

@@ -95,6 +95,13 @@ class Services:
             probe_max_gap=settings.probe_max_gap,
         )
 
+    def add_ssm(self, name: str) -> None:
+        """An SSM model loaded into the repository while the orchestrator runs joins the served ones."""
+        if name not in self.ssms:
+            self.ssms = (*self.ssms, name)
+            self.weights.add(name)
+            self.bandit.add(name)
+
     def drafter(self, request: DecodeRequest) -> Drafter | None:
         """The request's drafter (None: plain decoding)."""
         spec, sampled = request.speculation, request.sampled_drafts

@@ -60,6 +60,11 @@ class SsmWeights:
         with self._lock:
             return {n: self._weights[n] for n in (names if names is not None else self._weights)}
 
+    def add(self, name: str) -> None:
+        """An SSM that joined the served ones: it starts at the initial weight (1.0)."""
+        with self._lock:
+            self._weights.setdefault(name, 1.0)
+
     def update(self, scores: Mapping[str, float]) -> None:
         """One round's scores (SSM -> draft_score) of the SSMs that drafted."""
         with self._lock:

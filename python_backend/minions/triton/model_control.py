@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from tritonclient.grpc import service_pb2
@@ -57,7 +58,9 @@ def mark_modified(repository: Path, model: str) -> None:
 
 class ModelControl:
     def __init__(self, client: TritonEngineClient, repository: Path, llm: str, ssms: tuple[str, ...],
-                 health: SsmHealth, tally: MetricTally, poll_interval_s: float, reload: bool) -> None:
+                 health: SsmHealth, tally: MetricTally, poll_interval_s: float, reload: bool,
+                 on_join: Callable[[str, bool], None] | None = None) -> None:
+        """`on_join(name, decoupled)`: a new SSM model was found READY in the repository (`_discover`)."""
         self.client = client
         self.repository = repository
         self.llm = llm
@@ -71,6 +74,9 @@ class ModelControl:
         self.reload = reload
         self.ready: dict[str, bool] = {}
         self._reloading: dict[str, asyncio.Task] = {}
+        self.on_join = on_join
+        self._not_ssms: set[str] = set()
+        """READY models found not to be engine models (the orchestrator itself, a client's own models)."""
         health.on_open = self.ssm_failed
 
     async def watch(self) -> None:
@@ -90,6 +96,7 @@ class ModelControl:
             state, reason = states.get(model, ("UNAVAILABLE", "not in the repository"))
             return state == "READY", f"{state}{f': {reason}' if reason else ''}"
 
+        await self._discover(states)
         for ssm in self.ssms:
             self._set_ready(ssm, *described(ssm))
         if self.llm not in self._reloading:
@@ -109,6 +116,24 @@ class ModelControl:
                 self.llm_failed(failure)
             else:
                 self.ssm_failed(model, failure)
+
+    async def _discover(self, states: dict[str, tuple[str, str]]) -> None:
+        """A READY model the orchestrator does not know yet that is a Minions engine model (its config
+        has the `engine` parameter that the renderer writes) is a new SSM: it joins the served ones, for
+        `vote`, `bandit` and `single:<name>` from the next request on. One unloaded later is skipped as
+        any SSM that is not ready. TensorRT-LLM models (no `engine` parameter) join only by a restart."""
+        if self.on_join is None:
+            return
+        for name, (state, _) in states.items():
+            if state != "READY" or name == self.llm or name in self.ssms or name in self._not_ssms:
+                continue
+            reply = await self.client.service().ModelConfig(service_pb2.ModelConfigRequest(name=name))
+            if "engine" not in reply.config.parameters:
+                self._not_ssms.add(name)
+                continue
+            self.ssms = (*self.ssms, name)
+            log.info("SSM %s joined: an engine model loaded into the repository; requests draft with it", name)
+            self.on_join(name, reply.config.model_transaction_policy.decoupled)
 
     def _watched(self, model: str, ready: bool) -> bool:
         """Whether to watch the model now: ready, not being loaded again, and a Python stub (TensorRT-LLM's

@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from contextlib import aclosing
+from dataclasses import replace
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
@@ -96,12 +97,21 @@ class TritonPythonModel:
         self.services = Services.from_settings(self.settings, load=lambda: self.admission.running)
         self.models = ModelControl(self.client, Path(args["model_repository"]).parent, self.settings.llm_model_name,
                                    self.settings.ssm_model_names, self.services.health, self.metrics.tally,
-                                   self.settings.model_poll_interval_s, self.settings.ssm_reload)
+                                   self.settings.model_poll_interval_s, self.settings.ssm_reload, self._join)
         self.tasks: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         """The stub's event loop, which runs every task (set by the first execute)."""
         log.info("%s: ready (llm=%s, ssms=%s, default speculation %s)", self.name, self.settings.llm_model_name,
                  ",".join(self.settings.ssm_model_names), self.settings.default_speculation)
+
+    def _join(self, ssm: str, decoupled: bool) -> None:
+        """A new SSM model (ModelControl found it READY): requests name it, vote and bandit draft with it."""
+        names, decoupled_names = (*self.settings.ssm_model_names, ssm), self.settings.decoupled_model_names
+        if decoupled:
+            decoupled_names = (*decoupled_names, ssm)
+        self.settings = replace(self.settings, ssm_model_names=names, decoupled_model_names=decoupled_names)
+        self.client.decoupled_models = frozenset(decoupled_names)
+        self.services.add_ssm(ssm)
 
     async def execute(self, requests):
         loop = asyncio.get_running_loop()
