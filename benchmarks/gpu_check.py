@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from importlib import metadata
 import platform
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import yaml

@@ -15,11 +15,12 @@ Calls are batched in flight: each llama.cpp decode step carries the pending toke
 progress: one token of each generation, and the uncached tail plus the whole draft of each
 verification (logits at every draft position, so a ragged batch of drafts costs its tokens, no
 padding); uncached prompt tokens beyond the step's n_batch go in chunks over later steps, oldest call
-first. A verification finishes in the step that evaluates its draft: the draft is judged (decoding/verification.py)
-and the KV cells of rejected tokens are removed at once. Calls that arrive meanwhile join at the next
-step, so b calls of s tokens cost about s steps instead of b * s. A streaming generation reports each
-token as it is made (inflight_batching.py sends it on). Measured on this machine with one thread,
-200-token contexts: 8.5 ms/token at 8 sequences, 6.9 at 16, 13.6 for one.
+first. A verification finishes in the step that evaluates its draft: the draft is judged
+(decoding/verification.py) and the KV cells of rejected tokens are removed at once. Calls that
+arrive meanwhile join at the next step, so b calls of s tokens cost about s steps instead of b * s.
+A streaming generation reports each token as it is made (inflight_batching.py sends it on).
+Measured on this machine with one thread, 200-token contexts: 8.5 ms/token at 8 sequences, 6.9 at
+16, 13.6 for one.
 """
 
 from __future__ import annotations
