@@ -195,11 +195,14 @@ class ModelControl:
         self.health.set_ready(ssm, ready)
 
     def ssm_failed(self, ssm: str, reason: str) -> None:
-        """An SSM failed (`threshold` times in a row: SsmHealth's hook; or its poll found it dead): reload
-        its model if its stub died."""
-        if not (self.reload and DEAD_STUB in reason) or ssm in self._reloading:
+        """An SSM failed (`threshold` times in a row: SsmHealth's hook; or its poll found it dead). If its
+        stub died: end the calls waiting on it at once (a draft asked just before the death is never
+        answered, and would hold its round for the call timeout), and reload its model."""
+        if DEAD_STUB not in reason or ssm in self._reloading:
             return
-        self._reloading[ssm] = asyncio.get_running_loop().create_task(self._reload(ssm))
+        self.client.fail_model(ssm, ModelUnavailable(f"SSM {ssm!r}: {reason}"))
+        if self.reload:
+            self._reloading[ssm] = asyncio.get_running_loop().create_task(self._reload(ssm))
 
     async def _load_again(self, model: str) -> str:
         """Load a model whose stub died through the repository API; the outcome, logged."""
