@@ -210,3 +210,35 @@ def test_long_prompts_go_in_by_chunks_without_holding_up_a_generating_request(sm
             assert_same_draft(results[request.request_id], alone(reference, request))
     finally:
         engine.close()
+
+
+def test_a_sequence_above_a_freed_slot_moves_down_and_decodes_on_as_if_computed_alone(smollm2_f16_gguf, reference):
+    """With a KV stream per slot, llama.cpp runs one ubatch per run of consecutive slots: when the
+    sequence in the middle slot ends, the one above it moves into the freed slot before the next step
+    (its cells copied), and both others decode on as if each were computed alone."""
+    engine = LlamaCppEngine(smollm2_f16_gguf, num_threads=1, max_sequences=3, n_ctx=256, kv_unified=False,
+                            prefix_cache_ram_mib=16)
+    stepper = engine.stepper
+    try:
+        requests = [with_logits(EngineRequest(name, prompt, n))
+                    for name, prompt, n in zip("abc", prompts(3, seed=9), (10, 2, 10))]
+        jobs = {r.request_id: stepper.start(r) for r in requests}
+        assert [job.entry.state for job in jobs.values()] == [0, 1, 2]
+        results, moved = {}, False
+        while len(results) < 3:
+            live = [job for name, job in jobs.items() if name not in results]
+            b_released = "b" in results
+            for job, done in zip(live, stepper.step(live)):
+                if done:
+                    name = job.request.request_id
+                    results[name] = stepper.result(job)
+                    if name == "b":
+                        stepper.release("b")  # slot 1 is free: "c" moves into it at the next step
+            if b_released and not moved:
+                assert (jobs["a"].entry.state, jobs["c"].entry.state) == (0, 1)
+                moved = True
+        assert moved
+        for request in requests:
+            assert_same_draft(results[request.request_id], alone(reference, request))
+    finally:
+        engine.close()

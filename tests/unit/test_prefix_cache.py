@@ -194,3 +194,15 @@ def test_a_sequence_larger_than_the_store_is_not_kept():
     placed(cache, "a", CONVERSATION)
     finish_and_store(cache, "a", CONVERSATION, 100)
     assert not cache.stored
+
+
+def test_a_live_sequence_moves_into_the_lowest_free_slot_below_it():
+    cache = PrefixCache(4, stored_bytes=1 << 20)
+    entries = {name: cache.place(name, [i, 1, 2], busy=set())[0] for i, name in enumerate("abcd")}
+    assert cache.gap_below(3) is None
+    cache.finish("b")
+    cache.finish("a")
+    assert cache.gap_below(3) == 0 and cache.gap_below(0) is None
+    assert cache.move(entries["d"], 0) == 3
+    assert entries["d"].state == 0 and cache.live.get("d") is entries["d"]
+    assert sorted(cache.free) == [1, 3] and cache.gap_below(2) == 1

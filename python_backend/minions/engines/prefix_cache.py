@@ -26,6 +26,9 @@ from scratch). A sequence placed with `share` false (a seeded sampled request: a
 round its logits otherwise than a recomputed one, and a repeated seed must repeat its draws) is
 computed from scratch, lends its cells to no other, and is cleared when it finishes.
 
+With a KV stream per slot a live sequence may also move down into a free slot (`gap_below`, `move`),
+so that the slots a step uses stay consecutive.
+
 This module is the bookkeeping alone; the engine moves the cells (engines/llamacpp_engine.py).
 """
 
@@ -155,6 +158,23 @@ class PrefixCache:
         self.private.discard(entry.state)
         self.free.append(entry.state)
         return entry.state
+
+    def gap_below(self, slot: int) -> int | None:
+        """The lowest free slot below `slot`, if any: where a sequence in `slot` can move so that the
+        slots in use stay consecutive (`move`)."""
+        lower = [free for free in self.free if free < slot]
+        return min(lower) if lower else None
+
+    def move(self, entry: CachedSequence[int], slot: int) -> int:
+        """Record that a live sequence's cells moved to the free `slot`; returns the slot it left, now free."""
+        old = entry.state
+        self.free.remove(slot)
+        self.free.append(old)
+        if old in self.private:
+            self.private.discard(old)
+            self.private.add(slot)
+        entry.state = slot
+        return old
 
     def cached_tokens(self) -> int:
         return self.live.cached_tokens() + sum(len(e.tokens) for e in self.idle.values())
