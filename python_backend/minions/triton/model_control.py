@@ -127,7 +127,11 @@ class ModelControl:
         for name, (state, _) in states.items():
             if state != "READY" or name == self.llm or name in self.ssms or name in self._not_ssms:
                 continue
-            reply = await self.client.service().ModelConfig(service_pb2.ModelConfigRequest(name=name))
+            try:
+                reply = await self.client.service().ModelConfig(service_pb2.ModelConfigRequest(name=name))
+            except Exception as exc:  # unloaded since the index was read: the next poll looks again
+                log.debug("could not read %s's config: %s", name, exc)
+                continue
             if "engine" not in reply.config.parameters:
                 self._not_ssms.add(name)
                 continue
