@@ -1,10 +1,13 @@
 """`make bench` (load sweep): throughput and latency of `off`, fixed-length `vote` and full Minions at 1-16 streams.
 
-Starts the real tritonserver with deploy.yaml and, at each concurrency c, runs every mode in turn over
-the same prompts (mixed from the four shared datasets): c client streams pull max(c, --min-requests)
-requests from a queue, greedy. Per mode and concurrency: output tokens/s over the cell's wall time,
-normalised latency (latency / output tokens), TTFT, acceptance, the LLM's mean batch and padding share
-(from the engine's metrics), and the speedup over `off` measured in the same run. Then: the best
+Each mode runs on a tritonserver of its own (deploy.yaml), so that none finds another's prompts in the
+prefix cache, drafts from another's answers (ssm_suffix learns from finished requests) or starts from
+the draft lengths another climbed to (the length statistics are server-wide). Every mode gets the same
+prompts (mixed from the four shared datasets), and each concurrency c and repeat prompts of its own:
+c client streams pull max(c, --min-requests) requests from a queue, greedy. Per mode and concurrency:
+output tokens/s over the cell's wall time, normalised latency (latency / output tokens), TTFT,
+acceptance, the LLM's mean batch and padding share (from the engine's metrics), and the speedup over
+`off` measured in the same run. Then: the best
 fixed s of `vote` at each concurrency and how far adaptive is from it, the ablation (vote at a fixed s,
 + adaptive length, + pipeline) and PNG plots of throughput and latency against concurrency.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import urllib.request
 from dataclasses import dataclass, field
@@ -25,6 +29,8 @@ from tests.support.triton_process import ROOT, TritonProcess
 from .workers import run_streams
 
 FIXED_LENGTHS = (1, 2, 3, 4, 6, 8)
+WARM_PROMPTS_OFFSET = 300
+"""The warm-up's prompts, from far beyond those of the cells."""
 RESPONSE_TIMEOUT_S = 180.0
 """A stream silent this long has lost its server side (a round takes seconds even at 16 streams): it
 is cancelled and counted as an error, so that the sweep goes on instead of hanging."""
@@ -123,6 +129,19 @@ def run_cell(url: str, metrics_url: str, mode: LoadMode, streams: int, prompts: 
     if ssm["passes"]:
         cell.ssm_batch = ssm["sequences"] / ssm["passes"]
     return cell
+
+
+def cell_prompts(streams: list[int], min_requests: int, repeats: int, datasets: list[str] | None
+                 ) -> dict[tuple[int, int], list[str]]:
+    """Prompts for each (concurrency, repeat): max(c, min_requests) of them, none used by another cell."""
+    per_set = len(datasets or DATASETS)
+    out, offset = {}, 0
+    for c in streams:
+        for repeat in range(repeats):
+            count = max(c, min_requests)
+            out[c, repeat] = mixed_prompts(count, datasets, offset)
+            offset += -(-count // per_set)
+    return out
 
 
 def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -293,18 +312,19 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cells: list[Cell] = []
-    with TritonProcess(args.deploy, log_path=out / "tritonserver.log") as server:
-        warm = mixed_prompts(2)
-        for mode in modes:  # first calls pay one-off costs
-            run_cell(server.grpc_url, server.metrics_url, mode, 2, warm, 16)
-        for streams in args.streams:
-            prompts = mixed_prompts(max(streams, args.min_requests), args.datasets)
-            for repeat in range(args.repeat):
-                for mode in modes:
-                    cell = run_cell(server.grpc_url, server.metrics_url, mode, streams, prompts, args.max_tokens, repeat)
+    prompts = cell_prompts(args.streams, args.min_requests, args.repeat, args.datasets)
+    warm = mixed_prompts(2, offset=WARM_PROMPTS_OFFSET)
+    for mode in modes:
+        log = out / f"tritonserver-{re.sub(r'[^a-z0-9]+', '-', mode.label.lower())}.log"
+        with TritonProcess(args.deploy, log_path=log) as server:
+            run_cell(server.grpc_url, server.metrics_url, mode, 2, warm, 16)  # first calls pay one-off costs
+            for streams in args.streams:
+                for repeat in range(args.repeat):
+                    cell = run_cell(server.grpc_url, server.metrics_url, mode, streams, prompts[streams, repeat],
+                                    args.max_tokens, repeat)
                     cells.append(cell)
                     r = cell.row()
-                    print(f"{streams:>3} streams {mode.label:<14} {r['tokens_per_s']:6.1f} tok/s  "
+                    print(f"{mode.label:<14} {streams:>3} streams {r['tokens_per_s']:6.1f} tok/s  "
                           f"batch {r['llm_batch'] or 0:.1f}  mean s {r['mean_draft_length']:.1f}", flush=True)
     cell_rows = summarize(cells)
     rows = pool_repeats(cell_rows)

@@ -1,10 +1,14 @@
-"""benchmarks.bench_load's tables: repeats pooled by median, adaptive's gap against one fixed length."""
+"""benchmarks.bench_load's tables: repeats pooled by median, adaptive's gap against one fixed length;
+its prompts, fresh for every cell."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from benchmarks.bench_load import Cell, comparisons, pool_repeats, summarize
+from benchmarks.bench_load import Cell, cell_prompts, comparisons, pool_repeats, summarize
+from minions.text.datasets import DATASETS
 
 
 def _cells(rates_by_repeat: list[dict[str, float]], streams: int = 16) -> list[Cell]:
@@ -43,3 +47,18 @@ def test_one_repeat_compares_cell_against_cell():
     assert comp["best_fixed"] == "vote s=4"
     assert comp["vote adaptive vs best fixed"] == pytest.approx(13.3 / 14.0 - 1)
     assert comp["vote adaptive vs best fixed range"] is None
+
+
+def test_each_concurrency_and_repeat_gets_prompts_no_other_cell_used(tmp_path, monkeypatch):
+    """A prompt seen twice by one server would be served from its prefix cache and drafted from its
+    earlier answer: every cell of a mode's server has prompts of its own."""
+    for name, file in DATASETS.items():
+        rows = [{"turns": [f"{name} {i}?", "and?"]} if name == "mt_bench" else {"prompt": f"{name} {i}?"}
+                for i in range(40)]
+        (tmp_path / file).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setenv("MINIONS_DATASETS", str(tmp_path))
+    cells = cell_prompts([1, 2, 8], min_requests=4, repeats=2, datasets=None)
+    assert sorted(cells) == [(1, 0), (1, 1), (2, 0), (2, 1), (8, 0), (8, 1)]
+    assert [len(cells[c, r]) for c, r in sorted(cells)] == [4, 4, 4, 4, 8, 8]
+    every = [p for prompts in cells.values() for p in prompts]
+    assert len(every) == len(set(every)) == 32

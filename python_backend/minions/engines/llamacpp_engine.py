@@ -217,7 +217,10 @@ class LlamaCppStepper:
         (a few ms for a few hundred tokens, once, against every later step's extra ubatch)."""
         for job in sorted(jobs, key=lambda j: j.entry.state, reverse=True):
             slot = self.slots.gap_below(job.entry.state)
-            if slot is None or not self._copy(job.entry.state, slot):
+            if slot is None:
+                return
+            if not self._copy(job.entry.state, slot):  # no cells yet, or no room: it stays where it is
+                self._clear(slot)
                 return
             self._clear(self.slots.move(job.entry, slot))
 
