@@ -107,6 +107,15 @@ class InProcessClient:
         self.release_done.append((model, request_id))
         self.notify()
 
+    async def interrupt(self, model: str, request_id: str) -> None:
+        """As the engine model reads it: the interrupt's flag travels as a request parameter, not a tensor."""
+        request = EngineRequest.interrupt(request_id)
+        self.calls.append((model, request))
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        self.engines[model].submit([(request, lambda value: loop.call_soon_threadsafe(done.set_result, value))])
+        await done
+
 
 class BrokenEngine:
     """An SSM whose drafting fails after `working_calls` calls, as a crashed stub or a timeout would."""

@@ -242,3 +242,37 @@ def test_a_sequence_above_a_freed_slot_moves_down_and_decodes_on_as_if_computed_
             assert_same_draft(results[request.request_id], alone(reference, request))
     finally:
         engine.close()
+
+
+def test_an_interrupt_ends_a_stream_early_and_keeps_its_sequence_for_the_next_call(engine, reference):
+    """What the orchestrator sends when a draft turns up while plain tokens stream: the stream ends
+    before its next step with what it made, and the sequence stays in its slot (a release would free
+    it, and with a host-memory tier copy its cells out and back), so the next call continues from
+    every token made, computing only the last one again."""
+    prompt = prompts(1, seed=21)[0]
+    made: list[int] = []
+    answers: dict[str, EngineResult] = {}
+    ended = threading.Event()
+
+    def on_interrupt(value: EngineResult | Exception) -> None:
+        answers["interrupt"] = value
+        ended.set()
+
+    def on_stream(value: EngineResult | Exception) -> None:
+        assert isinstance(value, EngineResult)
+        made.extend(value.tokens)
+        if value.final:
+            answers["stream"] = value
+        elif len(made) >= 2 and not answers.get("sent"):
+            answers["sent"] = value
+            engine.submit([(EngineRequest.interrupt("s"), on_interrupt)])
+
+    engine.submit([(EngineRequest("s", prompt, 40, streaming=True), on_stream)])
+    assert ended.wait(30) and "stream" in answers
+    assert answers["interrupt"].tokens == [] and 2 <= len(made) < 40
+    assert engine.stepper.slots.live.get("s") is not None, "the interrupt kept the sequence"
+    go_on = with_logits(EngineRequest("s", prompt + made, 4))
+    result = engine.generate(go_on)
+    assert result.cached_tokens == len(go_on.input_ids) - 1
+    assert_same_draft(result, alone(reference, go_on))
+    engine.release("s")

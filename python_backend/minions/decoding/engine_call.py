@@ -20,6 +20,8 @@ from minions.text.bad_words import BadWords
 
 STREAM_INTERVAL_PARAMETER = "stream_interval_ms"
 """The Triton request parameter that carries EngineRequest.stream_interval_s (in ms) to our engine models."""
+KEEP_SEQUENCE_PARAMETER = "keep_sequence"
+"""The Triton request parameter that carries EngineRequest.keep_sequence to our engine models."""
 
 
 @dataclass
@@ -45,12 +47,23 @@ class EngineRequest:
     """A streaming call's tokens after its first go out at most this often (0: every token, as
     tensorrt_llm streams); a request parameter (STREAM_INTERVAL_PARAMETER), not a tensor."""
     stop: bool = False
+    keep_sequence: bool = False
+    """With `stop`: end the sequence's running call, but keep its state for the sequence's next call
+    instead of freeing it (a stream left early to verify a draft); a request parameter
+    (KEEP_SEQUENCE_PARAMETER), not a tensor."""
 
     @classmethod
     def release(cls, request_id: str) -> EngineRequest:
         """The call that ends sequence `request_id` and frees its state (tensorrt_llm's `stop`). It
         computes nothing; its answer is empty (no tokens, and the input excluded from the output)."""
         return cls(request_id, [0], 1, stop=True, exclude_input_in_output=True)
+
+    @classmethod
+    def interrupt(cls, request_id: str) -> EngineRequest:
+        """The call that ends sequence `request_id`'s running call (a stream) before its next step and
+        keeps the sequence's state, so that its next call continues from every token made. Its answer
+        is empty."""
+        return cls(request_id, [0], 1, stop=True, keep_sequence=True, exclude_input_in_output=True)
 
     def next_token(self, logits: np.ndarray, sequence: list[int], rng: np.random.Generator) -> int:
         """The next generated token after `sequence`: drawn with the request's sampling and penalties, bad
@@ -93,3 +106,7 @@ class EngineClient(Protocol):
         ...
 
     async def release(self, model: str, request_id: str) -> None: ...
+
+    async def interrupt(self, model: str, request_id: str) -> None:
+        """End the sequence's running call (EngineRequest.interrupt); best effort, as a release."""
+        ...

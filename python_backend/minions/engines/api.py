@@ -123,7 +123,8 @@ class SplitBatchEngine:
                 for i, result in zip(part, self._generate_distinct([requests[i] for i in part])):
                     out[i] = result
         for i in stops:
-            self.release(requests[i].request_id)
+            if not requests[i].keep_sequence:  # an interrupt: no stream runs here to end
+                self.release(requests[i].request_id)
             out[i] = EngineResult([])
         return out  # type: ignore[return-value]
 

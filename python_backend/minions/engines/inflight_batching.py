@@ -11,6 +11,7 @@ The rules the scheduler keeps (the `Stepper` does the arithmetic):
   draft and the regular draft that replaced it): each sees the state the one before left;
 - a `stop` call releases the id's state after its earlier calls, never during one; a streaming call
   of that id running when the stop arrives is ended before the next step (it keeps what it has made);
+  an interrupt (`stop` with `keep_sequence`) ends it so and keeps the state for the id's next call;
 - a streaming call's new tokens are answered after a step (partial results), then its final one: its
   first token at once, later ones at most every `stream_interval_s` of its request (0: after every
   step), so that a fast engine's tokens cross the processes between it and the client a few at a time,
@@ -151,8 +152,8 @@ class InflightBatcher(Generic[Job]):
                 held.append(call)
                 continue
             busy.add(request_id)
-            if call.request.stop:
-                self._answer(call, self._release(request_id))
+            if call.request.stop:  # an interrupt's stream has ended: its sequence stays
+                self._answer(call, EngineResult([]) if call.request.keep_sequence else self._release(request_id))
                 busy.discard(request_id)
             elif len(active) >= self.capacity:
                 held.append(call)

@@ -71,7 +71,7 @@ class _Decode:
         self.drafted_before = False
         """The first draft also pays the SSMs' prefill of the prompt: its drafting time is not a sample."""
         self.drafts_came_back_empty = False
-        stop = (lambda: client.release(services.llm, request_id)) if services.llm_stops_streams else None
+        stop = (lambda: client.interrupt(services.llm, request_id)) if services.llm_stops_streams else None
         self.watch = (DraftWatch(ProbeSchedule(services.probe_min_gap, services.probe_max_gap),
                                  services.probe_min_draft, self._probe, stop)
                       if self.drafter and services.probe_tokens > 0 else None)

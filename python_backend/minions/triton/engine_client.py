@@ -23,7 +23,8 @@ import numpy as np
 from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 from tritonclient.utils import np_to_triton_dtype
 
-from minions.decoding.engine_call import STREAM_INTERVAL_PARAMETER, EngineRequest, EngineResult
+from minions.decoding.engine_call import (KEEP_SEQUENCE_PARAMETER, STREAM_INTERVAL_PARAMETER, EngineRequest,
+                                          EngineResult)
 from minions.engines.tensors import build_engine_inputs, decode_engine_outputs
 from minions.errors import ModelUnavailable
 
@@ -134,6 +135,16 @@ class TritonEngineClient:
             await self.generate(model, EngineRequest.release(request_id))
         except Exception as exc:  # freeing is best effort: LRU eviction reclaims the slot anyway
             log.warning("could not release %s in %s: %s", request_id, model, exc)
+
+    async def interrupt(self, model: str, request_id: str) -> None:
+        """End the sequence's running stream before its next step, keeping its state in the engine (our
+        engines only: a TensorRT-LLM stream runs to its end)."""
+        if model in self.native_models:
+            return
+        try:
+            await self.generate(model, EngineRequest.interrupt(request_id))
+        except Exception as exc:  # the stream then runs to its end: slower, never wrong
+            log.warning("could not interrupt %s in %s: %s", request_id, model, exc)
 
     def _infer_request(self, model: str, request: EngineRequest) -> service_pb2.ModelInferRequest:
         """The call's message, with a Triton request id of its own (the sequence travels as the correlation id)."""
@@ -250,6 +261,8 @@ def _infer_request(model: str, request: EngineRequest, call_id: str, native: boo
     message.parameters["sequence_id"].string_param = request.request_id
     if request.streaming and request.stream_interval_s > 0 and not native:
         message.parameters[STREAM_INTERVAL_PARAMETER].int64_param = round(1000 * request.stream_interval_s)
+    if request.keep_sequence and not native:
+        message.parameters[KEEP_SEQUENCE_PARAMETER].bool_param = True
     for name, array in build_engine_inputs(request, native).items():
         tensor = message.inputs.add(name=name, datatype=np_to_triton_dtype(array.dtype))
         tensor.shape.extend(array.shape)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import triton_python_backend_utils as pb_utils
 
-from minions.decoding.engine_call import STREAM_INTERVAL_PARAMETER, EngineRequest, EngineResult
+from minions.decoding.engine_call import KEEP_SEQUENCE_PARAMETER, STREAM_INTERVAL_PARAMETER, EngineRequest, EngineResult
 from minions.engines.api import BatchEngine, BatchStats, InflightEngine, MeteredEngine, PrefixCachingEngine
 from minions.engines.factory import build_engine
 from minions.engines.tensors import CallTimes, encode_engine_outputs, parse_engine_inputs
@@ -162,11 +162,16 @@ class TritonPythonModel:
         ends = not sequence_id
         request_id = sequence_id or request.request_id() or f"request-{uuid.uuid4().hex}"
         engine_requests = parse_engine_inputs(input_arrays(request), request_id)
-        interval_ms = json.loads(request.parameters() or "{}").get(STREAM_INTERVAL_PARAMETER, 0)
+        parameters = json.loads(request.parameters() or "{}")
+        interval_ms = parameters.get(STREAM_INTERVAL_PARAMETER, 0)
         if not isinstance(interval_ms, (int, float)) or interval_ms < 0:
             raise InvalidRequest(f"request parameter {STREAM_INTERVAL_PARAMETER!r} must be a number of ms >= 0")
+        keep = parameters.get(KEEP_SEQUENCE_PARAMETER, False)
+        if not isinstance(keep, bool):
+            raise InvalidRequest(f"request parameter {KEEP_SEQUENCE_PARAMETER!r} must be a boolean")
         for r in engine_requests:
             r.stream_interval_s = interval_ms / 1000
+            r.keep_sequence = keep
         return engine_requests, ends
 
     def _generate(self, engine_requests: list) -> list:
