@@ -152,7 +152,7 @@ class InflightBatcher(Generic[Job]):
                 held.append(call)
                 continue
             busy.add(request_id)
-            if call.request.stop:  # an interrupt's stream has ended: its sequence stays
+            if call.request.stop:  # a release frees the sequence; an interrupt (its stream over) keeps it
                 self._answer(call, EngineResult([]) if call.request.keep_sequence else self._release(request_id))
                 busy.discard(request_id)
             elif len(active) >= self.capacity:
