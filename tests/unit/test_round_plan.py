@@ -84,8 +84,11 @@ def test_a_draft_a_probe_found_is_verified_next_cut_to_what_remains():
 def test_above_the_speculation_load_limit_a_drafting_request_streams_plain_tokens():
     busy = services(load=5, speculation_max_load=4)
     assert plan(busy, FixedLength(4, busy.length_stats)) == StreamPlain(50, 5, watch=True)
+    assert plan(busy, FixedLength(4, busy.length_stats), first=True) == StreamPlain(50, 5, watch=True), \
+        "from its first token on, as `off`: no call of its own for round 1, whose early draft would go unused"
     assert not busy.probe_pays(FixedLength(4, busy.length_stats), 5), "its stream's probes are off too"
     calm = services(load=4, speculation_max_load=4)
     assert plan(calm, FixedLength(4, calm.length_stats)) == Verify(4, 4, 4)
+    assert plan(calm, FixedLength(4, calm.length_stats), first=True) == Verify(0, 4, 0)
     unlimited = services(load=64)
     assert plan(unlimited, FixedLength(4, unlimited.length_stats)) == Verify(4, 64, 4)

@@ -46,17 +46,20 @@ def plan_round(services: Services, length: DraftLengthSelector | FixedLength, *,
     (round 1 is plain decoding, so the first token costs one LLM prefill, as in `off`);
     `drafts_came_back_empty`: the last Verify found nothing worth verifying; `found`: the length of
     a draft a probe found during the last plain stream (0: none). Above `speculation_max_load`
-    requests decoding, a drafting request decodes plainly (s = 0)."""
+    requests decoding, a drafting request decodes plainly (s = 0), from its first token on."""
     batch = services.load()
     if found:
         return Verify(min(found, remaining - 1), batch, found)
-    planned = length.choose(batch) if drafting and not first and not services.too_busy(batch) else 0
+    busy = services.too_busy(batch)
+    planned = length.choose(batch) if drafting and not first and not busy else 0
     k = min(planned, remaining - 1)
     if services.llm_streams:
         plain_request = not drafting  # `off`: the whole output from one call
         if plain_request:
             return StreamPlain(remaining, batch)
-        nothing_to_verify = drafts_came_back_empty or (k == 0 and not first)
+        # Round 1 is a call of its own so that its early draft of round 2 takes the SSMs' prefill of
+        # the prompt off the critical path; above the load limit nothing is drafted, so it streams as `off`.
+        nothing_to_verify = drafts_came_back_empty or (k == 0 and not first) or (first and busy)
         if nothing_to_verify:  # until the request ends or a probe finds a draft (and stops the stream)
             return StreamPlain(remaining if services.llm_stops_streams else min(remaining, services.plain_stretch),
                                batch, watch=True)
