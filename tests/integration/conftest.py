@@ -35,17 +35,29 @@ def torch_server(tmp_path_factory):
     yield from _serve(tmp_path_factory, "deploy.torch.yaml")
 
 
+def _serve_default_with(tmp_path_factory, name: str, **orchestrator):
+    """The default deployment with some orchestrator settings changed (a server per module that uses it)."""
+    build = tmp_path_factory.mktemp(f"triton-{name}")
+    raw = yaml.safe_load((ROOT / "deploy.yaml").read_text())
+    raw["cache_dir"] = str(ROOT / raw["cache_dir"])
+    raw["orchestrator"].update(orchestrator)
+    deploy = build / f"deploy.{name}.yaml"
+    deploy.write_text(yaml.safe_dump(raw))
+    yield from served(deploy, build)
+
+
 @pytest.fixture(scope="module")
 def one_slot_server(tmp_path_factory):
     """The default deployment with one request decoding and one waiting, beyond which requests are
-    refused (a server per module that uses it)."""
-    build = tmp_path_factory.mktemp("triton-one-slot")
-    raw = yaml.safe_load((ROOT / "deploy.yaml").read_text())
-    raw["cache_dir"] = str(ROOT / raw["cache_dir"])
-    raw["orchestrator"].update(max_active_requests=1, max_queued_requests=1)
-    deploy = build / "deploy.one-slot.yaml"
-    deploy.write_text(yaml.safe_dump(raw))
-    yield from served(deploy, build)
+    refused."""
+    yield from _serve_default_with(tmp_path_factory, "one-slot", max_active_requests=1, max_queued_requests=1)
+
+
+@pytest.fixture(scope="module")
+def speculating_server(tmp_path_factory):
+    """The default deployment drafting at any load (deploy.yaml drafts only while one request decodes):
+    for verifications of several requests batched in one llama.cpp step."""
+    yield from _serve_default_with(tmp_path_factory, "speculating", speculation_max_load=0)
 
 
 @pytest.fixture(scope="session")

@@ -43,10 +43,11 @@ def test_one_stream_uses_early_drafts(torch_server):
     assert full.text == _run(server, prompt, speculation="off").text
 
 
-def test_concurrent_streams_on_llama_cpp_equal_off_up_to_near_ties(server):
+def test_concurrent_streams_on_llama_cpp_equal_off_up_to_near_ties(speculating_server):
     """llama.cpp in-flight batching: 8 concurrent requests (plain streams and verifications) share decode
     steps. Each output is the one `off` gives alone, except where llama.cpp's batch-shape rounding flips
     a near tie: any divergence is printed with its logit gap and must be one."""
+    server = speculating_server
     alone = [_run(server, p, speculation="off") for p in PROMPTS]
     before = _batch_totals(server, "llm")
     with ThreadPoolExecutor(2 * len(PROMPTS)) as pool:
