@@ -35,7 +35,7 @@ from minions.decoding.tokens import common_prefix_len
 from minions.decoding.verification import verify_draft
 from minions.engines.api import Answer, BatchStats, result_or_raise
 from minions.engines.inflight_batching import InflightBatcher
-from minions.engines.prefix_cache import PrefixCache
+from minions.engines.prefix_cache import PrefixCache, SlotChoice
 from minions.engines.sequence_cache import CachedSequence
 from minions.errors import InvalidRequest
 
@@ -324,19 +324,24 @@ class LlamaCppStepper:
         seeded = request.seed is not None and not request.sampling.greedy
         entry, choice = self.slots.place(request.request_id, sequence, busy=self._stepping, share=not seeded)
         self._clear(choice.evicted)
-        if choice.restore is not None and not self._restore(choice.slot, choice.restore):
-            entry.tokens = []  # no room for its cells: computed from scratch
-            self._ctx.kv_cache_seq_rm(choice.slot, -1, -1)
+        if not self._share(choice):  # no room for its cells: computed from scratch
+            entry.tokens = []
+            self._clear(choice.slot)
             return entry
-        if choice.donor is not None and choice.donor != choice.slot:
-            if self.kv_unified:
-                self._ctx.kv_cache_seq_cp(choice.donor, choice.slot, 0, choice.shared)
-            elif not self._copy(choice.donor, choice.slot):
-                entry.tokens = []
-                self._ctx.kv_cache_seq_rm(choice.slot, -1, -1)
-                return entry
         self._ctx.kv_cache_seq_rm(choice.slot, choice.shared, -1)
         return entry
+
+    def _share(self, choice: SlotChoice) -> bool:
+        """Put the shared prefix's cells in the chosen slot: restored from host memory, shared with a live
+        or idle donor in the unified buffer, or copied from it across streams. False: no room for them."""
+        if choice.restore is not None:
+            return self._restore(choice.slot, choice.restore)
+        if choice.donor is None or choice.donor == choice.slot:
+            return True
+        if self.kv_unified:
+            self._ctx.kv_cache_seq_cp(choice.donor, choice.slot, 0, choice.shared)
+            return True
+        return self._copy(choice.donor, choice.slot)
 
     def _copy(self, donor: int, slot: int) -> bool:
         """Copy a live sequence's cells into another stream now, through host memory. llama.cpp's own

@@ -129,22 +129,22 @@ class TritonEngineClient:
         they get nothing. A call left early there runs out its few remaining tokens (at most a plain
         stretch or a draft), its responses dropped: stopping it would take a second request under the
         same id, whose responses the shared stream could not tell apart."""
-        if model in self.native_models:
-            return
-        try:
-            await self.generate(model, EngineRequest.release(request_id))
-        except Exception as exc:  # freeing is best effort: LRU eviction reclaims the slot anyway
-            log.warning("could not release %s in %s: %s", request_id, model, exc)
+        await self._stop(model, EngineRequest.release(request_id), "release")
 
     async def interrupt(self, model: str, request_id: str) -> None:
         """End the sequence's running stream before its next step, keeping its state in the engine (our
         engines only: a TensorRT-LLM stream runs to its end)."""
+        await self._stop(model, EngineRequest.interrupt(request_id), "interrupt")
+
+    async def _stop(self, model: str, stop: EngineRequest, what: str) -> None:
+        """Send a `stop` call, best effort: a release that fails leaves the slot to LRU eviction, an
+        interrupt that fails lets the stream run to its end (slower, never wrong)."""
         if model in self.native_models:
             return
         try:
-            await self.generate(model, EngineRequest.interrupt(request_id))
-        except Exception as exc:  # the stream then runs to its end: slower, never wrong
-            log.warning("could not interrupt %s in %s: %s", request_id, model, exc)
+            await self.generate(model, stop)
+        except Exception as exc:
+            log.warning("could not %s %s in %s: %s", what, stop.request_id, model, exc)
 
     def _infer_request(self, model: str, request: EngineRequest) -> service_pb2.ModelInferRequest:
         """The call's message, with a Triton request id of its own (the sequence travels as the correlation id)."""
