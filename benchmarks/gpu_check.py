@@ -3,8 +3,8 @@
 Serves deploy.cuda.yaml (SmolLM2 on torch on CUDA, fp32) and runs benchmarks.bench_load on chat prompts
 and on copy-heavy ones, for the default (`minions`: vote + adaptive length + pipeline) and the suffix
 drafter alone, each against `off` at 1, 8 and 16 streams, greedy, counting outputs identical to `off`'s.
-Each speculative mode gets a fresh server: the adaptive length learns the LLM's costs server-wide, so a
-mode measured after another would start from the lengths the first one climbed to. The suffix drafter's
+bench_load gives every mode a server of its own: the adaptive length learns the LLM's costs server-wide,
+so a mode measured after another would start from the lengths the first one climbed to. The suffix drafter's
 corpus of finished requests is off: every mode replays the same prompts, so a corpus would hold the
 answers `off` just gave. Writes report.md (the machine, the versions, every table) under --out, and
 exits non-zero if a sweep failed or any speculative output differed from `off`'s.
@@ -28,7 +28,7 @@ SWEEPS = {"chat": [], "copy_heavy": ["summarization", "code_edit"]}
 """Sweep name -> bench_load --datasets (none: the chat sets, mixed)."""
 
 MODES = ["minions", "single:ssm_suffix"]
-"""The speculative modes, each in its own sweep against `off`."""
+"""The speculative modes, measured against `off` (bench_load adds it)."""
 
 
 def gpu_deployment(source: Path, target: Path) -> Path:
@@ -59,14 +59,12 @@ def machine() -> str:
     return "\n".join(lines)
 
 
-def sweep(name: str, mode: str, datasets: list[str], deploy: Path, out: Path, args: argparse.Namespace
-          ) -> tuple[int, Path]:
-    """One bench_load run of `mode` and `off` on a fresh server; its output goes to the console and to
-    <out>/<name>/bench_load.log."""
+def sweep(name: str, datasets: list[str], deploy: Path, out: Path, args: argparse.Namespace) -> tuple[int, Path]:
+    """One bench_load run of MODES and `off`; its output goes to the console and to <out>/<name>/bench_load.log."""
     target = out / name
     target.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "benchmarks.bench_load", "--deploy", str(deploy), "--streams", *map(str, args.streams),
-           "--modes", mode, "--max-tokens", str(args.max_tokens), "--min-requests", str(args.min_requests),
+           "--modes", *MODES, "--max-tokens", str(args.max_tokens), "--min-requests", str(args.min_requests),
            "--out", str(target), *(["--datasets", *datasets] if datasets else [])]
     print(f"== {name}: {' '.join(cmd)}", flush=True)
     with open(target / "bench_load.log", "w") as log:
@@ -101,11 +99,10 @@ def main() -> None:
     deploy = gpu_deployment(Path(args.deploy), out / "deploy.yaml")
     report = ["# GPU check", "", machine(), "", f"Deployment: {args.deploy}, suffix corpus off ({deploy} here).", ""]
     failures: list[str] = []
-    for prompts, mode in [(p, m) for p in args.sweeps for m in MODES]:
-        name = f"{prompts}-{mode.replace(':', '-')}"
-        code, target = sweep(name, mode, SWEEPS[prompts], deploy, out, args)
+    for name in args.sweeps:
+        code, target = sweep(name, SWEEPS[name], deploy, out, args)
         table = target / "load_sweep.md"
-        report += [f"## {mode} on {prompts} ({', '.join(SWEEPS[prompts]) or 'chat sets, mixed'})", "",
+        report += [f"## {name} ({', '.join(SWEEPS[name]) or 'chat sets, mixed'})", "",
                    table.read_text() if table.exists() else f"(no table: bench_load exited {code})", ""]
         failures += [f"{name}: bench_load exited {code}"] if code else []
         failures += mismatches(target)
