@@ -12,7 +12,7 @@ import pytest
 from decoding import (PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_released, decode, make_plan, rounds_of,
                       within)
 from minions.decoding.penalties import NO_PENALTIES, Penalties
-from minions.decoding.sampling import SamplingParams, log_prob, round_seed
+from minions.decoding.sampling import SamplingParams, log_prob
 from minions.engines.torch_engine import TorchEngine
 from minions.errors import InvalidRequest
 from minions.speculation.mode import OFF, Speculation, SpeculationMode
@@ -181,19 +181,14 @@ def test_sampled_decoding_is_reproducible_by_seed(client):
     assert runs[0] != runs[2]
 
 
-def test_sampled_rounds_use_per_position_seeds(client):
-    """Round seeds derive from the request seed and the sequence length, so a retry reproduces them."""
-    decode(client, plan(PROMPTS[0], 5, "self", sampling=SamplingParams(temperature=1.0), seed=11))
-    llm_seeds = [(len(req.input_ids), req.seed) for model, req in client.calls if model == "llm" and not req.stop]
-    assert llm_seeds and all(seed == round_seed(11, n) for n, seed in llm_seeds)
-    assert len({seed for _, seed in llm_seeds}) == len(llm_seeds)
-
-
-def test_round_seed_is_a_uint64_function_of_both_arguments():
-    assert round_seed(1, 5) == round_seed(1, 5)
-    assert len({round_seed(1, 5), round_seed(1, 6), round_seed(2, 5)}) == 3
-    assert 0 <= round_seed(2**62, 10**6) < 2**64
-    assert np.uint64(round_seed(3, 4)) == round_seed(3, 4)
+def test_every_call_of_a_seeded_request_carries_its_seed(client):
+    """The engines key each position's draw by the request's seed (sampling.SeededDraws): each LLM call
+    gets the seed itself, and each SSM call one derived from it, so that its draws are not the LLM's."""
+    decode(client, plan(PROMPTS[0], 5, "self", sampling=SamplingParams(temperature=1.0), seed=11,
+                        use_draft_logits=True))
+    llm_seeds = {req.seed for model, req in client.calls if model == "llm" and not req.stop}
+    ssm_seeds = {req.seed for model, req in client.calls if model == "self" and not req.stop}
+    assert llm_seeds == {11} and len(ssm_seeds) == 1 and ssm_seeds.isdisjoint({11, None})
 
 
 

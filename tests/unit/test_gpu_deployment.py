@@ -18,7 +18,7 @@ from tritonclient.utils import np_to_triton_dtype
 
 from minions.decoding.engine_call import EngineRequest
 from minions.decoding.penalties import Penalties
-from minions.decoding.sampling import SamplingParams
+from minions.decoding.sampling import SamplingParams, native_seed
 from minions.deploy.config import ROOT, load_deployment
 from minions.deploy.render import orchestrator_settings, render_repository
 from minions.engines.tensors import OWN_INPUTS, build_engine_inputs
@@ -129,13 +129,18 @@ def test_every_request_the_orchestrator_sends_fits_the_rendered_engine_config(re
         assert required in build_engine_inputs(ENGINE_CALLS[call], native=True)
 
 
-def test_a_native_engine_gets_the_seed_by_tensorrt_llms_name_and_what_is_left_of_min_tokens():
+def test_a_native_engine_gets_a_seed_per_call_and_what_is_left_of_min_tokens():
+    """TensorRT-LLM's sampler restarts its generator at each call: each call gets a seed of its own,
+    derived from the request's and where the call starts; ours key their draws by the request's."""
     ours = build_engine_inputs(ENGINE_CALLS["penalties, end id, bad words"])
     native = build_engine_inputs(ENGINE_CALLS["penalties, end id, bad words"], native=True)
     assert int(ours["prompt_length"][0, 0]) == 3 and "prompt_length" not in native
     assert int(ours["min_tokens"][0, 0]) == 5
     assert int(native["min_tokens"][0, 0]) == 4, "one of the five tokens is already in input_ids"
-    assert int(build_engine_inputs(EngineRequest("r", [1], 1, seed=3), native=True)["seed"][0, 0]) == 3
+    seeds = [int(build_engine_inputs(EngineRequest("r", [1] * n, 1, seed=3), native=True)["seed"][0, 0])
+             for n in (1, 1, 2)]
+    assert seeds[0] == seeds[1] != seeds[2] and native_seed(3, 2) == seeds[2]
+    assert int(build_engine_inputs(EngineRequest("r", [1, 1], 1, seed=3))["seed"][0, 0]) == 3
 
 
 def test_a_tensorrt_llm_verifier_refuses_presence_and_frequency_penalties_but_not_repetition(tmp_path):

@@ -8,10 +8,14 @@ import pytest
 from minions.decoding.sampling import (
     GREEDY,
     SamplingParams,
+    SeededDraws,
+    derived_seed,
     draw,
+    generator_at,
     greedy_token,
     masked_logits,
     pick_token,
+    request_randomness,
     target_probs,
 )
 
@@ -172,3 +176,20 @@ def test_pick_token_greedy_ignores_rng_and_sampling_uses_it():
     assert seen == {1, 5}
     a = [pick_token(LOGITS, params, np.random.default_rng(42)) for _ in range(5)]
     assert len(set(a)) == 1, "the same seed must give the same token"
+
+
+def test_a_seeded_requests_draw_at_a_position_depends_on_the_seed_and_the_position_only():
+    draws = SeededDraws(7)
+    first = [generator_at(draws, p).random() for p in range(6)]
+    assert [generator_at(draws, p).random() for p in reversed(range(6))] == first[::-1]
+    assert len(set(first)) == 6
+    assert generator_at(SeededDraws(8), 3).random() != first[3]
+    assert isinstance(request_randomness(None), np.random.Generator)
+    assert isinstance(request_randomness(7), SeededDraws)
+
+
+def test_a_derived_seed_is_a_uint64_function_of_the_seed_and_its_keys():
+    assert derived_seed(None, 1) is None
+    assert derived_seed(1, 5) == derived_seed(1, 5)
+    assert len({derived_seed(1, 5), derived_seed(1, 6), derived_seed(2, 5), derived_seed(1, 5, 1)}) == 4
+    assert 0 <= derived_seed(2**64 - 1, 10**6) < 2**64

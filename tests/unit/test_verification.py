@@ -17,7 +17,7 @@ import pytest
 from laws import goodness_of_fit
 from minions.decoding.engine_call import EngineRequest
 from minions.decoding.penalties import NO_PENALTIES, Penalties
-from minions.decoding.sampling import GREEDY, SamplingParams, draw, target_probs
+from minions.decoding.sampling import GREEDY, SamplingParams, SeededDraws, draw, pick_token, target_probs
 from minions.decoding.tokens import common_prefix_len
 from minions.decoding.verification import Verdict, verify_draft
 from minions.engines.torch_engine import TorchEngine
@@ -354,6 +354,25 @@ def test_goodness_of_fit_detects_wrong_verification_rules(next_logits, setting, 
         assert pvalue < 1e-6, f"{wrong.__name__} on draft {name} went undetected (p-value {pvalue:.3g})"
 
 
+def test_a_seeded_verification_emits_the_tokens_plain_decoding_draws_whatever_the_draft():
+    """A seeded request's draw at a position is fixed (SeededDraws), and a draft token is judged by that
+    very draw: whatever was drafted, the emitted tokens are those plain decoding emits from the same
+    rows, so a request that comes again with its seed repeats itself though its drafts differ."""
+    params = SamplingParams(temperature=1.0)
+    rows = np.random.default_rng(4).normal(scale=1.5, size=(5, 8))
+    context = [1, 2, 3]
+    for seed in range(40):
+        draws = SeededDraws(seed)
+        plain = [pick_token(row, params, draws.at(len(context) + i)) for i, row in enumerate(rows)]
+        drafts = [plain[:4], plain[:2] + [(plain[2] + 1) % 8, plain[3]], [(plain[0] + 1) % 8] * 4,
+                  [int(t) for t in np.random.default_rng(seed).integers(0, 8, 4)]]
+        for draft in drafts:
+            verdict = verify_draft(rows, draft, params, draws, context)
+            assert verdict.tokens == plain[:len(verdict.tokens)], (seed, draft)
+            assert verdict.num_accepted == common_prefix_len(draft, plain)
+        assert verify_draft(rows, plain[:4], params, draws, context).tokens == plain
+
+
 def test_torch_engine_verification_is_verify_draft_on_the_model_logits(tiny_llm):
     """The engine path: TorchEngine.generate with a draft equals verify_draft on from-scratch logits with
     the request's seed, and repeats exactly for a repeated seed."""
@@ -366,7 +385,7 @@ def test_torch_engine_verification_is_verify_draft_on_the_model_logits(tiny_llm)
     for seed in range(60):
         request = EngineRequest("r", PROMPT, len(draft) + 1, draft=draft, sampling=params, seed=seed)
         got = engine.generate(request)
-        want = verify_draft(rows, draft, params, np.random.default_rng(seed), PROMPT)
+        want = verify_draft(rows, draft, params, SeededDraws(seed), PROMPT)
         got_accepted = common_prefix_len(got.tokens, draft)  # a recovered token never equals the draft's
         assert (got.tokens, got_accepted) == (want.tokens, want.num_accepted), f"seed {seed}"
         again = engine.generate(request)

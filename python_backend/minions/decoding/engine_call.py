@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from minions.decoding.penalties import NO_PENALTIES, Penalties
-from minions.decoding.sampling import SamplingParams, log_prob, pick_token
+from minions.decoding.sampling import Randomness, SamplingParams, generator_at, log_prob, pick_token
 from minions.text.bad_words import BadWords
 
 
@@ -34,6 +34,8 @@ class EngineRequest:
     """[len(draft), vocab]: the SSM's logits when it sampled the draft."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
+    """The request's seed, the same for each of its calls: our engines key the draw at each position
+    by it (sampling.SeededDraws); TensorRT-LLM's own model gets one per call (sampling.native_seed)."""
     end_id: int | None = None
     pad_id: int = 0
     bad_words: BadWords = field(default_factory=lambda: BadWords([]))
@@ -65,11 +67,12 @@ class EngineRequest:
         is empty."""
         return cls(request_id, [0], 1, stop=True, keep_sequence=True, exclude_input_in_output=True)
 
-    def next_token(self, logits: np.ndarray, sequence: list[int], rng: np.random.Generator) -> int:
+    def next_token(self, logits: np.ndarray, sequence: list[int], rng: Randomness) -> int:
         """The next generated token after `sequence`: drawn with the request's sampling and penalties, bad
         words banned."""
         banned = self.bad_words.banned_next(sequence) if self.bad_words else None
-        return pick_token(self.penalties.apply(logits, sequence, self.end_id), self.sampling, rng, banned)
+        return pick_token(self.penalties.apply(logits, sequence, self.end_id), self.sampling,
+                          generator_at(rng, len(sequence)), banned)
 
     def log_probs(self, rows, tokens: list[int]) -> list[float] | None:
         """The tokens' log probabilities from their logit rows, when the request asks for them."""

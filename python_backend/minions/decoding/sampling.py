@@ -3,8 +3,9 @@
 The same function serves plain decoding and draft verification, which is what makes speculative
 sampling lossless: a draft token is judged against exactly the distribution that plain decoding
 would have drawn from (temperature, then top-k, then top-p, after banned tokens are masked).
-Each round's draws are seeded from the request's seed and the sequence length (`round_seed`), so
-a seeded request is reproducible whatever its rounds look like.
+A seeded request draws the token at each sequence position from a generator keyed by its seed and
+that position (`SeededDraws`), and a draft token is judged by the same draw (verification.py), so a
+seeded request repeats its tokens whatever its rounds and drafts look like.
 """
 
 from __future__ import annotations
@@ -104,10 +105,51 @@ def request_seed(seed: int | None, random_seed: int | None) -> int | None:
     return seed if seed is not None else random_seed
 
 
-def round_seed(seed: int | None, position: int, stream: int = 0) -> int | None:
-    """A per-round seed from the request's seed and the sequence length (reproducible); `stream`
-    keeps the SSM's draws independent of the LLM's. None for a request without a seed: the engines
-    draw from fresh entropy, and their prefix caches may serve it (engines/prefix_cache.py)."""
+class SeededDraws:
+    """A seeded request's draws: one generator per sequence position, keyed by the seed and the
+    position, so that the token drawn at a position does not depend on how many draws came before it
+    (which rounds, which drafts: drafters that learn from finished requests propose otherwise when a
+    request comes again)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def at(self, position: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, position])
+
+
+Randomness = np.random.Generator | SeededDraws
+"""Where a call's draws come from: position-keyed for a seeded request, one stream of fresh entropy
+otherwise."""
+
+
+def request_randomness(seed: int | None) -> Randomness:
+    """A call's draws: keyed by `seed` and position when there is a seed, fresh entropy otherwise (the
+    engines' prefix caches may then serve the call, engines/prefix_cache.py)."""
+    return np.random.default_rng() if seed is None else SeededDraws(seed)
+
+
+def generator_at(randomness: Randomness, position: int) -> np.random.Generator:
+    """The generator that draws the token at sequence index `position`."""
+    return randomness.at(position) if isinstance(randomness, SeededDraws) else randomness
+
+
+def derived_seed(seed: int | None, *keys: int) -> int | None:
+    """A uint64 seed derived from `seed` and `keys` (None without a seed): the SSMs' draws use
+    `derived_seed(seed, DRAFT_STREAM)`, independent of the LLM's; TensorRT-LLM's own models, which
+    restart their generator at each call, get one per call (`native_seed`)."""
     if seed is None:
         return None
-    return int(np.random.SeedSequence([seed, position, stream]).generate_state(1, np.uint64)[0])
+    return int(np.random.SeedSequence([seed, *keys]).generate_state(1, np.uint64)[0])
+
+
+DRAFT_STREAM = 1
+"""The key of an SSM's draws (derived_seed): the LLM's use the request's seed itself."""
+NATIVE_CALL = 2
+"""The key of a seed per call to TensorRT-LLM's own model (native_seed)."""
+
+
+def native_seed(seed: int | None, position: int) -> int | None:
+    """The seed sent to TensorRT-LLM's own model for a call that starts at sequence index `position`:
+    its sampler draws from one generator seeded per call, so each call needs a seed of its own."""
+    return derived_seed(seed, NATIVE_CALL, position)

@@ -7,10 +7,12 @@ like TensorRT-LLM's draft-tokens-external mode.
 Greedy: accept while the draft token equals the argmax, then append the argmax. Output is identical to
 plain greedy decoding.
 
-Sampling with a deterministic draft token d: accept with probability p(d) where p is the LLM's
-adjusted distribution (see sampling.target_probs); on rejection draw from p with d removed and
-renormalised. The emitted token then has law p exactly, so sampled output keeps the LLM's
-distribution.
+Sampling with a deterministic draft token d: draw a token t from p, the LLM's adjusted distribution
+(see sampling.target_probs), exactly as plain decoding would at that position, and accept d when
+t == d. That accepts d with probability p(d) and, on rejection, emits t, whose law is p with d removed
+and renormalised: the emitted token has law p exactly. And it is the very token plain decoding draws,
+so a seeded request (whose draw at a position is fixed, sampling.SeededDraws) emits the same tokens
+whatever it was drafted.
 
 Sampling with a sampled draft (the SSM drew d from its own distribution q and sent its logits, as
 TensorRT-LLM's `draft_logits`): accept with probability min(1, p(d) / q(d)); on rejection draw from
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minions.decoding.penalties import NO_PENALTIES, Penalties
-from minions.decoding.sampling import SamplingParams, draw, greedy_token, target_probs
+from minions.decoding.sampling import Randomness, SamplingParams, draw, generator_at, greedy_token, target_probs
 from minions.text.bad_words import BadWords
 
 
@@ -43,7 +45,7 @@ def verify_draft(
     logits: np.ndarray,
     draft: Sequence[int],
     params: SamplingParams,
-    rng: np.random.Generator | None = None,
+    rng: Randomness | None = None,
     context: Sequence[int] = (),
     bad_words: BadWords | None = None,
     end_id: int | None = None,
@@ -54,7 +56,8 @@ def verify_draft(
 
     logits: shape [len(draft) + 1, vocab]; row i is the LLM's prediction for draft position i (row
     len(draft) predicts the token after a fully accepted draft). context: the tokens before the draft,
-    needed only for multi-token bad words and penalties. draft_logits: [len(draft), vocab], the SSM's
+    needed for multi-token bad words and penalties, and to key a seeded request's draws by position
+    (row i draws for position len(context) + i). draft_logits: [len(draft), vocab], the SSM's
     logits when it sampled its draft (ignored for greedy decoding, where the draft is judged by argmax
     alone). penalties change each row as plain decoding would at that position; never the draft's rows.
     """
@@ -73,7 +76,8 @@ def verify_draft(
         proposal = int(draft[i]) if i < len(draft) else None
         q_row = draft_logits[i] if draft_logits is not None and proposal is not None else None
         row = penalties.apply(logits[i], history, end_id)
-        token, accepted = _judge(row, proposal, params, rng, banned, q_row)
+        generator = None if rng is None else generator_at(rng, len(context) + i)
+        token, accepted = _judge(row, proposal, params, generator, banned, q_row)
         tokens.append(token)
         if end_id is not None and token == end_id:
             return Verdict(tokens, i + int(accepted))
@@ -98,17 +102,10 @@ def _judge(
         return token, proposal is not None and token == proposal
     assert rng is not None
     probs = target_probs(row, params, banned)
-    if proposal is None:
-        return draw(probs, rng), False
-    if draft_row is not None:
+    if proposal is not None and draft_row is not None:
         return _judge_sampled_draft(probs, target_probs(draft_row, params), proposal, rng)
-    if rng.random() < probs[proposal]:
-        return proposal, True
-    residual = probs.copy()
-    residual[proposal] = 0.0
-    if residual.sum() <= 0.0:  # p(d) == 1 cannot reach here; guards float rounding only
-        return proposal, True
-    return draw(residual, rng), False
+    token = draw(probs, rng)
+    return token, token == proposal
 
 
 def _judge_sampled_draft(p: np.ndarray, q: np.ndarray, proposal: int, rng: np.random.Generator) -> tuple[int, bool]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.decoding.sampling import Randomness, request_randomness
 from minions.decoding.tokens import common_prefix_len
 from minions.decoding.verification import verify_draft
 from minions.engines.api import Answer, BatchStats, result_or_raise
@@ -48,7 +49,7 @@ class _Job:
     entry: CachedSequence[int]
     sequence: list[int]
     pending: list[int]
-    rng: np.random.Generator
+    rng: Randomness
     draft: list[int] = field(default_factory=list)
     """A verification's draft (the last len(draft) pending tokens of its one step)."""
     tokens: list[int] = field(default_factory=list)
@@ -161,7 +162,7 @@ class LlamaCppStepper:
         self._ctx.kv_cache_seq_rm(entry.state, keep, -1)
         entry.tokens = sequence[:keep]
         self._stepping.add(request.request_id)  # last: a start that raised leaves no pinned slot
-        return _Job(request, entry, sequence, sequence[keep:] + draft, np.random.default_rng(request.seed), draft,
+        return _Job(request, entry, sequence, sequence[keep:] + draft, request_randomness(request.seed), draft,
                     cached=keep)
 
     def step(self, jobs: list[_Job]) -> list[bool]:

@@ -18,7 +18,7 @@ import numpy as np
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.decoding.penalties import NO_PENALTIES, Penalties
-from minions.decoding.sampling import SamplingParams, request_seed
+from minions.decoding.sampling import SamplingParams, native_seed, request_seed
 from minions.decoding.tokens import common_prefix_len
 from minions.engines.compat import ENGINE_NEUTRAL_ONLY, ENGINE_UNSUPPORTED, check_unsupported
 from minions.engines.sequence_cache import KV_GROWTH_TOKENS
@@ -241,7 +241,8 @@ OWN_INPUTS = frozenset({"random_seed", "prompt_length"})
 def build_engine_inputs(request: EngineRequest, native: bool = False) -> dict[str, np.ndarray]:
     """The inverse of parse_engine_inputs for one sequence: what the orchestrator sends an engine.
     `native`: the engine is TensorRT-LLM's own tensorrt_llm model, which knows no `prompt_length` and
-    counts `min_tokens` from the call's own output, so it gets what is left of the request's."""
+    counts `min_tokens` from the call's own output, so it gets what is left of the request's, and
+    restarts its generator at each call, so it gets a seed of its own per call."""
     ids = np.asarray([request.input_ids], dtype=np.int32)
     tensors = {
         "input_ids": ids,
@@ -258,7 +259,8 @@ def build_engine_inputs(request: EngineRequest, native: bool = False) -> dict[st
     if request.draft_logits is not None:
         tensors["draft_logits"] = np.asarray(request.draft_logits, dtype=np.float32)[None]
     if request.seed is not None:
-        tensors["seed"] = np.array([[request.seed]], dtype=np.uint64)
+        seed = native_seed(request.seed, len(request.input_ids)) if native else request.seed
+        tensors["seed"] = np.array([[seed]], dtype=np.uint64)
     if request.end_id is not None:
         tensors["end_id"] = np.array([[request.end_id]], dtype=np.int32)
     if request.bad_words:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.decoding.sampling import Randomness, request_randomness
 from minions.decoding.tokens import common_prefix_len
 from minions.decoding.verification import verify_draft
 from minions.engines.api import BatchStats, SplitBatchEngine
@@ -57,7 +58,7 @@ class _Job:
 
     index: int
     request: EngineRequest
-    rng: np.random.Generator
+    rng: Randomness
     sequence: list[int]
     entry: CachedSequence | None = None
     tokens: list[int] = field(default_factory=list)
@@ -101,7 +102,7 @@ class TorchEngine(SplitBatchEngine):
                 out[i] = InvalidRequest(
                     f"sequence of {total} tokens exceeds the engine's context of {self.max_context}")
                 continue
-            jobs.append(_Job(i, request, np.random.default_rng(request.seed), list(request.input_ids)))
+            jobs.append(_Job(i, request, request_randomness(request.seed), list(request.input_ids)))
         with self._lock, torch.inference_mode():
             while jobs:
                 try:

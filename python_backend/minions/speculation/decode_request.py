@@ -8,7 +8,7 @@ import numpy as np
 
 from minions.decoding.engine_call import EngineRequest
 from minions.decoding.penalties import NO_PENALTIES, Penalties
-from minions.decoding.sampling import GREEDY, SamplingParams, round_seed
+from minions.decoding.sampling import GREEDY, SamplingParams
 from minions.settings import DEFAULTS
 from minions.speculation.mode import Speculation
 from minions.text.bad_words import BadWords
@@ -51,9 +51,9 @@ class DecodeRequest:
                  draft_logits: np.ndarray | None = None, streaming: bool = False) -> EngineRequest:
         """The one shape of this request's LLM calls: up to `tokens` new tokens after `sequence` (a
         verification of `draft` returns its accepted prefix and one token of the LLM's own), with the
-        request's sampling, penalties, bad words and end, seeded per round from the request's seed."""
+        request's sampling, penalties, bad words, end and seed."""
         return EngineRequest(
             request_id, list(sequence), tokens, draft=list(draft or []), draft_logits=draft_logits,
-            sampling=self.sampling, seed=round_seed(self.seed, len(sequence)), end_id=self.end_id,
+            sampling=self.sampling, seed=self.seed, end_id=self.end_id,
             bad_words=self.bad_words, penalties=self.penalties, return_log_probs=self.return_log_probs,
             exclude_input_in_output=True, streaming=streaming, stream_interval_s=self.stream_interval_s)

@@ -20,7 +20,7 @@ import asyncio
 from dataclasses import dataclass
 
 from minions.decoding.engine_call import EngineClient
-from minions.decoding.sampling import SamplingParams, round_seed
+from minions.decoding.sampling import DRAFT_STREAM, SamplingParams, derived_seed
 from minions.speculation.drafters import Drafter, DraftRound, Proposal
 from minions.speculation.pool import DraftPool, Slot
 
@@ -63,7 +63,8 @@ class DraftSource:
     def __init__(self, client: EngineClient, drafter: Drafter, pool: DraftPool | None, request_id: str,
                  sampling: SamplingParams, seed: int | None) -> None:
         self.client, self.drafter, self.pool = client, drafter, pool
-        self.request_id, self.sampling, self.seed = request_id, sampling, seed
+        self.request_id, self.sampling = request_id, sampling
+        self.seed = derived_seed(seed, DRAFT_STREAM)  # the SSMs' draws, independent of the LLM's
         self.early: EarlyDraft | None = None
         self.slot: Slot | None = None
         self._started: list[asyncio.Task] = []  # every early draft, awaited before the engines' release
@@ -71,7 +72,7 @@ class DraftSource:
     def round(self, sequence: list[int], k: int, index: int) -> DraftRound:
         """Round `index`'s request to the drafters: up to k tokens continuing `sequence`."""
         return DraftRound(self.request_id, list(sequence), k, self.sampling,
-                          round_seed(self.seed, len(sequence), stream=1), index)
+                          self.seed, index)
 
     async def draft(self, sequence: list[int], k: int, index: int, last_emitted: list[int]) -> tuple[Proposal, bool]:
         """Round `index`'s proposal of up to k tokens (none for k = 0), and whether it was drafted early.
