@@ -27,7 +27,7 @@ from tritonclient.grpc import service_pb2
 from minions.decoding.engine_call import EngineRequest
 from minions.errors import ModelUnavailable
 from minions.serving.metric_tally import MetricTally
-from minions.speculation.health import SsmHealth
+from minions.speculation.services import Services
 from minions.triton.shm import sweep_orphaned_shm
 from minions.triton.stubs import live_stub_pids
 
@@ -57,18 +57,19 @@ def mark_modified(repository: Path, model: str) -> None:
 
 
 class ModelControl:
-    def __init__(self, client: TritonEngineClient, repository: Path, llm: str, ssms: tuple[str, ...],
-                 health: SsmHealth, tally: MetricTally, poll_interval_s: float, reload: bool,
+    def __init__(self, client: TritonEngineClient, repository: Path, llm: str, services: Services,
+                 tally: MetricTally, poll_interval_s: float, reload: bool,
                  on_join: Callable[[str, bool], None] | None = None) -> None:
-        """`on_join(name, decoupled)`: a new SSM model was found READY in the repository (`_discover`)."""
+        """The SSMs watched are `services.ssms`, the served ones. `on_join(name, decoupled)`: a new SSM
+        model was found READY in the repository (`_discover`); it must add the SSM to `services`."""
         self.client = client
         self.repository = repository
         self.llm = llm
         self.llm_unavailable: str | None = None
         """Why requests are refused now (the LLM is not ready, or its stub died); None while it serves."""
         self._llm_ready_exported: float | None = None
-        self.ssms = ssms
-        self.health = health
+        self.services = services
+        self.health = services.health
         self.tally = tally
         self.poll_interval_s = poll_interval_s
         self.reload = reload
@@ -77,7 +78,11 @@ class ModelControl:
         self.on_join = on_join
         self._not_ssms: set[str] = set()
         """READY models found not to be engine models (the orchestrator itself, a client's own models)."""
-        health.on_open = self.ssm_failed
+        self.health.on_open = self.ssm_failed
+
+    @property
+    def ssms(self) -> tuple[str, ...]:
+        return self.services.ssms
 
     async def watch(self) -> None:
         """Follow the SSM models' readiness while the orchestrator is loaded (a task on its event loop)."""
@@ -135,7 +140,6 @@ class ModelControl:
             if "engine" not in reply.config.parameters:
                 self._not_ssms.add(name)
                 continue
-            self.ssms = (*self.ssms, name)
             log.info("SSM %s joined: an engine model loaded into the repository; requests draft with it", name)
             self.on_join(name, reply.config.model_transaction_policy.decoupled)
 

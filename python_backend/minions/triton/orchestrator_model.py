@@ -96,7 +96,7 @@ class TritonPythonModel:
                                    self.settings.kv_chunk_tokens, self.settings.max_queued_requests)
         self.services = Services.from_settings(self.settings, load=lambda: self.admission.running)
         self.models = ModelControl(self.client, Path(args["model_repository"]).parent, self.settings.llm_model_name,
-                                   self.settings.ssm_model_names, self.services.health, self.metrics.tally,
+                                   self.services, self.metrics.tally,
                                    self.settings.model_poll_interval_s, self.settings.ssm_reload, self._join)
         self.tasks: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
