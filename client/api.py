@@ -1,4 +1,5 @@
-"""Client library: one `generate` call over gRPC streaming, HTTP /generate or HTTP /generate_stream.
+"""Client library: one `generate` call over gRPC streaming, HTTP /generate or HTTP /generate_stream,
+and `generate_openai` for an OpenAI-compatible chat completions API (Minions' frontend or another server).
 
 The inputs are those of the `minions` model (tensorrt_llm_bls names plus ours); the result carries
 the text, the chunks as they arrived and the timing a user wants (TTFT, tokens/s, acceptance).
@@ -277,6 +278,58 @@ def generate_http(
                     if "error" in event:
                         raise MinionsClientError(event["error"])
                     completion.add(event, time.perf_counter() - start, on_text)
+    except TimeoutError:  # closing the connection cancels the request on the server
+        raise _silent(model, timeout_s, completion) from None
+    completion.latency_s = time.perf_counter() - start
+    return completion
+
+
+# -- OpenAI ----------------------------------------------------------------------------------------
+OPENAI_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "speculation", "num_draft_tokens",
+                 "min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty")
+"""GenerationParams sent under their own names to /v1/chat/completions (`speculation` and the others that
+OpenAI does not define are extensions of Minions' frontend; another server ignores them); `stop_words`
+goes as `stop`."""
+
+
+def generate_openai(
+    url: str,
+    model: str,
+    prompt: str,
+    params: GenerationParams,
+    on_text: Callable[[str], None] | None = None,
+    timeout_s: float = 600.0,
+) -> Completion:
+    """One user message streamed from an OpenAI-compatible server's chat completions (`url`: the API's
+    base URL, as OpenAI's clients take it: http://host:port/v1; Minions' frontend, or llama-server: the
+    same client measures both), read as OpenAI's clients read it: each
+    event's `choices[0].delta.content`, its `finish_reason`, and the final `usage` (asked for with
+    `stream_options.include_usage`). `timeout_s` bounds each wait on the socket, as for the others."""
+    base = url if url.startswith("http") else f"http://{url}"
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
+            "stream_options": {"include_usage": True}}
+    body |= {k: v for k in OPENAI_FIELDS if (v := getattr(params, k)) is not None}
+    if params.stop_words:
+        body["stop"] = params.stop_words
+    completion = Completion()
+    start = time.perf_counter()
+    try:
+        with _post(f"{base.rstrip('/')}/chat/completions", body, timeout_s) as response:
+            for raw in response:
+                line = raw.decode("utf-8").strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[5:])
+                if "error" in event:
+                    raise MinionsClientError(str(event["error"]))
+                outputs = {}
+                for choice in event.get("choices") or []:
+                    outputs["text_output"] = (choice.get("delta") or {}).get("content")
+                    outputs["finish_reason"] = choice.get("finish_reason")
+                if event.get("usage"):
+                    outputs["num_output_tokens"] = event["usage"].get("completion_tokens")
+                    outputs["num_input_tokens"] = event["usage"].get("prompt_tokens")
+                completion.add(outputs, time.perf_counter() - start, on_text)
     except TimeoutError:  # closing the connection cancels the request on the server
         raise _silent(model, timeout_s, completion) from None
     completion.latency_s = time.perf_counter() - start

@@ -1,5 +1,7 @@
-"""Locust users streaming generations from a Minions server: HTTP (Triton's generate_stream, SSE) and
-gRPC (bidirectional stream to the decoupled `minions` model), both through client.api.
+"""Locust users streaming generations from a Minions server: HTTP (Triton's generate_stream, SSE),
+gRPC (bidirectional stream to the decoupled `minions` model) and OpenAI (chat completions at
+--openai-host, which may be another server: llama-server is measured with the very same user), all
+through client.api.
 
 Every request fires Locust events: E2E (the request itself: its success or failure, response time =
 send to last response, length = output tokens) and, when it succeeds, TTFT (send to first text) and ITL
@@ -24,7 +26,7 @@ import grpc.experimental.gevent as grpc_gevent
 from locust import User, events, task
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-from client.api import Completion, GenerationParams, generate_grpc, generate_http
+from client.api import Completion, GenerationParams, generate_grpc, generate_http, generate_openai
 from loadtest.options import add_options
 from loadtest.records import RequestRecord, append_record, outcome_of
 from minions.text.datasets import mixed_prompts
@@ -144,3 +146,13 @@ class GrpcStreamUser(_StreamUser):
     def call(self, prompt: str, w: Workload) -> Completion:
         return generate_grpc(self.environment.parsed_options.grpc_host, MODEL, prompt, w.params, stream=True,
                              timeout_s=w.timeout_s)
+
+
+class OpenAIStreamUser(_StreamUser):
+    """POST {--openai-host}/chat/completions, streamed, read as OpenAI's clients read it."""
+
+    protocol = "openai"
+
+    def call(self, prompt: str, w: Workload) -> Completion:
+        options = self.environment.parsed_options
+        return generate_openai(options.openai_host, options.openai_model, prompt, w.params, timeout_s=w.timeout_s)

@@ -32,6 +32,10 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("grpc_host", str, "127.0.0.1:8001", "gRPC address (host:port) of the server for the gRPC user; the "
            "HTTP user takes Locust's --host"),
+    Option("openai_host", str, "http://127.0.0.1:9000/v1", "base URL of an OpenAI-compatible API for the openai "
+           "user (Minions' frontend, as `make serve` runs it, or another server, e.g. llama-server's)"),
+    Option("openai_model", str, "minions", "the `model` the openai user names (Minions' frontend serves its "
+           "orchestrator's name; llama-server ignores it)"),
     Option("max_tokens", int, 64, "output tokens per request"),
     Option("speculation", str, "", "speculation mode of every request (off, vote, bandit, single:<ssm>); "
            "empty: the deployment's default"),

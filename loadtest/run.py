@@ -1,11 +1,13 @@
 """`make loadtest`: Locust, headless, against the real server; then the summary with goodput, and a PNG.
 
-Starts tritonserver with --deploy (unless --host names a running server), warms it with one short request
-per protocol, runs loadtest/locustfile.py headless for --time s with --users closed-loop streams (spawned
-at --spawn-rate a second; requests under way at the end get --stop-timeout s to finish) and writes into
---out: Locust's CSV files and HTML report, requests.jsonl (one row per request), summary.md,
-summary.json and loadtest.png. Exits 1 when a request failed other than by the server refusing it as
-unavailable (an overload run's refusals are counted, not failed on), or when the server it started died.
+Starts tritonserver with --deploy (unless --host names a running server, or the only protocol is
+`openai`, whose users go to the OpenAI-compatible server at --openai-host: Minions' frontend or another,
+e.g. llama-server), warms it with one short request per protocol, runs loadtest/locustfile.py headless
+for --time s with --users closed-loop streams (spawned at --spawn-rate a second; requests under way at
+the end get --stop-timeout s to finish) and writes into --out: Locust's CSV files and HTML report,
+requests.jsonl (one row per request), summary.md, summary.json and loadtest.png. Exits 1 when a request
+failed other than by the server refusing it as unavailable (an overload run's refusals are counted, not
+failed on), or when the server it started died.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from client.api import GenerationParams, generate_grpc, generate_http
+from client.api import GenerationParams, generate_grpc, generate_http, generate_openai
 from loadtest.options import OPTIONS, add_options, option_args
 from loadtest.plot import plot
 from loadtest.records import read_records
@@ -26,7 +28,9 @@ from loadtest.summary import Targets, format_markdown, summarize
 from tests.support.triton_process import ROOT, TritonProcess
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
-USER_CLASSES = {"http": "HttpStreamUser", "grpc": "GrpcStreamUser"}
+USER_CLASSES = {"http": "HttpStreamUser", "grpc": "GrpcStreamUser", "openai": "OpenAIStreamUser"}
+TRITON_PROTOCOLS = ("http", "grpc")
+"""The protocols whose users go to Triton's own endpoints (the others to --openai-host)."""
 RECORDS = "requests.jsonl"
 """Under --out: the rows the Locust users write, one a request."""
 LOCUST_STARTUP_S = 60.0
@@ -43,8 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("-r", "--spawn-rate", type=float, default=2.0, help="users started a second")
     p.add_argument("-t", "--time", type=int, default=30, help="seconds of load")
     p.add_argument("--stop-timeout", type=int, default=30, help="seconds the requests under way at the end may take")
-    p.add_argument("--protocols", nargs="+", choices=list(USER_CLASSES), default=list(USER_CLASSES),
-                   help="user classes, sharing --users evenly")
+    p.add_argument("--protocols", nargs="+", choices=list(USER_CLASSES), default=list(TRITON_PROTOCOLS),
+                   help="user classes, sharing --users evenly (openai: the server at --openai-host)")
     p.add_argument("--ttft-target-ms", type=float, default=1000.0, help="goodput: time to first token target")
     p.add_argument("--itl-target-ms", type=float, default=50.0, help="goodput: mean inter-token latency target "
                    "(50 ms: 20 tokens/s, faster than reading)")
@@ -58,7 +62,9 @@ def warm_up(http_url: str, grpc_url: str, args: argparse.Namespace) -> None:
     is printed and the run goes on (an overloaded server may refuse it; the load test counts the rest)."""
     params = GenerationParams(max_tokens=8, chat=True, speculation=args.speculation or None)
     calls = {"http": lambda: generate_http(http_url, "minions", "Hello!", params, timeout_s=args.response_timeout),
-             "grpc": lambda: generate_grpc(grpc_url, "minions", "Hello!", params, timeout_s=args.response_timeout)}
+             "grpc": lambda: generate_grpc(grpc_url, "minions", "Hello!", params, timeout_s=args.response_timeout),
+             "openai": lambda: generate_openai(args.openai_host, args.openai_model, "Hello!", params,
+                                               timeout_s=args.response_timeout)}
     for protocol in args.protocols:
         try:
             calls[protocol]()
@@ -87,12 +93,19 @@ def run_locust(args: argparse.Namespace, http_url: str, out: Path) -> None:
 
 def settings(args: argparse.Namespace) -> dict:
     shared = {o.name: getattr(args, o.name) for o in OPTIONS if o.name not in ("records", "grpc_host")}
-    return {"server": args.host or args.deploy, "users": args.users, "spawn_rate": args.spawn_rate,
+    return {"server": server_name(args), "users": args.users, "spawn_rate": args.spawn_rate,
             "time_s": args.time, "protocols": args.protocols, **shared}
 
 
+def server_name(args: argparse.Namespace) -> str:
+    """What the users load: the running server named, or the deployment started."""
+    if not any(p in TRITON_PROTOCOLS for p in args.protocols):
+        return args.openai_host
+    return args.host or args.deploy
+
+
 def title(args: argparse.Namespace) -> str:
-    return (f"Minions load test: {args.users} users ({', '.join(args.protocols)}), {args.time} s, "
+    return (f"Load test of {server_name(args)}: {args.users} users ({', '.join(args.protocols)}), {args.time} s, "
             f"{args.max_tokens} tokens, speculation {args.speculation or 'default'}")
 
 
@@ -102,8 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / RECORDS).unlink(missing_ok=True)
     with contextlib.ExitStack() as stack:
-        server = None if args.host else stack.enter_context(TritonProcess(args.deploy, out / "tritonserver.log"))
-        http_url, args.grpc_host = (args.host, args.grpc_host) if server is None else (server.http_url, server.grpc_url)
+        own = not args.host and any(p in TRITON_PROTOCOLS for p in args.protocols)
+        server = stack.enter_context(TritonProcess(args.deploy, out / "tritonserver.log")) if own else None
+        # Locust's --host is the HTTP user's; an openai-only run has none and names the OpenAI server.
+        http_url, args.grpc_host = ((args.host or args.openai_host, args.grpc_host) if server is None
+                                    else (server.http_url, server.grpc_url))
         warm_up(http_url, args.grpc_host, args)
         run_locust(args, http_url, out)
         server_exit_code = None if server is None else server.proc.poll()

@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from minions.deploy.server import free_port
+from minions.deploy.server import free_port, wait_http_ok
 from tests.support.triton_process import stop_process
 
 from .streams import Sample
@@ -66,18 +66,7 @@ class LlamaServer:
         return self
 
     def _wait_ready(self, timeout: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with code {self.proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:  # refused while starting, 503 while loading the model
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"llama-server not ready after {timeout:g} s")
+        wait_http_ok(f"{self.url}/health", self.proc, "llama-server", timeout)
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.proc is not None:

@@ -42,6 +42,19 @@ def test_a_short_loadtest_reports_every_request(server, tmp_path, kept_datasets)
     assert {kind for kind, _ in rows} >= {"E2E", "TTFT", "ITL"}
 
 
+def test_the_openai_user_loads_an_openai_api_alone(openai_url, tmp_path, kept_datasets):
+    """`--protocols openai`: Locust's OpenAI user against Minions' frontend, no Triton endpoint named or
+    started (the same run measures llama-server's API)."""
+    rc = main(["--protocols", "openai", "--openai-host", openai_url, "--users", "2", "--spawn-rate", "2",
+               "--time", "6", "--stop-timeout", "15", "--max-tokens", "16", "--out", str(tmp_path)])
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert rc == 0, s["first_errors"]
+    assert set(s["by_protocol"]) == {"openai"} and s["succeeded"] > 0 and s["failed"] == 0
+    assert 0 < s["output_tokens"] <= 16 * s["succeeded"]
+    assert 0 < s["ttft_ms"]["p50"] <= s["e2e_ms"]["p50"] and s["itl_ms"]["p50"] > 0
+    assert s["settings"]["server"] == openai_url and "tritonserver.log" not in {p.name for p in tmp_path.iterdir()}
+
+
 class _RefusingHttp(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))

@@ -9,7 +9,7 @@ import json
 import openai
 import pytest
 
-from client.api import GenerationParams, generate_grpc
+from client.api import GenerationParams, generate_grpc, generate_openai
 from tests.integration.helpers import COPY_PROMPT, metric_value, wait_until
 
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
@@ -41,6 +41,16 @@ def test_a_streamed_chat_completion_with_usage_equals_off(server, api):
     assert text == off.text and finish == [off.finish_reason]
     assert usage.completion_tokens == off.num_output_tokens and usage.prompt_tokens > 10
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_the_client_librarys_openai_call_reads_what_the_openai_client_reads(server, openai_url):
+    """client.api.generate_openai (what the Locust OpenAI user and llama-server comparisons send):
+    the text, finish reason and token count of `off` over gRPC, with a TTFT."""
+    off = _off(server, json.dumps(CHAT), 24, chat=True)
+    got = generate_openai(openai_url, "minions", CHAT[0]["content"],
+                          GenerationParams(max_tokens=24, temperature=0.0, speculation="vote"))
+    assert (got.text, got.finish_reason, got.num_output_tokens) == (off.text, off.finish_reason, off.num_output_tokens)
+    assert 0 < got.ttft_s <= got.latency_s and got.num_input_tokens > 10
 
 
 @pytest.mark.parametrize("speculation", ["vote", "single:ssm_suffix"])

@@ -140,19 +140,24 @@ def start_server(dep: Deployment, ports: ServerPorts, build: Path, stdout=None, 
 
 
 def wait_ready(ports: ServerPorts, proc: subprocess.Popen, timeout: float = 300.0) -> None:
-    url = f"http://{ports.host}:{ports.http}/v2/health/ready"
+    wait_http_ok(f"http://{ports.host}:{ports.http}/v2/health/ready", proc, "tritonserver", timeout)
+
+
+def wait_http_ok(url: str, proc: subprocess.Popen, what: str, timeout: float) -> None:
+    """Poll `url` until it answers 200 (a server's health); fail when `proc`, the server `what`, exits
+    first or `timeout` s pass."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"tritonserver exited with code {proc.returncode} before it was ready")
+            raise RuntimeError(f"{what} exited with code {proc.returncode} before it was ready")
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 if resp.status == 200:
                     return
-        except OSError:
+        except OSError:  # refused while starting, 503 while loading
             pass
         time.sleep(0.5)
-    raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s")
+    raise TimeoutError(f"{what} not ready after {timeout:.0f} s")
 
 
 def frontend_command(grpc_url: str, host: str, port: int, model: str) -> list[str]:

@@ -1,0 +1,128 @@
+"""Minions against llama-server through their OpenAI APIs, loaded by the same Locust user.
+
+Where `make bench-peers` drives each server with its own client, this runs `python -m loadtest.run
+--protocols openai` (loadtest/locustfile.py's OpenAIStreamUser: closed-loop users streaming chat
+completions from the chat prompt sets) against each system in turn: llama-server plain on the GGUF the
+deployment computes with, Minions `off` and Minions' default, each on a fresh server (so that no system
+finds a cell's prompts in a cache filled by another cell), at each user count. Prints, per cell, output
+tokens/s, TTFT p50/p99, ITL p50 and requests, and Minions' ratios to llama-server's: throughput over
+llama-server's, TTFT over llama-server's. Locust runs on the same cores as the server under test, for
+every system alike. Writes peers_openai.md/.json and each run's Locust files under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from loadtest.run import main as loadtest
+from minions.deploy.config import load_deployment
+from minions.deploy.server import free_port, frontend_command, server_env, wait_http_ok
+from minions.settings import OrchestratorSettings
+from tests.support.triton_process import ROOT, TritonProcess, stop_process
+
+from .peers import ggufs
+from .peers.llama_server import LlamaServer, ServerConfig
+from .peers.llama_server_build import llama_server
+
+LLAMA = "llama-server"
+SYSTEMS = (LLAMA, "minions-off", "minions-default")
+READY_TIMEOUT_S = 60.0
+
+
+@contextmanager
+def minions_openai(deploy: str, log_dir: Path, label: str):
+    """tritonserver with the deployment and the OpenAI frontend beside it, as `make serve` runs them:
+    the frontend's /v1 URL."""
+    with TritonProcess(deploy, log_path=log_dir / f"tritonserver-{label}.log") as triton:
+        model = OrchestratorSettings.from_yaml(load_deployment(deploy).orchestrator).model_name
+        port = free_port()
+        with open(log_dir / f"frontend-{label}.log", "w") as log:
+            proc = subprocess.Popen(frontend_command(triton.grpc_url, "127.0.0.1", port, model), env=server_env(),
+                                    stdout=log, stderr=subprocess.STDOUT)
+            try:
+                wait_http_ok(f"http://127.0.0.1:{port}/health", proc, "the OpenAI frontend", READY_TIMEOUT_S)
+                yield f"http://127.0.0.1:{port}/v1", model
+            finally:
+                stop_process(proc, signal.SIGTERM, 30)
+
+
+def run_cell(args: argparse.Namespace, system: str, users: int, out: Path) -> dict:
+    """One system at one user count on a fresh server: loadtest.run's summary."""
+    cell_out = out / f"{system}-u{users}"
+    cell_out.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        if system == LLAMA:
+            dep = load_deployment(args.deploy)
+            max_context = OrchestratorSettings.from_yaml(dep.orchestrator).max_context
+            server = stack.enter_context(LlamaServer(llama_server(), ServerConfig(LLAMA, ggufs.llm_gguf(dep)),
+                                                     args.threads, max(args.users), max_context,
+                                                     cell_out / "llama-server.log"))
+            url, model, speculation = f"{server.url}/v1", "unused", ""
+        else:
+            url, model = stack.enter_context(minions_openai(args.deploy, cell_out, system))
+            speculation = "off" if system == "minions-off" else ""
+        loadtest(["--protocols", "openai", "--openai-host", url, "--openai-model", model, "--users", str(users),
+                  "--spawn-rate", str(users), "--time", str(args.time), "--max-tokens", str(args.max_tokens),
+                  "--speculation", speculation, "--out", str(cell_out)])
+    return json.loads((cell_out / "summary.json").read_text())
+
+
+def row(system: str, users: int, s: dict, reference: dict | None) -> dict:
+    r = {"system": system, "users": users, "requests": s["succeeded"], "failed": s["failed"],
+         "tok_s": s["output_tokens_per_s"], "ttft_p50": s["ttft_ms"]["p50"], "ttft_p99": s["ttft_ms"]["p99"],
+         "itl_p50": s["itl_ms"]["p50"]}
+    if reference is not None and system != LLAMA:
+        r["tok_s_ratio"] = r["tok_s"] / reference["tok_s"] if reference["tok_s"] else None
+        r["ttft_p50_ratio"] = r["ttft_p50"] / reference["ttft_p50"] if reference["ttft_p50"] else None
+        r["ttft_p99_ratio"] = r["ttft_p99"] / reference["ttft_p99"] if reference["ttft_p99"] else None
+    return r
+
+
+def format_rows(rows: list[dict]) -> str:
+    def num(v, fmt: str) -> str:
+        return "" if v is None else format(v, fmt)
+
+    lines = ["| system | users | requests | tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | tok/s vs llama | "
+             "TTFT p50 vs llama | TTFT p99 vs llama |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        failed = f" ({r['failed']} failed)" if r["failed"] else ""
+        lines.append(f"| {r['system']} | {r['users']} | {r['requests']}{failed}"
+                     f" | {num(r['tok_s'], '.1f')} | {num(r['ttft_p50'], '.0f')} | {num(r['ttft_p99'], '.0f')} | "
+                     f"{num(r['itl_p50'], '.1f')} | {num(r.get('tok_s_ratio'), '.2f')} | "
+                     f"{num(r.get('ttft_p50_ratio'), '.2f')} | {num(r.get('ttft_p99_ratio'), '.2f')} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
+    p.add_argument("--users", type=int, nargs="+", default=[1, 8, 16])
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--time", type=int, default=40, help="seconds of load per cell")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="llama-server threads (-t)")
+    p.add_argument("--out", default=str(ROOT / "bench_results" / "openai-peers"))
+    args = p.parse_args()
+    out = Path(args.out)
+    rows = []
+    for users in args.users:
+        reference = None
+        for system in args.systems:
+            r = row(system, users, run_cell(args, system, users, out), reference)
+            reference = r if system == LLAMA else reference
+            rows.append(r)
+    text = format_rows(rows)
+    print(text)
+    (out / "peers_openai.md").write_text(text + "\n")
+    (out / "peers_openai.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
