@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minions.triton.stubs import live_stub_pids
+from minions.triton.stubs import live_stub_pids, live_stubs
 
 STUB = "/build/backends/python/triton_python_backend_stub"
 
@@ -27,3 +27,4 @@ def test_only_live_stubs_of_the_model_count(tmp_path):
     assert live_stub_pids(repo / "minions", proc=tmp_path) == [10]
     assert live_stub_pids(repo / "llm", proc=tmp_path) == [13]
     assert live_stub_pids(repo / "ssm_ngram", proc=tmp_path) == []
+    assert live_stubs(repo, proc=tmp_path) == {"minions": [10], "minions_v2": [12], "llm": [13]}

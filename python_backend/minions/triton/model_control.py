@@ -29,7 +29,7 @@ from minions.errors import ModelUnavailable
 from minions.serving.metric_tally import MetricTally
 from minions.speculation.services import Services
 from minions.triton.shm import sweep_orphaned_shm
-from minions.triton.stubs import live_stub_pids
+from minions.triton.stubs import live_stubs
 
 from .engine_client import TritonEngineClient
 
@@ -111,7 +111,8 @@ class ModelControl:
         # rarely waits for, an LLM while every request streams) would go unnoticed. A model Triton calls
         # ready with no live stub process has died; one with a live stub is probed.
         watched = [m for m in (self.llm, *self.ssms) if self._watched(m, described(m)[0])]
-        dead = {m: f"no live stub process: it {DEAD_STUB}" for m in watched if not live_stub_pids(self.repository / m)}
+        stubs = live_stubs(self.repository) if watched else {}
+        dead = {m: f"no live stub process: it {DEAD_STUB}" for m in watched if not stubs.get(m)}
         probed = [m for m in watched if m not in dead]
         failures = dict(zip(probed, await asyncio.gather(*(self._probe(m) for m in probed)))) | dead
         for model, failure in failures.items():

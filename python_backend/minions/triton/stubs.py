@@ -6,19 +6,33 @@ from __future__ import annotations
 
 from pathlib import Path
 
+STUB = b"triton_python_backend_stub"
+"""The stub executable's name, the first word of each stub's command line."""
 
-def live_stub_pids(model_dir: Path, proc: Path = Path("/proc")) -> list[int]:
-    """Python-backend stub processes serving the model in `model_dir`, zombies excluded."""
-    pids = []
+
+def live_stubs(repository: Path, proc: Path = Path("/proc")) -> dict[str, list[int]]:
+    """The live stub processes (zombies excluded) of each model of `repository` that has one, by model
+    name: one pass over /proc, which the orchestrator makes every poll while tokens stream (so the
+    command line is read first, and a process's state only when it is a stub)."""
+    prefix = f"{repository}/".encode()
+    stubs: dict[str, list[int]] = {}
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
         try:
             args = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if not args[0].endswith(STUB):
+                continue
+            model_file = next((a for a in args[1:] if a.startswith(prefix)), None)
+            if model_file is None or (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
         except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
             continue
-        if state != "Z" and args and args[0].endswith(b"triton_python_backend_stub") and \
-                any(a.startswith(f"{model_dir}/".encode()) for a in args[1:]):
-            pids.append(int(entry.name))
-    return pids
+        model = model_file[len(prefix):].split(b"/", 1)[0].decode()
+        stubs.setdefault(model, []).append(int(entry.name))
+    return stubs
+
+
+def live_stub_pids(model_dir: Path, proc: Path = Path("/proc")) -> list[int]:
+    """Python-backend stub processes serving the model in `model_dir`, zombies excluded."""
+    return live_stubs(model_dir.parent, proc).get(model_dir.name, [])
