@@ -42,10 +42,11 @@ class LoadMode:
     speculation: str
     num_draft_tokens: int | None
     """None: adaptive."""
-    pipeline: bool
+    pipeline: bool | None
+    """None: the deployment's."""
 
     def params(self, max_tokens: int) -> GenerationParams:
-        return GenerationParams(max_tokens=max_tokens, temperature=0.0, speculation=self.speculation,
+        return GenerationParams(max_tokens=max_tokens, temperature=0.0, speculation=self.speculation or None,
                                 num_draft_tokens=0 if self.speculation == "off" else self.num_draft_tokens,
                                 pipeline=self.pipeline, return_perf_metrics=True, chat=True)
 
@@ -57,6 +58,10 @@ def default_modes() -> list[LoadMode]:
         LoadMode("vote adaptive", "vote", None, False),
         LoadMode("minions", "vote", None, True),  # vote + adaptive + pipeline
     ]
+
+
+DEPLOYED = LoadMode("default", "", None, None)
+"""The deployment's own default, as served (deploy.qwen.yaml's has no pipeline, which `minions` forces)."""
 
 
 @dataclass
@@ -300,7 +305,8 @@ def main() -> None:
     p.add_argument("--min-requests", type=int, default=4, help="requests per cell at low concurrency")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--modes", nargs="+", help="labels from: " + ", ".join(m.label for m in default_modes())
-                   + "; or single:<ssm> (that SSM alone, adaptive length)")
+                   + f"; or single:<ssm> (that SSM alone, adaptive length); or {DEPLOYED.label} (what a request "
+                   "that names no speculation gets: the deployment's default mode, length and pipeline)")
     p.add_argument("--datasets", nargs="+", choices=list(DATASETS | COPY_HEAVY),
                    help="prompts from these only (default: the chat sets, mixed)")
     p.add_argument("--out", default=str(ROOT / "bench_results" / "load"))
@@ -309,6 +315,7 @@ def main() -> None:
     args = p.parse_args()
     modes = [m for m in default_modes() if not args.modes or m.label in args.modes or m.label == "off"]
     modes += [LoadMode(label, label, None, False) for label in args.modes or () if label.startswith("single:")]
+    modes += [DEPLOYED] if DEPLOYED.label in (args.modes or ()) else []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cells: list[Cell] = []

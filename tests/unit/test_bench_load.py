@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.bench_load import Cell, cell_prompts, comparisons, pool_repeats, summarize
+from benchmarks.bench_load import DEPLOYED, Cell, cell_prompts, comparisons, default_modes, pool_repeats, summarize
 from minions.text.datasets import DATASETS
 
 
@@ -62,3 +62,12 @@ def test_each_concurrency_and_repeat_gets_prompts_no_other_cell_used(tmp_path, m
     assert [len(cells[c, r]) for c, r in sorted(cells)] == [4, 4, 4, 4, 8, 8]
     every = [p for prompts in cells.values() for p in prompts]
     assert len(every) == len(set(every)) == 32
+
+
+def test_the_default_mode_sends_no_speculation_length_or_pipeline_of_its_own():
+    """`--modes default`: what a request that names nothing gets, the deployment's own default (the
+    `minions` mode forces the pipeline on, which deploy.qwen.yaml turns off)."""
+    params = DEPLOYED.params(64)
+    assert (params.speculation, params.num_draft_tokens, params.pipeline) == (None, None, None)
+    minions = next(m for m in default_modes() if m.label == "minions").params(64)
+    assert (minions.speculation, minions.pipeline) == ("vote", True)
