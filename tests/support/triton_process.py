@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -48,6 +49,8 @@ class TritonProcess:
         self.deployment = load_deployment(deploy)
         self.ports = ServerPorts("127.0.0.1", free_port(), free_port(), free_port())
         self.build = Path(build) if build else Path(tempfile.mkdtemp(prefix="minions-build-"))
+        self._own_build = build is None
+        """A build folder of its own, in /tmp: its rendered repository goes when the server stops."""
         self.log_path = Path(log_path) if log_path else self.build / "tritonserver.log"
         self.proc: subprocess.Popen | None = None
         self.edit = edit
@@ -97,6 +100,12 @@ class TritonProcess:
         self._kill_stubs()  # a server that died (or was killed) leaves its stubs running
         sweep_orphaned_shm(min_age_s=0.0)  # this server's killed stubs left theirs; no process maps them now
         self._log.close()
+        if self._own_build:  # the log stays (it is read after the stop), what was rendered goes
+            for part in self.build.iterdir():
+                if part.is_dir():
+                    shutil.rmtree(part)
+                elif part != self.log_path:
+                    part.unlink()
         return self.proc.returncode
 
     def _kill_stubs(self) -> None:
