@@ -229,7 +229,10 @@ class OrchestratorSettings(_Settings):
     """The LLM's streamed plain tokens reach the orchestrator the first at once, later ones at most this
     often (0: every token): each response crosses two Python stubs and tritonserver, so fewer of them
     leave the cores to the engine (docs/engines.md, the per-token hop). Other clients of an engine
-    model get every token, as from tensorrt_llm."""
+    model get every token, as from tensorrt_llm..."""
+    llm_stream_max_responses_per_s: float = 80.0
+    """...and with many streams the interval grows, so that all of them together send at most this
+    many responses a second (0: no bound): at 80, 100 ms up to 8 streams, 200 ms at 16."""
     engine_stall_timeout_s: float = 60.0
     """An engine call, or a stream between two tokens, silent this long fails its request with an error
     instead of hanging it (a dead or stalled engine stub)."""

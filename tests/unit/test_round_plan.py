@@ -3,6 +3,8 @@ with the real length policies and Services."""
 
 from __future__ import annotations
 
+import pytest
+
 from minions.speculation.draft_length import DraftLengthSelector, FixedLength
 from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
@@ -92,3 +94,11 @@ def test_above_the_speculation_load_limit_a_drafting_request_streams_plain_token
     assert plan(calm, FixedLength(4, calm.length_stats), first=True) == Verify(0, 4, 0)
     unlimited = services(load=64)
     assert plan(unlimited, FixedLength(4, unlimited.length_stats)) == Verify(4, 64, 4)
+
+
+def test_a_streams_interval_grows_with_the_load_so_that_all_streams_send_at_most_the_rate():
+    svc = services(load=1, stream_max_responses_per_s=80.0)
+    assert svc.stream_interval_s(0.1, 1) == svc.stream_interval_s(0.1, 8) == 0.1
+    assert svc.stream_interval_s(0.1, 16) == pytest.approx(0.2)
+    assert svc.stream_interval_s(0.0, 16) == 0.0, "every token, when asked for, stays every token"
+    assert services(load=1, stream_max_responses_per_s=0.0).stream_interval_s(0.1, 64) == 0.1

@@ -130,3 +130,13 @@ def test_no_probes_above_the_load_limit(client, llm):
     assert tokens == reference(llm, REPEATING)
     assert not any(call.draft for model, call in client.calls if model == "llm")
     assert not any(model == "ngram" and not call.stop for model, call in client.calls[1:])
+
+
+@pytest.mark.parametrize("load, interval", [(1, 0.1), (16, 0.2)])
+def test_a_stream_started_under_load_asks_for_fewer_responses(client, llm, load, interval):
+    """The streamed call's interval is the request's, or longer with more requests decoding
+    (Services.stream_interval_s): 16 streams at 80 responses a second in all, 200 ms each."""
+    tokens, _, _ = decode(client, make_plan(PROMPTS[0], N, llm_streams=True, stream_interval_s=0.1,
+                                            load=lambda: load, stream_max_responses_per_s=80.0))
+    assert tokens == reference(llm, PROMPTS[0])
+    assert client.calls[0][1].streaming and client.calls[0][1].stream_interval_s == pytest.approx(interval)

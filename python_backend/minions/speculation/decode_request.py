@@ -48,12 +48,15 @@ class DecodeRequest:
         return self.use_draft_logits and not self.sampling.greedy
 
     def llm_call(self, request_id: str, sequence: list[int], tokens: int, draft: list[int] | None = None,
-                 draft_logits: np.ndarray | None = None, streaming: bool = False) -> EngineRequest:
+                 draft_logits: np.ndarray | None = None, streaming: bool = False,
+                 stream_interval_s: float | None = None) -> EngineRequest:
         """The one shape of this request's LLM calls: up to `tokens` new tokens after `sequence` (a
         verification of `draft` returns its accepted prefix and one token of the LLM's own), with the
-        request's sampling, penalties, bad words, end and seed."""
+        request's sampling, penalties, bad words, end and seed; a stream's interval is the request's
+        unless given."""
         return EngineRequest(
             request_id, list(sequence), tokens, draft=list(draft or []), draft_logits=draft_logits,
             sampling=self.sampling, seed=self.seed, end_id=self.end_id,
             bad_words=self.bad_words, penalties=self.penalties, return_log_probs=self.return_log_probs,
-            exclude_input_in_output=True, streaming=streaming, stream_interval_s=self.stream_interval_s)
+            exclude_input_in_output=True, streaming=streaming,
+            stream_interval_s=self.stream_interval_s if stream_interval_s is None else stream_interval_s)

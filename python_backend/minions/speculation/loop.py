@@ -97,7 +97,9 @@ class _Decode:
         if self.source is not None:
             self.source.drop_early()
         self._report_work(0)
-        call = self.request.llm_call(self.request_id, self.progress.sequence, plan.tokens, streaming=True)
+        interval = self.services.stream_interval_s(self.request.stream_interval_s, plan.batch)
+        call = self.request.llm_call(self.request_id, self.progress.sequence, plan.tokens, streaming=True,
+                                     stream_interval_s=interval)
         watch = self.watch if plan.watch else None
         t = time.perf_counter()
         new_call = True

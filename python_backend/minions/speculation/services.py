@@ -64,6 +64,8 @@ class Services:
     speculation_max_load: int = DEFAULTS.speculation_max_load
     probe_min_gap: int = DEFAULTS.probe_min_gap
     probe_max_gap: int = DEFAULTS.probe_max_gap
+    stream_max_responses_per_s: float = DEFAULTS.llm_stream_max_responses_per_s
+    """The LLM's streamed responses, all streams together, a second at most (stream_interval_s)."""
 
     def __post_init__(self) -> None:
         self.weights = self.weights or SsmWeights(self.ssms)
@@ -93,6 +95,7 @@ class Services:
             speculation_max_load=settings.speculation_max_load,
             probe_min_gap=settings.probe_min_gap,
             probe_max_gap=settings.probe_max_gap,
+            stream_max_responses_per_s=settings.llm_stream_max_responses_per_s,
         )
 
     def add_ssm(self, name: str) -> None:
@@ -128,6 +131,15 @@ class Services:
         request shares)."""
         return (self.probe_tokens > 0 and batch <= self.probe_max_load and not self.too_busy(batch)
                 and self.length_stats.draft_estimate(batch, length.pipelined) <= self.probe_max_draft_cost_s)
+
+    def stream_interval_s(self, interval_s: float, batch: int) -> float:
+        """A streamed call's interval between responses with `batch` requests decoding: the request's
+        (`interval_s`; 0, every token, is kept), or longer, so that `batch` streams send at most
+        `stream_max_responses_per_s` together. Each response costs CPU in both stubs, tritonserver
+        and the frontend, which llama.cpp's threads would otherwise use (docs/engines.md)."""
+        if interval_s <= 0 or self.stream_max_responses_per_s <= 0:
+            return interval_s
+        return max(interval_s, batch / self.stream_max_responses_per_s)
 
     def too_busy(self, batch: int) -> bool:
         """Whether this many requests decoding is beyond `speculation_max_load` (drafting is off)."""
