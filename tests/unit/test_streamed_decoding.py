@@ -13,7 +13,7 @@ import pytest
 from decoding import PROMPTS, InProcessClient, decode, make_plan, rounds_of
 from minions.decoding.engine_call import EngineRequest
 from minions.engines.llamacpp_engine import LlamaCppEngine
-from minions.engines.ngram_engine import NgramEngine
+from minions.engines.ngram_engine import NgramEngine, ngram_draft
 from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.mode import Speculation
 
@@ -61,12 +61,15 @@ def test_plain_decoding_the_selector_chose_is_one_stream_when_probes_find_nothin
     first comes from one streaming call: probes that find nothing end nothing."""
     stats = SharedLengthStats(LengthPolicy(candidates=(0,)))
     distinct = list(range(1000, 1020))
-    plan = make_plan(distinct, 17, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
+    n = 14  # the LLM's 15th token repeats a bigram of its own: from there on a probe could find a draft
+    expected = reference(llm, distinct)[:n]
+    assert not any(ngram_draft(distinct + expected[:i], 8, 3, 2) for i in range(n + 1)), "prompt lookup drafts"
+    plan = make_plan(distinct, n, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
                      num_draft_tokens=None, length_stats=stats, probe_min_gap=1)
     tokens, _, rounds = decode(client, plan)
-    assert tokens == reference(llm, distinct)[:17]
+    assert tokens == expected
     llm_calls = [call for model, call in client.calls if model == "llm" and not call.stop]
-    assert [c.streaming for c in llm_calls] == [False, True]  # round 1, then 16 tokens from one stream
+    assert [c.streaming for c in llm_calls] == [False, True]  # round 1, then the rest from one stream
     assert all(r.drafted == 0 for r in rounds)
     probes = [call for model, call in client.calls if model == "ngram" and len(call.input_ids) > len(distinct) + 1]
     assert probes, "the stream was probed"
