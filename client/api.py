@@ -13,7 +13,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -250,6 +250,19 @@ def _post(url: str, body: dict, timeout_s: float):
         raise
 
 
+def _sse_events(response) -> Iterator[dict]:
+    """The JSON events of a server-sent-event stream (OpenAI's closing `[DONE]` skipped); an event that
+    carries an `error` raises it."""
+    for raw in response:
+        line = raw.decode("utf-8").strip()
+        if not line.startswith("data:") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[5:])
+        if "error" in event:
+            raise MinionsClientError(str(event["error"]))
+        yield event
+
+
 def generate_http(
     url: str,
     model: str,
@@ -270,13 +283,7 @@ def generate_http(
             if not stream:
                 completion.add(json.loads(response.read()), time.perf_counter() - start, on_text)
             else:
-                for raw in response:
-                    line = raw.decode("utf-8").strip()
-                    if not line.startswith("data:"):
-                        continue
-                    event = json.loads(line[5:])
-                    if "error" in event:
-                        raise MinionsClientError(event["error"])
+                for event in _sse_events(response):
                     completion.add(event, time.perf_counter() - start, on_text)
     except TimeoutError:  # closing the connection cancels the request on the server
         raise _silent(model, timeout_s, completion) from None
@@ -315,13 +322,7 @@ def generate_openai(
     start = time.perf_counter()
     try:
         with _post(f"{base.rstrip('/')}/chat/completions", body, timeout_s) as response:
-            for raw in response:
-                line = raw.decode("utf-8").strip()
-                if not line.startswith("data:") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[5:])
-                if "error" in event:
-                    raise MinionsClientError(str(event["error"]))
+            for event in _sse_events(response):
                 outputs = {}
                 for choice in event.get("choices") or []:
                     outputs["text_output"] = (choice.get("delta") or {}).get("content")

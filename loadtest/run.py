@@ -97,11 +97,14 @@ def settings(args: argparse.Namespace) -> dict:
             "time_s": args.time, "protocols": args.protocols, **shared}
 
 
+def loads_triton(args: argparse.Namespace) -> bool:
+    """Whether some users go to Triton's own endpoints (else only to --openai-host)."""
+    return any(p in TRITON_PROTOCOLS for p in args.protocols)
+
+
 def server_name(args: argparse.Namespace) -> str:
     """What the users load: the running server named, or the deployment started."""
-    if not any(p in TRITON_PROTOCOLS for p in args.protocols):
-        return args.openai_host
-    return args.host or args.deploy
+    return args.host or args.deploy if loads_triton(args) else args.openai_host
 
 
 def title(args: argparse.Namespace) -> str:
@@ -115,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / RECORDS).unlink(missing_ok=True)
     with contextlib.ExitStack() as stack:
-        own = not args.host and any(p in TRITON_PROTOCOLS for p in args.protocols)
+        own = not args.host and loads_triton(args)
         server = stack.enter_context(TritonProcess(args.deploy, out / "tritonserver.log")) if own else None
         # Locust's --host is the HTTP user's; an openai-only run has none and names the OpenAI server.
         http_url, args.grpc_host = ((args.host or args.openai_host, args.grpc_host) if server is None
