@@ -57,14 +57,15 @@ def mark_modified(repository: Path, model: str) -> None:
 
 
 class ModelControl:
-    def __init__(self, client: TritonEngineClient, repository: Path, llm: str, services: Services,
+    def __init__(self, client: TritonEngineClient, repository: Path, services: Services,
                  tally: MetricTally, poll_interval_s: float, reload: bool,
                  on_join: Callable[[str, bool], None] | None = None) -> None:
-        """The SSMs watched are `services.ssms`, the served ones. `on_join(name, decoupled)`: a new SSM
-        model was found READY in the repository (`_discover`); it must add the SSM to `services`."""
+        """The models watched are `services.llm` and `services.ssms`, the served ones. `on_join(name,
+        decoupled)`: a new SSM model was found READY in the repository (`_discover`); it must add the SSM
+        to `services`."""
         self.client = client
         self.repository = repository
-        self.llm = llm
+        self.llm = services.llm
         self.llm_unavailable: str | None = None
         """Why requests are refused now (the LLM is not ready, or its stub died); None while it serves."""
         self._llm_ready_exported: float | None = None

@@ -95,9 +95,9 @@ class TritonPythonModel:
         self.admission = Admission(self.settings.active_requests_limit, self.settings.kv_budget_tokens,
                                    self.settings.kv_chunk_tokens, self.settings.max_queued_requests)
         self.services = Services.from_settings(self.settings, load=lambda: self.admission.running)
-        self.models = ModelControl(self.client, Path(args["model_repository"]).parent, self.settings.llm_model_name,
-                                   self.services, self.metrics.tally,
-                                   self.settings.model_poll_interval_s, self.settings.ssm_reload, self._join)
+        self.models = ModelControl(self.client, Path(args["model_repository"]).parent, self.services,
+                                   self.metrics.tally, self.settings.model_poll_interval_s, self.settings.ssm_reload,
+                                   self._join)
         self.tasks: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         """The stub's event loop, which runs every task (set by the first execute)."""
