@@ -140,7 +140,12 @@ def start_server(dep: Deployment, ports: ServerPorts, build: Path, stdout=None, 
 
 
 def wait_ready(ports: ServerPorts, proc: subprocess.Popen, timeout: float = 300.0) -> None:
-    wait_http_ok(f"http://{ports.host}:{ports.http}/v2/health/ready", proc, "tritonserver", timeout)
+    """Wait until tritonserver says it is ready and its metrics endpoint answers: it starts that
+    endpoint last, tens of ms after HTTP says ready, and a caller that reads metrics at once (a
+    benchmark's first cell) was refused."""
+    deadline = time.monotonic() + timeout
+    for url in (f"http://{ports.host}:{ports.http}/v2/health/ready", f"http://{ports.host}:{ports.metrics}/metrics"):
+        wait_http_ok(url, proc, "tritonserver", max(deadline - time.monotonic(), 0.0))
 
 
 def wait_http_ok(url: str, proc: subprocess.Popen, what: str, timeout: float) -> None:
