@@ -42,6 +42,7 @@ DEAD_STUB = "is not healthy"
 SWEEP_DELAYS_S = (1.0, 2.0, 4.0, 8.0)
 
 PROBE_ID = "minions-health-probe"
+"""The sequence the LLM probe stops: none has this id, so a live stub answers at once and keeps nothing."""
 
 PROBE_TIMEOUT_S = 5.0
 """A probe waits this long at most, so that one unanswered call does not hold up the next poll."""
@@ -53,7 +54,6 @@ def mark_modified(repository: Path, model: str) -> None:
     update without new instances)."""
     for path in (repository / model).glob("[0-9]*/*"):
         os.utime(path)
-"""The sequence the LLM probe stops: none has this id, so a live stub answers at once and keeps nothing."""
 
 
 class ModelControl:
@@ -94,9 +94,13 @@ class ModelControl:
                 log.debug("could not read the model repository's index: %s", exc)
             await asyncio.sleep(self.poll_interval_s)
 
-    async def poll(self) -> None:
+    async def _states(self) -> dict[str, tuple[str, str]]:
+        """Each model of the repository's (state, reason), as Triton's index says now."""
         index = await self.client.service().RepositoryIndex(service_pb2.RepositoryIndexRequest(ready=False))
-        states = {m.name: (m.state, m.reason) for m in index.models}
+        return {m.name: (m.state, m.reason) for m in index.models}
+
+    async def poll(self) -> None:
+        states = await self._states()
 
         def described(model: str) -> tuple[bool, str]:
             state, reason = states.get(model, ("UNAVAILABLE", "not in the repository"))
@@ -114,6 +118,9 @@ class ModelControl:
         watched = [m for m in (self.llm, *self.ssms) if self._watched(m, described(m)[0])]
         stubs = live_stubs(self.repository) if watched else {}
         dead = {m: f"no live stub process: it {DEAD_STUB}" for m in watched if not stubs.get(m)}
+        if dead:  # an operator's unload since the index was read also ends the stub, and then Triton says so
+            now = await self._states()
+            dead = {m: why for m, why in dead.items() if now.get(m, ("",))[0] == "READY"}
         probed = [m for m in watched if m not in dead]
         failures = dict(zip(probed, await asyncio.gather(*(self._probe(m) for m in probed)))) | dead
         for model, failure in failures.items():
