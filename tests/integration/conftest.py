@@ -10,13 +10,22 @@ import yaml
 from minions.text.datasets import DATASETS
 from tests.integration.helpers import kept_prompts, openai_frontend, served
 from tests.support.datasets import write_prompt_sets
-from tests.support.triton_process import ROOT
+from tests.support.triton_process import ROOT, TritonProcess
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if "integration" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _servers_alive():
+    """A tritonserver that dies fails the test it died in, with its exit code and log, rather than
+    leaving the tests after it to fail on refused connections."""
+    yield
+    if deaths := TritonProcess.died():
+        pytest.fail("\n\n".join(deaths), pytrace=False)
 
 
 def _serve(tmp_path_factory, deploy: str):

@@ -10,9 +10,11 @@ import signal
 import subprocess
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from minions.deploy.config import ROOT, load_deployment
 from minions.deploy.server import ServerPorts, free_port, start_server, wait_ready
@@ -42,6 +44,9 @@ class Stub:
 
 class TritonProcess:
     """Context manager: start tritonserver, wait until ready, stop it (and its stubs) on exit."""
+
+    running: ClassVar[weakref.WeakSet[TritonProcess]] = weakref.WeakSet()
+    """The servers started and not yet stopped (a dead one stays until someone looks: `died`)."""
 
     def __init__(self, deploy: str | Path = ROOT / "deploy.yaml", log_path: str | Path | None = None,
                  build: str | Path | None = None, edit: Callable[[Path], None] | None = None) -> None:
@@ -78,7 +83,18 @@ class TritonProcess:
         except Exception:
             self.stop()
             raise RuntimeError(f"tritonserver did not start; log tail:\n{self.log_text()[-4000:]}") from None
+        TritonProcess.running.add(self)
         return self
+
+    @classmethod
+    def died(cls) -> list[str]:
+        """How each server that exited without being stopped ended (its exit code and log tail); they
+        are then forgotten, so each is told once."""
+        dead = [server for server in cls.running if server.proc.poll() is not None]
+        for server in dead:
+            cls.running.discard(server)
+        return [f"tritonserver of {server.build} exited with code {server.proc.returncode} while in use; "
+                f"log tail:\n{server.log_text()[-4000:]}" for server in dead]
 
     def stubs(self) -> dict[str, Stub]:
         """This server's stub processes, by model instance name (e.g. `llm_0_0`)."""
@@ -96,6 +112,7 @@ class TritonProcess:
     def stop(self, timeout: float = 60.0) -> int | None:
         if self.proc is None:
             return None
+        TritonProcess.running.discard(self)
         stop_process(self.proc, signal.SIGINT, timeout)
         self._kill_stubs()  # a server that died (or was killed) leaves its stubs running
         sweep_orphaned_shm(min_age_s=0.0)  # this server's killed stubs left theirs; no process maps them now
