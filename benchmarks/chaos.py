@@ -229,7 +229,7 @@ def stub_processes(server: TritonProcess) -> list[StubProcess]:
     out = subprocess.run(["ps", "-ww", "-eo", "pid,rss,args"], capture_output=True, text=True, check=True).stdout
     stubs = []
     for line in out.splitlines():
-        if "triton_python_backend_stub" not in line or str(server.build) not in line:
+        if "triton_python_backend_stub" not in line or f"{server.build}/" not in line:
             continue
         pid, rss, *args = line.split()
         model = next((Path(a).parent.parent.name for a in args if a.endswith("/model.py")), "?")

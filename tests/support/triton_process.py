@@ -101,7 +101,7 @@ class TritonProcess:
         out = subprocess.run(["ps", "-ww", "-eo", "pid,rss,args"], capture_output=True, text=True, check=True).stdout
         stubs = {}
         for line in out.splitlines():
-            if "triton_python_backend_stub" not in line or str(self.build) not in line:
+            if "triton_python_backend_stub" not in line or f"{self.build}/" not in line:
                 continue
             pid, rss, *args = line.split()
             instance = next((a for a in reversed(args) if re.search(r"_\d+_\d+$", a)), args[-1])
