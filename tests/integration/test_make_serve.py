@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import yaml
 
-from minions.deploy.server import free_port, server_env
+from minions.deploy.server import free_ports, server_env
 from minions.triton.stubs import live_stub_pids
 from minions.triton.shm import sweep_orphaned_shm
 from tests.integration.helpers import http_ok, wait_until
@@ -27,7 +27,7 @@ def _serving(tmp_path: Path):
     it exited cleanly and left nothing running."""
     raw = yaml.safe_load((ROOT / "deploy.yaml").read_text())
     raw["cache_dir"] = str(ROOT / raw["cache_dir"])
-    ports = {name: free_port() for name in ("http_port", "grpc_port", "metrics_port", "openai_port")}
+    ports = dict(zip(("http_port", "grpc_port", "metrics_port", "openai_port"), free_ports(4)))
     raw["server"].update(ports)
     deploy = tmp_path / "deploy.yaml"
     deploy.write_text(yaml.safe_dump(raw))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from minions.deploy.config import ROOT, load_deployment
-from minions.deploy.server import ServerPorts, free_port, start_server, wait_ready
+from minions.deploy.server import ServerPorts, free_ports, start_server, wait_ready
 from minions.triton.shm import SHM_PREFIX, sweep_orphaned_shm
 
 
@@ -52,7 +52,7 @@ class TritonProcess:
                  build: str | Path | None = None, edit: Callable[[Path], None] | None = None) -> None:
         """`edit`: called with the rendered repository before tritonserver starts on it."""
         self.deployment = load_deployment(deploy)
-        self.ports = ServerPorts("127.0.0.1", free_port(), free_port(), free_port())
+        self.ports = ServerPorts("127.0.0.1", *free_ports(3))
         self.build = Path(build) if build else Path(tempfile.mkdtemp(prefix="minions-build-"))
         self._own_build = build is None
         """A build folder of its own, in /tmp: its rendered repository goes when the server stops."""

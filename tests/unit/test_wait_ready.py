@@ -1,5 +1,5 @@
-"""minions.deploy.server.wait_ready: a server counts as started only once its metrics endpoint answers too
-(tritonserver opens it last, after HTTP already says ready)."""
+"""minions.deploy.server's start helpers: a server counts as started only once its metrics endpoint
+answers too (tritonserver opens it last, after HTTP already says ready); its ports are distinct."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from minions.deploy.server import ServerPorts, free_port, wait_ready
+from minions.deploy.server import ServerPorts, free_ports, wait_ready
 
 
 class _Endpoint(ThreadingHTTPServer):
@@ -45,7 +45,7 @@ def running():
 
 
 def test_ready_waits_for_the_metrics_endpoint_that_opens_after_http_says_ready(running):
-    ports = ServerPorts("127.0.0.1", free_port(), free_port(), free_port())
+    ports = ServerPorts("127.0.0.1", *free_ports(3))
     opened: list[_Endpoint] = []
 
     def open_metrics() -> None:  # as tritonserver: metrics listens only once HTTP has said ready
@@ -66,6 +66,10 @@ def test_ready_waits_for_the_metrics_endpoint_that_opens_after_http_says_ready(r
 def test_a_server_that_exits_before_it_is_ready_is_reported():
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     proc.wait()
-    ports = ServerPorts("127.0.0.1", free_port(), free_port(), free_port())
+    ports = ServerPorts("127.0.0.1", *free_ports(3))
     with pytest.raises(RuntimeError, match="exited with code 3"):
         wait_ready(ports, proc, timeout=30)
+
+
+def test_ports_picked_together_are_distinct():
+    assert len(set(free_ports(64))) == 64

@@ -8,6 +8,7 @@ Debian's libpython3.11, so this must run from the project's venv made with /usr/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shlex
@@ -69,9 +70,17 @@ def prepare_backend_dir(build: Path) -> Path:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports free now: each socket stays bound until all are picked (ports asked one
+    at a time can come back twice, once the first socket is closed)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def repository_models(repo: Path) -> list[str]:
@@ -113,7 +122,8 @@ def server_env() -> dict[str, str]:
     libs = [str(p) for p in (site / "nvidia_pytriton.libs", triton_home() / "lib") if p.is_dir()]
     env["LD_LIBRARY_PATH"] = ":".join(libs + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p])
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    env["PYTHONPATH"] = ":".join([str(ROOT / "python_backend")] + [p for p in env.get("PYTHONPATH", "").split(":") if p])
+    paths = [p for p in env.get("PYTHONPATH", "").split(":") if p]
+    env["PYTHONPATH"] = ":".join([str(ROOT / "python_backend"), *paths])
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
