@@ -88,12 +88,15 @@ class TritonProcess:
 
     @classmethod
     def died(cls) -> list[str]:
-        """How each server that exited without being stopped ended (its exit code and log tail); they
-        are then forgotten, so each is told once."""
+        """How each server that exited without being stopped ended (its exit code, the room left in
+        /dev/shm, where a full tmpfs kills whoever touches a new page of a region, and its log tail);
+        they are then forgotten, so each is told once."""
         dead = [server for server in cls.running if server.proc.poll() is not None]
         for server in dead:
             cls.running.discard(server)
-        return [f"tritonserver of {server.build} exited with code {server.proc.returncode} while in use; "
+        shm = os.statvfs("/dev/shm")
+        room = f"/dev/shm {shm.f_bavail * shm.f_frsize >> 20} of {shm.f_blocks * shm.f_frsize >> 20} MiB free"
+        return [f"tritonserver of {server.build} exited with code {server.proc.returncode} while in use ({room}); "
                 f"log tail:\n{server.log_text()[-4000:]}" for server in dead]
 
     def stubs(self) -> dict[str, Stub]:
