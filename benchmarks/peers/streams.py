@@ -13,6 +13,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..workers import run_streams
 
 
@@ -60,6 +62,7 @@ class Cell:
             "tokens_per_s": tokens / self.wall_s if self.wall_s else 0.0,
             "ttft_mean_ms": 1000 * statistics.mean(ttfts) if ttfts else None,
             "ttft_p50_ms": 1000 * statistics.median(ttfts) if ttfts else None,
+            "ttft_p99_ms": 1000 * float(np.percentile(ttfts, 99)) if ttfts else None,
             "itl_ms": 1000 * statistics.mean(itls) if itls else None,
             "errors": len(self.errors), "foreign_cores": self.foreign_cores,
         }

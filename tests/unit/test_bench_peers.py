@@ -102,3 +102,10 @@ def test_a_conversation_re_sends_its_history_with_the_system_s_own_answers(promp
     rows = cell.rows()
     assert [r["turn"] for r in rows] == [1, 2, 3]
     assert [round(r["ttft_p50_ms"]) for r in rows] == [100, 300, 500]
+
+
+def test_a_cell_reports_its_slowest_first_tokens_as_well_as_its_median():
+    cell = Cell("sys", "chat", 2, wall_s=1.0)
+    cell.samples = {i: Sample("", 10, ttft, ttft + 1.0) for i, ttft in enumerate([0.1, 0.1, 0.1, 2.0])}
+    row = cell.row()
+    assert row["ttft_p50_ms"] == pytest.approx(100) and row["ttft_p99_ms"] == pytest.approx(1943)
