@@ -55,7 +55,6 @@ import os
 import random
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -225,16 +224,12 @@ class StubProcess:
 
 
 def stub_processes(server: TritonProcess) -> list[StubProcess]:
-    """Every live stub of the server (two of a model while it reloads), from ps."""
-    out = subprocess.run(["ps", "-ww", "-eo", "pid,rss,args"], capture_output=True, text=True, check=True).stdout
+    """Every live stub of the server (two of a model while it reloads), by model."""
     stubs = []
-    for line in out.splitlines():
-        if "triton_python_backend_stub" not in line or f"{server.build}/" not in line:
-            continue
-        pid, rss, *args = line.split()
+    for pid, rss, args in server.stub_commands():
         model = next((Path(a).parent.parent.name for a in args if a.endswith("/model.py")), "?")
         region = next((a.lstrip("/") for a in args if SHM_PREFIX in a), "")
-        stubs.append(StubProcess(model, int(pid), int(rss) * 1024, region))
+        stubs.append(StubProcess(model, pid, rss, region))
     return stubs
 
 

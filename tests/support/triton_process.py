@@ -99,17 +99,24 @@ class TritonProcess:
         return [f"tritonserver of {server.build} exited with code {server.proc.returncode} while in use ({room}); "
                 f"log tail:\n{server.log_text()[-4000:]}" for server in dead]
 
+    def stub_commands(self) -> list[tuple[int, int, list[str]]]:
+        """(pid, RSS in bytes, command line words) of each of this server's stub processes, from ps
+        (both of a model while it reloads)."""
+        out = subprocess.run(["ps", "-ww", "-eo", "pid,rss,args"], capture_output=True, text=True, check=True).stdout
+        found = []
+        for line in out.splitlines():
+            if "triton_python_backend_stub" in line and f"{self.build}/" in line:
+                pid, rss, *args = line.split()
+                found.append((int(pid), int(rss) * 1024, args))
+        return found
+
     def stubs(self) -> dict[str, Stub]:
         """This server's stub processes, by model instance name (e.g. `llm_0_0`)."""
-        out = subprocess.run(["ps", "-ww", "-eo", "pid,rss,args"], capture_output=True, text=True, check=True).stdout
         stubs = {}
-        for line in out.splitlines():
-            if "triton_python_backend_stub" not in line or f"{self.build}/" not in line:
-                continue
-            pid, rss, *args = line.split()
+        for pid, rss, args in self.stub_commands():
             instance = next((a for a in reversed(args) if re.search(r"_\d+_\d+$", a)), args[-1])
             region = next((a for a in args if SHM_PREFIX in a), "")
-            stubs[instance] = Stub(int(pid), int(rss) * 1024, region.lstrip("/"))
+            stubs[instance] = Stub(pid, rss, region.lstrip("/"))
         return stubs
 
     def stop(self, timeout: float = 60.0) -> int | None:
