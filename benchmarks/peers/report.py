@@ -27,8 +27,8 @@ def summarize(cells: list[Cell], plain: list[str], reference: str) -> tuple[list
         ref = group.get(reference)
         for cell in group.values():
             row = cell.row()
-            row["same_as_ref"] = (sum(i in ref.samples and ref.samples[i].text == s.text for i, s in cell.samples.items())
-                                  if ref else None)
+            row["same_as_ref"] = (sum(i in ref.samples and ref.samples[i].text == s.text
+                                      for i, s in cell.samples.items()) if ref else None)
             rows.append(row)
     winner = plain_winner(rows, plain)
     rate = {(r["workload"], r["streams"]): r["tokens_per_s"] for r in rows if r["system"] == winner["faster"]}
@@ -56,8 +56,8 @@ def format_table(rows: list[dict], winner: dict, reference: str) -> str:
     head = (f"{'workload':<13} {'streams':>7} {'system':<26} {'tok/s':>7} {'vs plain':>8} {'TTFT mean':>9} "
             f"{'TTFT p50':>8} {'TTFT p99':>8} {'ITL ms':>7} {'same':>6} {'others':>6}")
     title = (f"## Minions against llama-server (greedy; vs plain = tokens/s over {winner['faster']}, the faster "
-             f"llama-server plain configuration, in the same cell; same = outputs identical to {reference}; others = CPU cores other processes "
-             "used meanwhile)")
+             f"llama-server plain configuration, in the same cell; same = outputs identical to {reference}; "
+             "others = CPU cores other processes used meanwhile)")
     if winner["faster"] is None:
         title = f"## Minions (greedy; no llama-server in this run; same = outputs identical to {reference})"
     lines = [title, head, "-" * len(head)]
