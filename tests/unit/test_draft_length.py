@@ -292,24 +292,3 @@ def test_passes_holding_prefills_longer_than_any_candidate_stay_out_of_the_cost_
         shared.observe(16, False, 80, 0, None, 1.0)
     assert set(shared.verify.measured_lengths(16)) == {0, 4, 8}
     assert shared.verify.estimate(16, 12) == pytest.approx(0.3 + 0.05 * 12, rel=0.02)
-
-
-def test_a_draft_already_made_is_verified_as_far_as_it_pays():
-    """A probe's draft (made during a plain stream, so its drafting is spent) is cut to the prefix with the
-    least expected time per token, or dropped when no prefix beats plain decoding; before anything is
-    measured it is verified whole."""
-    assert DraftLengthSelector(SharedLengthStats(), max_length=16).verifiable(1, 8) == 8
-
-    def trained(world: World) -> DraftLengthSelector:
-        selector = DraftLengthSelector(SharedLengthStats(), max_length=8)
-        world.run(selector, 1, 300)
-        return selector
-
-    def true_best(world: World, drafted: int) -> int:
-        return min(range(1, drafted + 1), key=lambda s: world.verify_seconds(1, s) / sum(world.acceptance**i
-                                                                                          for i in range(s + 1)))
-
-    assert trained(World(0.95, seed=1)).verifiable(1, 8) == true_best(World(0.95), 8) == 8
-    steep = World(0.7, slope=0.02, seed=2)  # a draft token costs 0.3 steps: a short prefix pays, 8 tokens do not
-    assert 1 <= trained(steep).verifiable(1, 8) <= 4 and true_best(steep, 8) <= 4
-    assert trained(World(0.05, seed=3)).verifiable(1, 8) == 0

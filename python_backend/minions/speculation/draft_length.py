@@ -96,19 +96,6 @@ class DraftLengthSelector:
         draft = self.draft_cost(batch)
         return {s: None if verify[s] is None else (s * draft + verify[s]) / expected[s] for s in lengths}
 
-    def verifiable(self, batch: int, drafted: int) -> int:
-        """How much of a draft already made (a probe's, during a plain stream) is worth verifying at this
-        load: the length k <= `drafted` with the least time per token t(b, k) / E(k), if that beats
-        plain decoding's t(b, 0) by the margin; else 0. Its drafting is spent, so it is not charged.
-        Before t(b, 0) or t(b, k) is measured, the whole draft: verifying it is how they get measured."""
-        lengths = range(drafted + 1)
-        verify = self.shared.verify.estimates(batch, lengths)
-        if verify[0] is None or verify[drafted] is None:
-            return drafted
-        expected = self._expected(drafted)
-        best = min(range(1, drafted + 1), key=lambda k: (verify[k] / expected[k], -k), default=0)
-        return best if best and verify[best] / expected[best] < (1.0 - self.policy.margin) * verify[0] else 0
-
     # -- the decision ------------------------------------------------------------------------------
     def choose(self, batch: int) -> int:
         """The draft length for the next round at the current load."""
@@ -187,10 +174,6 @@ class FixedLength:
     def survival(self, n: int) -> float | None:
         """No estimate of acceptance is kept for a fixed length."""
         return None
-
-    def verifiable(self, batch: int, drafted: int) -> int:
-        """A fixed length judges no draft already made: a probe's is verified whole."""
-        return drafted
 
     def observe(self, batch: int, drafted: int, accepted: int, draft_seconds: float | None,
                 verify_seconds: float) -> None:

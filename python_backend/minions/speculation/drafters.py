@@ -59,14 +59,6 @@ class Proposal:
     exploring: dict[str, asyncio.Future] = field(default_factory=dict)
     """Drafts still being made by SSMs the round did not wait for (scored if done by verification's end)."""
 
-    def cut(self, length: int) -> Proposal:
-        """The draft (and its logits) cut to its first `length` tokens. The ballots stay whole: each is
-        scored only as far as the LLM's output reaches (weights.draft_score)."""
-        self.draft = self.draft[:length]
-        if self.logits is not None:
-            self.logits = self.logits[:length]
-        return self
-
 
 class Drafter(Protocol):
     ssms: tuple[str, ...]

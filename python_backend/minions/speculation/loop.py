@@ -87,11 +87,9 @@ class _Decode:
         return plan
 
     async def _probe(self, sequence: list[int]) -> Proposal:
-        """The drafters' proposal continuing `sequence`, asked while plain tokens stream, cut to the part
-        worth verifying at this load by the length policy's estimates (none: the stream goes on)."""
+        """The drafters' proposal continuing `sequence`, asked while plain tokens stream."""
         k = max(self.services.probe_tokens, self.length.current)
-        proposal = await self.drafter.propose(self.client, self.source.round(sequence, k, self.progress.index))
-        return proposal.cut(self.length.verifiable(self.services.load(), len(proposal.draft)))
+        return await self.drafter.propose(self.client, self.source.round(sequence, k, self.progress.index))
 
     async def stream_plain(self, plan: StreamPlain) -> AsyncIterator[Round]:
         """Up to plan.tokens plain tokens streamed from one LLM call, a round per response (timed from the
