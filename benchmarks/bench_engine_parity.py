@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     args = parser.parse_args()
     dep = load_deployment(args.deploy)
-    settings = engine_settings(dep.llm, dep, DEFAULTS.max_context)
+    settings = engine_settings(dep.llm, dep, DEFAULTS)
     slots = max(args.streams)
 
     def engine_run() -> dict[int, float]:

@@ -45,7 +45,7 @@ def engine_ms_per_token(deploy: Path, prompts: list[str], lengths: list[int]) ->
     from transformers import AutoTokenizer
 
     dep = load_deployment(deploy)
-    engine = build_engine(engine_settings(dep.llm, dep, DEFAULTS.max_context))
+    engine = build_engine(engine_settings(dep.llm, dep, DEFAULTS))
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir_for(dep.llm["source"], dep))
     times = []
     for i, (prompt, n) in enumerate(zip(prompts, lengths)):

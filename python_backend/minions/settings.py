@@ -125,6 +125,9 @@ class EngineSettings(_Settings):
     (docs/engines.md)."""
     max_context: int = derived(2048)
     """Set from orchestrator.max_context by the renderer."""
+    max_draft_tokens: int = derived(16)
+    """Set from orchestrator.max_num_draft_tokens by the renderer: lookup drafters take a request's last
+    this many tokens for a draft perhaps still being verified (engines/draft_confidence.py)."""
     dtype: str = "float32"
     """torch engines' weights and KV: float32 | float16 | bfloat16."""
     device: str = "cpu"
@@ -148,6 +151,9 @@ class EngineSettings(_Settings):
     """suffix: tokens of released sequences kept to draft from, oldest sequences evicted first (0: none)."""
     suffix_spec_factor: float = 2.0
     """suffix: a match of m tokens drafts at most this many times m tokens (0: no limit)."""
+    lookup_min_confidence: float = ranged(0.25, 0, 1)
+    """ngram, suffix: end a draft where the estimated chance that all its tokens so far are right falls
+    below this; learnt per match length from earlier drafts' outcomes (engines/draft_confidence.py)."""
 
     def kv_budget_bytes(self) -> int | None:
         return int(self.kv_budget_mb * 2**20) if self.kv_budget_mb > 0 else None

@@ -42,7 +42,7 @@ class NearTieChecker:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir_for(dep.llm["source"], dep))
-        self.engine = build_engine(engine_settings(dep.llm, dep, DEFAULTS.max_context))
+        self.engine = build_engine(engine_settings(dep.llm, dep, DEFAULTS))
 
     def divergence(self, prompt: str, reference: str, other: str) -> Divergence | None:
         """The first token where `other` leaves `reference` (both greedy outputs of the chat prompt)."""

@@ -103,7 +103,7 @@ def test_every_setting_is_rendered_and_read_back_unchanged(tmp_path, tiny_llm):
     dep = load_deployment(write_deploy(tmp_path, tiny_llm))
     repo = render_repository(dep, tmp_path / "repo")
     expected = {"minions": orchestrator_settings(dep)}
-    expected |= {m["name"]: engine_settings(m, dep, expected["minions"].max_context) for m in [dep.llm, dep.ssms[0]]}
+    expected |= {m["name"]: engine_settings(m, dep, expected["minions"]) for m in [dep.llm, dep.ssms[0]]}
     assert expected["minions"].active_requests_limit == EngineSettings.max_sequences
     for model, settings in expected.items():
         config = text_format.Parse((repo / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())

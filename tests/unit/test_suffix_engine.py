@@ -14,8 +14,9 @@ from minions.settings import EngineSettings
 
 
 def make(**settings) -> SuffixEngine:
-    """Built as a deployment builds it (the defaults are EngineSettings')."""
-    engine = build_engine(EngineSettings(engine="suffix", **settings))
+    """Built as a deployment builds it (the defaults are EngineSettings'), its drafts not cut by
+    confidence unless `lookup_min_confidence` is given (tested in test_draft_confidence.py)."""
+    engine = build_engine(EngineSettings(engine="suffix", **{"lookup_min_confidence": 0.0, **settings}))
     assert isinstance(engine, SuffixEngine)
     return engine
 
@@ -285,7 +286,7 @@ def test_a_key_collision_is_checked_against_the_tokens():
     index.prev[4] = 1  # the end of (1, 2) at 4 now chains to where (5, 6) ends
     length, ends = index.occurrences(np.array([9, 1, 2]))
     assert length == 2 and ends.tolist() == [4]
-    assert index.continuation(ends, 3, 0.1) == ([8, 1, 2], 3.0)
+    assert index.continuation(ends, 3, 0.1) == ([8, 1, 2], [1.0, 1.0, 1.0])
 
 
 def test_an_occurrence_with_nothing_after_it_leaves_the_others():

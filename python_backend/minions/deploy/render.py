@@ -47,8 +47,9 @@ TENSORRT_LLM_IO = TEMPLATES / "tensorrt_llm_io.pbtxt"
 """The engine models' shared input and output blocks."""
 
 
-def engine_settings(model: dict, dep: Deployment, max_context: int) -> EngineSettings:
-    """An engine model's settings: its deploy.yaml entry, its model file resolved from `source`."""
+def engine_settings(model: dict, dep: Deployment, orchestrator: OrchestratorSettings) -> EngineSettings:
+    """An engine model's settings: its deploy.yaml entry, its model file resolved from `source`, the
+    context and the longest draft from the orchestrator's settings."""
     path = ""
     if model["engine"] == EngineKind.TORCH:
         path = str(hf_dir_for(model["source"], dep))
@@ -56,7 +57,9 @@ def engine_settings(model: dict, dep: Deployment, max_context: int) -> EngineSet
         path = str(gguf_for(model["source"], dep, model.get("repack")))
     elif model["engine"] == EngineKind.DISTILLED:
         path = str(distilled_dir(model, dep))
-    return EngineSettings.from_yaml(model, model_name=model["name"], model_path=path, max_context=max_context)
+    return EngineSettings.from_yaml(model, model_name=model["name"], model_path=path,
+                                    max_context=orchestrator.max_context,
+                                    max_draft_tokens=orchestrator.max_num_draft_tokens)
 
 
 def trtllm_settings(model: dict, dep: Deployment, orchestrator: OrchestratorSettings) -> TrtllmSettings:
@@ -156,7 +159,7 @@ def render_repository(dep: Deployment, out_dir: Path, grpc_url: str | None = Non
         if model["engine"] == EngineKind.TENSORRTLLM:
             _fill(template, out_dir / model["name"], trtllm_settings(model, dep, orchestrator).params(), native=True)
         else:
-            _fill(template, out_dir / model["name"], engine_settings(model, dep, orchestrator.max_context).params())
+            _fill(template, out_dir / model["name"], engine_settings(model, dep, orchestrator).params())
     _fill(TEMPLATES / "minions", out_dir / orchestrator.model_name, orchestrator.params())
     return out_dir
 

@@ -41,12 +41,15 @@ def build_engine(settings: EngineSettings) -> Engine:
     if kind == EngineKind.NGRAM:
         from minions.engines.ngram_engine import NgramEngine
 
-        return NgramEngine(settings.max_ngram, settings.min_ngram, settings.ngram_spec_factor)
+        return NgramEngine(settings.max_ngram, settings.min_ngram, settings.ngram_spec_factor,
+                           settings.lookup_min_confidence, settings.max_draft_tokens)
     if kind == EngineKind.SUFFIX:
         from minions.engines.suffix_engine import SuffixEngine
 
         return SuffixEngine(max_match=settings.suffix_max_match, min_match=settings.suffix_min_match,
                             min_prob=settings.suffix_min_prob, corpus_tokens=settings.suffix_corpus_tokens,
-                            max_sequences=settings.max_sequences, spec_factor=settings.suffix_spec_factor)
+                            max_sequences=settings.max_sequences, spec_factor=settings.suffix_spec_factor,
+                            min_confidence=settings.lookup_min_confidence,
+                            settle_margin=settings.max_draft_tokens)
     raise ValueError(f"engine {kind!r} is not run by minions.engines (one of {EngineKind.listed()}; "
                      f"{EngineKind.TENSORRTLLM} is Triton's own backend)")

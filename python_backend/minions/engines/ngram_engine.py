@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix
 from minions.errors import InvalidRequest
 
 
@@ -35,8 +36,14 @@ def ngram_draft(tokens: Sequence[int], k: int, max_ngram: int = 3, min_ngram: in
     beyond the n-gram, up to MAX_MATCH), as SuffixDecoding bounds its drafts: a 2-token match, which
     any text has, is weak evidence for a long continuation; a copy that has run for 30 tokens is strong.
     """
+    return ngram_match(tokens, k, max_ngram, min_ngram, spec_factor)[0]
+
+
+def ngram_match(tokens: Sequence[int], k: int, max_ngram: int = 3, min_ngram: int = 1,
+                spec_factor: float = 0.0) -> tuple[list[int], int]:
+    """`ngram_draft`'s draft, and the length of the match it continues (0 with no draft)."""
     if k <= 0 or len(tokens) < 2:
-        return []
+        return [], 0
     seq = np.asarray(tokens, dtype=np.int64)
     n_total = len(seq)
     for n in range(min(max_ngram, n_total - 1), min_ngram - 1, -1):
@@ -47,10 +54,11 @@ def ngram_draft(tokens: Sequence[int], k: int, max_ngram: int = 3, min_ngram: in
         if starts.size:
             start = int(starts[-1])
             begin = start + n
+            match = _match_length(seq, start, n)
             if spec_factor > 0:
-                k = spec_limit(k, _match_length(seq, start, n), spec_factor)
-            return [int(t) for t in seq[begin: min(begin + k, n_total)]]
-    return []
+                k = spec_limit(k, match, spec_factor)
+            return [int(t) for t in seq[begin: min(begin + k, n_total)]], match
+    return [], 0
 
 
 def _match_length(seq: np.ndarray, start: int, n: int) -> int:
@@ -62,27 +70,40 @@ def _match_length(seq: np.ndarray, start: int, n: int) -> int:
 
 
 class NgramEngine:
-    """An `Engine` (engines/api.py) without state: each call looks the draft up in its input_ids."""
+    """An `Engine` (engines/api.py): each call looks the draft up in its input_ids. The only state is
+    what earlier drafts turned out to be worth (draft_confidence.py): a draft ends where its estimated
+    chance of being right so far falls below `min_confidence`."""
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, spec_factor: float = 0.0) -> None:
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, spec_factor: float = 0.0,
+                 min_confidence: float = 0.0, settle_margin: int = 16) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.spec_factor = spec_factor
+        self.min_confidence = min_confidence
+        self.confidence = DraftConfidence(settle_margin)
 
     def generate(self, request: EngineRequest) -> EngineResult:
         if request.stop:
+            self.release(request.request_id)
             return EngineResult([])
         if request.draft:
             raise InvalidRequest("this engine drafts only: draft_input_ids are not supported")
         # return_generation_logits: a lookup has no logits, so none are returned (the draft is then
         # treated as deterministic, which is exactly what it is).
-        tokens = ngram_draft(request.input_ids, request.request_output_len, self.max_ngram, self.min_ngram,
-                             self.spec_factor)
+        sequence = request.input_ids
+        self.confidence.settle(request.request_id, sequence)
+        tokens, match = ngram_match(sequence, request.request_output_len, self.max_ngram, self.min_ngram,
+                                    self.spec_factor)
+        if tokens:
+            evidence = Evidence("own", match)
+            self.confidence.record(request.request_id, len(sequence), tokens, evidence)
+            tokens = tokens[: confident_prefix(self.confidence.survival(evidence, len(tokens)), self.min_confidence)]
         if request.end_id is not None and request.end_id in tokens:
             tokens = tokens[: tokens.index(request.end_id) + 1]
         return EngineResult(tokens)
 
     def release(self, request_id: str) -> None:
-        """Stateless: nothing to free."""
+        """The request is over: drafts still waiting for their outcome are dropped."""
+        self.confidence.forget(request_id)

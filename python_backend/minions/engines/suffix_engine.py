@@ -21,6 +21,7 @@ import numpy as np
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.decoding.tokens import common_prefix_len
 from minions.engines.api import BatchStats
+from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix
 from minions.engines.ngram_engine import spec_limit
 from minions.engines.sequence_cache import CachedSequence, SequenceCache
 from minions.errors import InvalidRequest
@@ -128,12 +129,14 @@ class TokenIndex:
             ends, length = ends[same], j + 1
         return (length, ends) if length >= self.m else (0, _NONE)
 
-    def continuation(self, ends: np.ndarray, k: int, min_prob: float) -> tuple[list[int], float]:
+    def continuation(self, ends: np.ndarray, k: int, min_prob: float) -> tuple[list[int], list[float]]:
         """Up to k tokens, each the most frequent next token of the occurrences still agreeing (the most
-        recent one's on ties), while the product of their shares stays >= min_prob. Also returns the
-        draft's score, the sum of those products (its expected accepted length, SuffixDecoding's score)."""
+        recent one's on ties), while the product of their shares stays >= min_prob. Also returns that
+        product at each token (the sum is SuffixDecoding's score, the draft's expected accepted length
+        by the matches alone)."""
         draft: list[int] = []
-        prob, score = 1.0, 0.0
+        probs: list[float] = []
+        prob = 1.0
         while len(draft) < k and ends.size:
             ends = ends[ends + len(draft) + 1 < self.end]
             tokens = self.buf[ends + len(draft) + 1 - self.offset]
@@ -144,7 +147,7 @@ class TokenIndex:
                 stop = np.flatnonzero(rest == SEP)
                 rest = rest[: stop[0]] if stop.size else rest
                 draft += rest.tolist()
-                score += prob * len(rest)
+                probs += [prob] * len(rest)
                 break
             if not ends.size:
                 break
@@ -154,22 +157,29 @@ class TokenIndex:
             if prob < min_prob:
                 break
             draft.append(int(tokens[best]))
-            score += prob
+            probs.append(prob)
             ends = ends[inverse == inverse[best]]
-        return draft, score
+        return draft, probs
 
 
 class SuffixEngine:
     """An `Engine` (engines/api.py) and `MeteredEngine`: drafts from the request's own stream (kept per
     request id, LRU beyond `max_sequences`) and from a shared corpus of released sequences holding at
-    most `corpus_tokens` tokens, oldest sequences evicted first. Greedy and without logits, like NgramEngine."""
+    most `corpus_tokens` tokens, oldest sequences evicted first. Greedy and without logits, like NgramEngine.
+
+    A draft ends where its estimated chance of being right so far falls below `min_confidence`: the
+    matches' shares times what drafts after such a match (its source, its length) turned out to be
+    worth (draft_confidence.py)."""
 
     def __init__(self, *, max_match: int, min_match: int, min_prob: float, corpus_tokens: int,
-                 max_sequences: int, spec_factor: float) -> None:
+                 max_sequences: int, spec_factor: float, min_confidence: float = 0.0,
+                 settle_margin: int = 16) -> None:
         if not 1 <= min_match <= max_match:
             raise ValueError(f"need 1 <= min_match <= max_match, got {min_match}, {max_match}")
         self.max_match, self.min_match, self.min_prob = max_match, min_match, min_prob
         self.spec_factor = spec_factor
+        self.min_confidence = min_confidence
+        self.confidence = DraftConfidence(settle_margin, max_requests=4 * max_sequences)
         self.corpus_tokens = corpus_tokens
         self.corpus = TokenIndex(min_match)
         self.corpus_ends: deque[int] = deque()  # where each corpus sequence ends, oldest first
@@ -183,11 +193,18 @@ class SuffixEngine:
             return EngineResult([])
         if request.draft:
             raise InvalidRequest("this engine drafts only: draft_input_ids are not supported")
+        self.confidence.settle(request.request_id, request.input_ids)
         with self._lock:
             own = self._update(request.request_id, request.input_ids)
             self.stats.passes += 1
             self.stats.sequences += 1
-            tokens = self._draft(own, request.input_ids, request.request_output_len)
+            found = self._draft(own, request.input_ids, request.request_output_len)
+        tokens: list[int] = []
+        if found is not None:
+            evidence, tokens, _ = found
+            self.confidence.record(request.request_id, len(request.input_ids), tokens, evidence)
+            tokens = tokens[: self._confident(found)[0]]
+        with self._lock:
             self.stats.tokens += len(tokens)
         # Sampling and return_generation_logits: as NgramEngine, a lookup has no logits, so its draft
         # counts as deterministic, which it is.
@@ -197,6 +214,7 @@ class SuffixEngine:
 
     def release(self, request_id: str) -> None:
         """The request is over: its last sequence joins the corpus (unknown ids are ignored)."""
+        self.confidence.forget(request_id)
         with self._lock:
             entry = self.cache.release(request_id)
             if entry is None or self.corpus_tokens < 2 or len(entry.tokens) < 2:
@@ -224,19 +242,33 @@ class SuffixEngine:
         entry.tokens = list(tokens)
         return entry.state
 
-    def _draft(self, own: TokenIndex, tokens: list[int], k: int) -> list[int]:
-        """The longer match wins, then the higher score; the request's own context on ties. A match of
-        m tokens drafts at most spec_factor * m (SuffixDecoding's max_spec_factor): a short match, one
-        that any text has, is weak evidence for a long continuation."""
+    def _confident(self, found: tuple[Evidence, list[int], list[float]]) -> tuple[int, float]:
+        """How many of the draft's tokens are kept (the confident prefix), and their expected number
+        right (the sum of the kept tokens' estimated chances)."""
+        evidence, draft, shares = found
+        chances = [c * p for c, p in zip(self.confidence.survival(evidence, len(draft)), shares)]
+        keep = confident_prefix(chances, self.min_confidence)
+        return keep, sum(chances[:keep])
+
+    def _draft(self, own: TokenIndex, tokens: list[int], k: int) -> tuple[Evidence, list[int], list[float]] | None:
+        """The best continuation of the request's own stream and of the corpus, with what it rests on
+        and its shares: the one expected to have more tokens right (draft_confidence.py), the longer
+        match on ties, the request's own context before the corpus. A match of m tokens drafts at most
+        spec_factor * m (SuffixDecoding's max_spec_factor): a short match, one that any text has, is
+        weak evidence for a long continuation."""
         if k <= 0 or len(tokens) < self.min_match:
-            return []
+            return None
         pattern = np.asarray(tokens[-self.max_match:], dtype=np.int64)
-        best: tuple[int, float, list[int]] = (0, 0.0, [])
-        for source in (own, self.corpus):
+        best, best_value = None, (0.0, 0)
+        for name, source in (("own", own), ("corpus", self.corpus)):
             length, ends = source.occurrences(pattern)
-            if length >= best[0]:
-                limit = spec_limit(k, length, self.spec_factor)
-                draft, score = source.continuation(ends, limit, self.min_prob)
-                if draft and (length, score) > best[:2]:
-                    best = (length, score, draft)
-        return best[2]
+            if not length:
+                continue
+            draft, shares = source.continuation(ends, spec_limit(k, length, self.spec_factor), self.min_prob)
+            if not draft:
+                continue
+            found = (Evidence(name, length), draft, shares)
+            value = (self._confident(found)[1], length)
+            if best is None or value > best_value:
+                best, best_value = found, value
+        return best

@@ -1,0 +1,133 @@
+"""Learnt confidence for lookup drafts: how often a draft made after a match of a given length turned
+out right, position by position.
+
+A lookup drafter (prompt lookup, suffix matching) knows how long a match its draft continues, but not
+how often such a match goes on as the text will: a 2-token match found in another request's answer
+is mostly wrong in chat, a 24-token match in the request's own prompt is mostly right in a code edit.
+So each draft is scored against the text the request goes on to produce, the next time the request
+asks, and the counts are kept per kind of match (`Evidence`: where it was found, how long it is).
+Every draft is scored, whether or not the orchestrator verified it, and its whole length, however
+much of it was sent: greedy, the LLM's tokens are the same either way, so the estimate does not
+depend on the choices it informs (a cut made from acceptance measured only on verified drafts
+reinforced itself: docs/benchmarks.md, "Probe drafts cut to what pays").
+
+The last `settle_margin` tokens of a request's sequence may be another drafter's draft still being
+verified (an early draft continues the sequence with the draft under verification), so only the
+positions before them count as the request's text.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from minions.engines.sequence_cache import CachedSequence, SequenceCache
+
+POSITIONS = 32
+"""Draft positions with counts of their own; later ones share the last."""
+PENDING = 4
+"""Drafts per request awaiting their outcome; older ones are dropped."""
+MATCH_BUCKETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
+"""Match lengths are counted in these buckets (each from its value up to the next)."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a draft rests on: the source it was found in and the length of the match it continues."""
+
+    source: str
+    match: int
+
+    @property
+    def bucket(self) -> tuple[str, int]:
+        return self.source, max((b for b in MATCH_BUCKETS if b <= self.match), default=0)
+
+    @property
+    def prior(self) -> float:
+        """The chance that each next token is right before any outcome is known: a longer match is
+        stronger evidence (2 tokens: 0.5, 8: 0.8, 24: 0.92)."""
+        return self.match / (self.match + 2.0)
+
+
+@dataclass
+class _Draft:
+    start: int
+    tokens: list[int]
+    bucket: tuple[str, int]
+
+
+class DraftConfidence:
+    """Per-position acceptance counts by kind of match, from the outcomes of one drafter's drafts.
+
+    `record` a draft when it is made, `settle` each request's sequence when the request asks again
+    (drafts whose outcome is now known are counted), `forget` a request when it ends; `survival` is
+    the estimated chance that a draft's first 1, 2, ... tokens are all right. Thread-safe."""
+
+    def __init__(self, settle_margin: int, prior_weight: float = 2.0, max_requests: int = 256) -> None:
+        self.settle_margin = settle_margin
+        self.prior_weight = prior_weight
+        self.hits: dict[tuple[str, int], np.ndarray] = {}
+        self.trials: dict[tuple[str, int], np.ndarray] = {}
+        self._pending: SequenceCache[list[_Draft]] = SequenceCache(max_requests)
+        self._lock = threading.Lock()
+
+    def survival(self, evidence: Evidence, n: int) -> list[float]:
+        """P(the first i tokens are right) for i = 1..n."""
+        bucket = evidence.bucket
+        hits = self.hits.get(bucket, np.zeros(POSITIONS))
+        trials = self.trials.get(bucket, np.zeros(POSITIONS))
+        w = self.prior_weight
+        rate = (hits + w * evidence.prior) / (trials + w)
+        rates = rate[np.minimum(np.arange(n), POSITIONS - 1)]
+        return np.cumprod(rates).tolist()
+
+    def record(self, request_id: str, start: int, draft: Sequence[int], evidence: Evidence) -> None:
+        """A draft continuing the first `start` tokens of the request's sequence was made."""
+        if not draft:
+            return
+        with self._lock:
+            entry = self._pending.get(request_id)
+            if entry is None:
+                entry = CachedSequence([])
+                self._pending.put(request_id, entry)
+            entry.state.append(_Draft(start, list(draft), evidence.bucket))
+            del entry.state[:-PENDING]
+
+    def settle(self, request_id: str, sequence: Sequence[int]) -> None:
+        """Count the request's drafts whose outcome `sequence` (all but its last `settle_margin`
+        tokens) shows: those it covers, and those it contradicts before their end."""
+        with self._lock:
+            entry = self._pending.get(request_id)
+            if entry is None or not entry.state:
+                return
+            known = len(sequence) - self.settle_margin
+            waiting = []
+            for draft in entry.state:
+                seen = list(sequence[draft.start: max(draft.start, known)])[: len(draft.tokens)]
+                right = next((i for i, (a, b) in enumerate(zip(seen, draft.tokens)) if a != b), len(seen))
+                if right < len(seen) or len(seen) == len(draft.tokens):
+                    self._count(draft.bucket, right, len(draft.tokens))
+                else:
+                    waiting.append(draft)
+            entry.state = waiting
+
+    def forget(self, request_id: str) -> None:
+        """The request is over: its drafts still waiting are dropped (their outcome never shows)."""
+        with self._lock:
+            self._pending.release(request_id)
+
+    def _count(self, bucket: tuple[str, int], right: int, length: int) -> None:
+        """Positions 0..right-1 were tried and right; position `right`, if within the draft, tried and wrong."""
+        hits = self.hits.setdefault(bucket, np.zeros(POSITIONS))
+        trials = self.trials.setdefault(bucket, np.zeros(POSITIONS))
+        tried = min(right + 1, length)
+        np.add.at(trials, np.minimum(np.arange(tried), POSITIONS - 1), 1.0)
+        np.add.at(hits, np.minimum(np.arange(right), POSITIONS - 1), 1.0)
+
+
+def confident_prefix(survival: Sequence[float], min_confidence: float) -> int:
+    """How many leading tokens keep their estimated chance of being right at `min_confidence` or more."""
+    return next((i for i, p in enumerate(survival) if p < min_confidence), len(survival))
