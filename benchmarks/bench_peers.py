@@ -6,7 +6,8 @@ llama-server (built once from the llama.cpp that the pinned llama-cpp-python ven
 peers/llama_server_build.py) in several configurations: plain on the LLM's GGUF as shipped and as
 the deployment computes with it, and its two speculative modes (a draft model, the deployment's
 llama.cpp SSM; n-gram cache). Per workload (mixed chat sets, code editing, summarisation, one
-template filled with different records: peers/templated.py) and concurrency, every system in turn
+template filled with different records: peers/templated.py; on request, one cell per category of
+chat prompts) and concurrency, every system in turn
 streams the same held-out prompts, greedy, chat template, 96 output tokens at most (EOS ends
 earlier, for all alike). Per cell: output tokens/s over the cell's wall time, TTFT (mean, p50), ITL,
 tokens/s over the plain llama-server configuration that was faster over the run (in the same cell),
@@ -29,7 +30,7 @@ from pathlib import Path
 from client.api import GenerationParams, generate_grpc
 from minions.deploy.config import Deployment, load_deployment
 from minions.settings import OrchestratorSettings
-from minions.text.datasets import COPY_HEAVY, DATASETS, load_prompts, mixed_prompts
+from minions.text.datasets import COPY_HEAVY, DATASETS, category_prompts, load_prompts, mixed_prompts
 from tests.support.triton_process import ROOT, TritonProcess
 
 from .bench_load import RESPONSE_TIMEOUT_S
@@ -45,7 +46,13 @@ from .peers.templated import templated_prompts
 from .peers.streams import Cell, Request, Sample, run_cell
 
 TEMPLATED = "templated"
-WORKLOADS = ("chat", *COPY_HEAVY, TEMPLATED, *MULTI_TURN)
+CATEGORIES = "categories"
+"""One cell per category of chat prompts (minions.text.datasets.category_prompts): where `chat` mixes
+them, this shows a category where speculation loses. It takes MT-bench's questions whatever their
+row, so it runs without `chat` and `multi_turn_chat`."""
+CATEGORIES_FROM = 500
+"""The other chat sets' category cells start at this row, far past the `chat` cells' blocks."""
+WORKLOADS = ("chat", *COPY_HEAVY, TEMPLATED, CATEGORIES, *MULTI_TURN)
 HELD_OUT = 8
 """Prompts before this index of each set warm or drive other benchmarks and tests (bench_load,
 test_load, the greedy-equality test); each concurrency here takes its own block after it, so no
@@ -124,21 +131,29 @@ def _exit_on_sigterm(signum: int, frame) -> None:
     sys.exit(128 + signum)
 
 
+def single_turn_cells(workload: str, args: argparse.Namespace) -> list[tuple[str, int, list[str]]]:
+    """(cell's workload label, streams, prompts) of a workload's cells, in the order they run."""
+    if workload == CATEGORIES:
+        return [(category, streams, prompts) for category, prompts in
+                category_prompts(args.prompts, CATEGORIES_FROM).items() for streams in args.streams]
+    count = args.prompts if workload in ("chat", TEMPLATED) else args.copy_prompts
+    return [(workload, streams, prompts) for streams, prompts in
+            zip(args.streams, workload_prompts(workload, [max(count, s) for s in args.streams]))]
+
+
 def run_single_turn(workloads: list[str], args: argparse.Namespace, systems: dict[str, Request],
                     sessions: set[int]) -> list[Cell]:
     cells = []
-    for workload in workloads:
-        count = args.prompts if workload in ("chat", TEMPLATED) else args.copy_prompts
-        for streams, prompts in zip(args.streams, workload_prompts(workload, [max(count, s) for s in args.streams])):
-            for name, request in systems.items():
-                with ForeignCpu(sessions) as foreign:
-                    cell = run_cell(name, workload, request, prompts, streams)
-                cell.foreign_cores = foreign.cores
-                cells.append(cell)
-                r = cell.row()
-                print(f"{workload:<13} {streams:>3} streams {name:<26} {r['tokens_per_s']:6.1f} tok/s  "
-                      f"ITL {r['itl_ms'] or 0:5.1f} ms  others {r['foreign_cores'] or 0:.2f} cores"
-                      + (f"  {r['errors']} errors: {cell.errors[0]}" if cell.errors else ""), flush=True)
+    for workload, streams, prompts in [cell for w in workloads for cell in single_turn_cells(w, args)]:
+        for name, request in systems.items():
+            with ForeignCpu(sessions) as foreign:
+                cell = run_cell(name, workload, request, prompts, streams)
+            cell.foreign_cores = foreign.cores
+            cells.append(cell)
+            r = cell.row()
+            print(f"{workload:<13} {streams:>3} streams {name:<26} {r['tokens_per_s']:6.1f} tok/s  "
+                  f"ITL {r['itl_ms'] or 0:5.1f} ms  others {r['foreign_cores'] or 0:.2f} cores"
+                  + (f"  {r['errors']} errors: {cell.errors[0]}" if cell.errors else ""), flush=True)
     return cells
 
 
@@ -174,11 +189,14 @@ def main() -> None:
     p.add_argument("--conversations", type=int, default=8,
                    help="conversations per multi-turn cell (at least one per stream)")
     p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=[w for w in WORKLOADS if w != CATEGORIES],
+                   help=f"default: all but {CATEGORIES}")
     p.add_argument("--systems", nargs="+", choices=SYSTEM_KEYS, default=list(SYSTEM_KEYS))
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="llama-server threads (-t)")
     p.add_argument("--out", default=str(ROOT / "bench_results" / "peers"))
     args = p.parse_args()
+    if CATEGORIES in args.workloads and {"chat", "multi_turn_chat"} & set(args.workloads):
+        p.error(f"{CATEGORIES} takes MT-bench's questions that chat and multi_turn_chat take: run it apart")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dep = load_deployment(args.deploy)

@@ -3,13 +3,15 @@ output agreement with Minions `off`, the pin the llama-server build reads."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from benchmarks.bench_peers import HELD_OUT, workload_prompts
 from benchmarks.peers.llama_server_build import pinned_version
 from benchmarks.peers.report import format_drafters, summarize
 from benchmarks.peers.streams import Cell, Sample
-from minions.text.datasets import COPY_HEAVY, DATASETS, load_prompts
+from minions.text.datasets import COPY_HEAVY, DATASETS, category_prompts, load_prompts
 from tests.support.datasets import write_prompt_sets
 
 
@@ -36,6 +38,15 @@ def test_templated_cells_are_one_template_with_distinct_records_and_need_no_data
     assert [len(c) for c in cells] == [4, 8] and len(set(flat)) == len(flat)
     prefix = flat[0].split("Record:")[0]
     assert all(p.startswith(prefix) for p in flat)
+
+
+def test_category_cells_are_mt_bench_by_its_categories_and_each_other_chat_set(prompt_sets, tmp_path):
+    rows = [{"category": c, "turns": [f"{c} {i}", "second turn"]} for i in range(12) for c in ("math", "coding")]
+    (tmp_path / DATASETS["mt_bench"]).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cells = category_prompts(10, 100)
+    assert list(cells) == ["mt_bench/math", "mt_bench/coding", *(n for n in DATASETS if n != "mt_bench")]
+    assert cells["mt_bench/math"] == [f"math {i}" for i in range(10)]
+    assert cells["finance"] == load_prompts("finance", 10, 100)
 
 
 def _cell(system: str, workload: str, rate: float, texts: list[str]) -> Cell:

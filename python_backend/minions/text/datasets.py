@@ -49,6 +49,19 @@ def load_turns(name: str, count: int, offset: int = 0) -> list[list[str]]:
     return rows[offset:]
 
 
+def category_prompts(count: int, offset: int) -> dict[str, list[str]]:
+    """Prompts by category: MT-bench's first turns by its own categories (all of each one's questions,
+    `count` at most), then each other chat set as one category (`count` prompts from its `offset`-th)."""
+    by_category: dict[str, list[str]] = {}
+    with (datasets_dir() / DATASETS["mt_bench"]).open() as f:
+        for line in f:
+            row = json.loads(line)
+            questions = by_category.setdefault(f"mt_bench/{row.get('category', 'general')}", [])
+            if len(questions) < count and row["turns"][0].strip():
+                questions.append(row["turns"][0])
+    return by_category | {name: load_prompts(name, count, offset) for name in DATASETS if name != "mt_bench"}
+
+
 def mixed_prompts(count: int, datasets: list[str] | None = None, offset: int = 0) -> list[str]:
     """count prompts taken in turn from each dataset (default: finance, dialogue, alpaca, MT-bench),
     starting at each one's prompt `offset`; fewer when the sets run out."""
