@@ -15,6 +15,7 @@ import threading
 from array import array
 from collections import deque
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -162,6 +163,14 @@ class TokenIndex:
         return draft, probs
 
 
+class Continuation(NamedTuple):
+    """A draft, what it rests on, and the product of its tokens' shares among the matches at each token."""
+
+    evidence: Evidence
+    draft: list[int]
+    shares: list[float]
+
+
 class SuffixEngine:
     """An `Engine` (engines/api.py) and `MeteredEngine`: drafts from the request's own stream (kept per
     request id, LRU beyond `max_sequences`) and from a shared corpus of released sequences holding at
@@ -201,9 +210,8 @@ class SuffixEngine:
             found = self._draft(own, request.input_ids, request.request_output_len)
         tokens: list[int] = []
         if found is not None:
-            evidence, tokens, _ = found
-            self.confidence.record(request.request_id, len(request.input_ids), tokens, evidence)
-            tokens = tokens[: self._confident(found)[0]]
+            self.confidence.record(request.request_id, len(request.input_ids), found.draft, found.evidence)
+            tokens = found.draft[: self._confident(found)[0]]
         with self._lock:
             self.stats.tokens += len(tokens)
         # Sampling and return_generation_logits: as NgramEngine, a lookup has no logits, so its draft
@@ -242,15 +250,15 @@ class SuffixEngine:
         entry.tokens = list(tokens)
         return entry.state
 
-    def _confident(self, found: tuple[Evidence, list[int], list[float]]) -> tuple[int, float]:
+    def _confident(self, found: Continuation) -> tuple[int, float]:
         """How many of the draft's tokens are kept (the confident prefix), and their expected number
         right (the sum of the kept tokens' estimated chances)."""
-        evidence, draft, shares = found
-        chances = [c * p for c, p in zip(self.confidence.survival(evidence, len(draft)), shares)]
+        survival = self.confidence.survival(found.evidence, len(found.draft))
+        chances = [c * p for c, p in zip(survival, found.shares)]
         keep = confident_prefix(chances, self.min_confidence)
         return keep, sum(chances[:keep])
 
-    def _draft(self, own: TokenIndex, tokens: list[int], k: int) -> tuple[Evidence, list[int], list[float]] | None:
+    def _draft(self, own: TokenIndex, tokens: list[int], k: int) -> Continuation | None:
         """The best continuation of the request's own stream and of the corpus, with what it rests on
         and its shares: the one expected to have more tokens right (draft_confidence.py), the longer
         match on ties, the request's own context before the corpus. A match of m tokens drafts at most
@@ -267,7 +275,7 @@ class SuffixEngine:
             draft, shares = source.continuation(ends, spec_limit(k, length, self.spec_factor), self.min_prob)
             if not draft:
                 continue
-            found = (Evidence(name, length), draft, shares)
+            found = Continuation(Evidence(name, length), draft, shares)
             value = (self._confident(found)[1], length)
             if best is None or value > best_value:
                 best, best_value = found, value
