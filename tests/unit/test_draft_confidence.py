@@ -17,7 +17,7 @@ MARGIN = 3
 def settled(confidence: DraftConfidence, start: list[int], draft: list[int], text: list[int],
             request: str = "r") -> None:
     """A draft made after `start`, then the request's sequence `start + text` (plus a speculative tail)."""
-    confidence.record(request, len(start), draft, SHORT)
+    confidence.record(request, start, draft, SHORT)
     confidence.settle(request, start + text + [0] * MARGIN)
 
 
@@ -41,7 +41,7 @@ def test_outcomes_move_the_chances_position_by_position():
 def test_the_last_tokens_of_a_sequence_are_not_taken_for_its_text():
     """An early draft continues the sequence with a draft still being verified: those tokens may go."""
     confidence = DraftConfidence(MARGIN)
-    confidence.record("r", 2, [7, 8], SHORT)
+    confidence.record("r", [1, 2], [7, 8], SHORT)
     confidence.settle("r", [1, 2, 7, 8, 9])  # 7, 8 and 9 are within the margin
     assert confidence.trials == {}
     confidence.settle("r", [1, 2, 7, 5, 0, 0, 0])  # verified otherwise: 7 right, then 5
@@ -51,17 +51,29 @@ def test_the_last_tokens_of_a_sequence_are_not_taken_for_its_text():
 
 def test_a_draft_contradicted_before_its_end_is_counted_at_once():
     confidence = DraftConfidence(MARGIN)
-    confidence.record("r", 1, [4, 5, 6, 7, 8], SHORT)
+    confidence.record("r", [1], [4, 5, 6, 7, 8], SHORT)
     confidence.settle("r", [1, 4, 9] + [0] * MARGIN)
     assert confidence.trials[SHORT.bucket][:3].tolist() == [1, 1, 0]
 
 
 def test_a_forgotten_request_counts_nothing_more():
     confidence = DraftConfidence(MARGIN)
-    confidence.record("r", 1, [4, 5], SHORT)
+    confidence.record("r", [1], [4, 5], SHORT)
     confidence.forget("r")
     confidence.settle("r", [1, 4, 5] + [0] * MARGIN)
     assert confidence.trials == {}
+
+
+def test_a_draft_made_after_a_rejected_draft_is_not_scored():
+    """An early draft continued the sequence with 30, 31 (a draft being verified); the LLM made 40
+    instead, so what follows 30, 31 says nothing of the early draft."""
+    confidence = DraftConfidence(MARGIN)
+    confidence.record("r", [1, 2, 30, 31], [32, 33], SHORT)
+    confidence.settle("r", [1, 2, 40, 32, 33, 0, 0, 0])
+    assert confidence.trials == {}
+    confidence.record("r", [1, 2, 40], [32, 9], SHORT)  # made on what the LLM kept: scored
+    confidence.settle("r", [1, 2, 40, 32, 33, 0, 0, 0])
+    assert confidence.trials[SHORT.bucket][:2].tolist() == [1, 1]
 
 
 def test_confident_prefix():

@@ -57,6 +57,8 @@ class _Draft:
     start: int
     tokens: list[int]
     bucket: tuple[str, int]
+    premise: list[int]
+    """The last tokens before `start` the draft continued: those that may have been a draft themselves."""
 
 
 class DraftConfidence:
@@ -84,21 +86,24 @@ class DraftConfidence:
         rates = rate[np.minimum(np.arange(n), POSITIONS - 1)]
         return np.cumprod(rates).tolist()
 
-    def record(self, request_id: str, start: int, draft: Sequence[int], evidence: Evidence) -> None:
-        """A draft continuing the first `start` tokens of the request's sequence was made."""
+    def record(self, request_id: str, sequence: Sequence[int], draft: Sequence[int], evidence: Evidence) -> None:
+        """A draft continuing the request's `sequence` was made."""
         if not draft:
             return
+        start = len(sequence)
+        premise = list(sequence[max(0, start - self.settle_margin): start])
         with self._lock:
             entry = self._pending.get(request_id)
             if entry is None:
                 entry = CachedSequence([])
                 self._pending.put(request_id, entry)
-            entry.state.append(_Draft(start, list(draft), evidence.bucket))
+            entry.state.append(_Draft(start, list(draft), evidence.bucket, premise))
             del entry.state[:-PENDING]
 
     def settle(self, request_id: str, sequence: Sequence[int]) -> None:
         """Count the request's drafts whose outcome `sequence` (all but its last `settle_margin`
-        tokens) shows: those it covers, and those it contradicts before their end."""
+        tokens) shows: those it covers, and those it contradicts before their end. A draft made after
+        tokens the sequence no longer has (a rejected draft it was made on) is dropped."""
         with self._lock:
             entry = self._pending.get(request_id)
             if entry is None or not entry.state:
@@ -106,6 +111,9 @@ class DraftConfidence:
             known = len(sequence) - self.settle_margin
             waiting = []
             for draft in entry.state:
+                first = draft.start - len(draft.premise)
+                if list(sequence[first: draft.start]) != draft.premise[: max(0, len(sequence) - first)]:
+                    continue
                 seen = list(sequence[draft.start: max(draft.start, known)])[: len(draft.tokens)]
                 right = next((i for i, (a, b) in enumerate(zip(seen, draft.tokens)) if a != b), len(seen))
                 if right < len(seen) or len(seen) == len(draft.tokens):

@@ -98,7 +98,7 @@ class NgramEngine:
                                     self.spec_factor)
         if tokens:
             evidence = Evidence("own", match)
-            self.confidence.record(request.request_id, len(sequence), tokens, evidence)
+            self.confidence.record(request.request_id, sequence, tokens, evidence)
             tokens = tokens[: confident_prefix(self.confidence.survival(evidence, len(tokens)), self.min_confidence)]
         if request.end_id is not None and request.end_id in tokens:
             tokens = tokens[: tokens.index(request.end_id) + 1]

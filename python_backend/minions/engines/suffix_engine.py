@@ -210,7 +210,7 @@ class SuffixEngine:
             found = self._draft(own, request.input_ids, request.request_output_len)
         tokens: list[int] = []
         if found is not None:
-            self.confidence.record(request.request_id, len(request.input_ids), found.draft, found.evidence)
+            self.confidence.record(request.request_id, request.input_ids, found.draft, found.evidence)
             tokens = found.draft[: self._confident(found)[0]]
         with self._lock:
             self.stats.tokens += len(tokens)
