@@ -24,6 +24,11 @@ class ModelUnavailable(RuntimeError):
         super().__init__(f"{self.PREFIX}: {reason}")
 
 
+INTERNAL_PREFIX = "internal error"
+"""How the message of a request that failed inside the server begins (Triton's INTERNAL), for the same
+reason as ServerBusy.PREFIX."""
+
+
 def is_refusal(message: str) -> bool:
     """Whether an error's message is a refusal to retry later (ServerBusy, ModelUnavailable): a
     decoupled model's error reaches gRPC stream and SSE clients without a status code."""

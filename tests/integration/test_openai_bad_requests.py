@@ -103,6 +103,20 @@ def test_a_bad_request_gets_its_status_and_openais_error_object(openai_url, case
     _serves(openai_url)
 
 
+TRITON_RACE = "HandleCancellation called even when the context was not cancelled"
+"""What Triton 2.51 logs for each stream it ends itself on an error (the `triton_grpc_error` header):
+the path whose race with the stream's release crashed tritonserver with SIGSEGV (triton_stream.py)."""
+
+
+def test_requests_the_model_refuses_end_no_stream_on_tritons_crashing_path(server, openai_url):
+    before = server.log_text().count(TRITON_RACE)
+    for _ in range(20):
+        answered, _, text = http_request(f"{openai_url}{COMPLETION_PATH}", _completion(max_tokens=100_000))
+        assert answered == 400 and "max_tokens" in _error(400, text)["message"], text
+    assert server.log_text().count(TRITON_RACE) == before
+    _serves(openai_url)
+
+
 def test_a_body_sent_in_chunks_over_the_limit_gets_413(openai_url):
     """Without a Content-Length (urllib sends an iterable in chunks) the frontend counts the bytes as
     they arrive."""

@@ -13,14 +13,14 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from minions.errors import ServerBusy
+from minions.errors import INTERNAL_PREFIX, ModelUnavailable, ServerBusy
 from minions.frontend.__main__ import build_app, parse_args
 from minions.frontend.auth import API_KEY_ENV, API_KEY_FILE_ENV, RequireApiKey, api_key_from
 from minions.frontend.errors import _validation_error, openai_error
 from minions.frontend.limits import BodyLimit, check_stop
 from minions.frontend.protocol import INT32_MAX, ChatCompletionRequest, CompletionRequest, OpenAIError, lone_surrogate
 from minions.frontend.settings import FrontendSettings
-from minions.frontend.triton_stream import TritonError
+from minions.frontend.triton_stream import TritonError, stream_error_code
 from minions.settings import DEFAULTS
 
 
@@ -219,3 +219,13 @@ def test_a_refusal_after_the_first_token_is_an_sse_error_event():
     error = json.loads(sent[-2].decode().removeprefix("data: "))["error"]
     assert error["code"] == "server_busy" and error["type"] == "service_unavailable"
     assert json.loads(sent[1].decode().removeprefix("data: "))["choices"][0]["delta"]["content"] == "Hel"
+
+
+def test_a_failed_requests_status_is_read_from_its_message():
+    """Triton's stream carries a failed request's message without a status (triton_stream.py)."""
+    assert stream_error_code(f"{ServerBusy.PREFIX} (2 decoding)") == grpc.StatusCode.UNAVAILABLE
+    assert stream_error_code(f"{ModelUnavailable.PREFIX}: llm is loading") == grpc.StatusCode.UNAVAILABLE
+    assert stream_error_code("Request for unknown model: 'minions' is not found") == grpc.StatusCode.UNAVAILABLE
+    assert stream_error_code(f"{INTERNAL_PREFIX}: EngineCallError: llm died") == grpc.StatusCode.INTERNAL
+    assert stream_error_code("'max_tokens' must be in [1, 1024], got 100000") == grpc.StatusCode.INVALID_ARGUMENT
+    assert openai_error(TritonError(stream_error_code(f"{INTERNAL_PREFIX}: x"), "x")).status == 500

@@ -1,10 +1,14 @@
 """One generation on the `minions` model over Triton's gRPC streaming endpoint, as an async iterator.
 
 Each generation has a gRPC stream of its own, so leaving the iterator early (the HTTP client went
-away) cancels that stream, and Triton cancels the request in the model. The `triton_grpc_error`
-header makes Triton end a stream whose request failed with the error's own status (INVALID_ARGUMENT,
-UNAVAILABLE, ...) rather than an untyped message, so the frontend can answer 400 or 503 as it should.
-Input tensors take their datatypes from the served model's own config, read once.
+away) cancels that stream, and Triton cancels the request in the model. A failed request's error comes
+in the stream as a message without a status, and its status is read from the message
+(`stream_error_code`). Triton's `triton_grpc_error` header would send the status instead, but Triton
+2.51 then ends the stream from the thread that completes the response, and the cancellation
+notification that follows races with the release of the stream's state: a stream of invalid requests
+sent so crashed tritonserver with SIGSEGV after about 1,700 requests (fixed upstream in Triton 25.04,
+server PR #8078; docs/api.md). Input tensors take their datatypes from the served model's own config,
+read once.
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ import numpy as np
 from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 from tritonclient.utils import serialize_byte_tensor, triton_to_np_dtype
 
-GRPC_ERROR_HEADER = (("triton_grpc_error", "true"),)
+from minions.errors import INTERNAL_PREFIX, is_refusal
+
+NOT_SERVED = ("unknown model", "is not ready", "no available versions")
+"""Parts of Triton's own messages for a request to a model it does not serve now (unloaded, loading)."""
 
 
 class TritonError(RuntimeError):
@@ -28,6 +35,17 @@ class TritonError(RuntimeError):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def stream_error_code(message: str) -> grpc.StatusCode:
+    """The status of a failed request from its message: a refusal to retry later (minions.errors) or a
+    model Triton does not serve now is UNAVAILABLE, a failure inside the server INTERNAL, anything
+    else (the request's own fault, as the orchestrator or Triton found it) INVALID_ARGUMENT."""
+    if is_refusal(message) or any(part in message for part in NOT_SERVED):
+        return grpc.StatusCode.UNAVAILABLE
+    if message.startswith(INTERNAL_PREFIX):
+        return grpc.StatusCode.INTERNAL
+    return grpc.StatusCode.INVALID_ARGUMENT
 
 
 @dataclass(frozen=True)
@@ -104,12 +122,13 @@ class TritonStream:
             yield message
             await sent.wait()  # keep our side open: closing it early would end the stream
 
-        call = self.service().ModelStreamInfer(requests(), metadata=GRPC_ERROR_HEADER)
+        call = self.service().ModelStreamInfer(requests())
         finished = False
         try:
             async for response in call:
-                if response.error_message:  # without the header's effect (an older Triton)
-                    raise TritonError(grpc.StatusCode.UNKNOWN, response.error_message)
+                if response.error_message:  # the request failed: its one and last response
+                    finished = True
+                    raise TritonError(stream_error_code(response.error_message), response.error_message)
                 answer = response.infer_response
                 finished = answer.parameters["triton_final_response"].bool_param
                 if answer.outputs:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from minions.errors import InvalidRequest, ModelUnavailable, ServerBusy
+from minions.errors import INTERNAL_PREFIX, InvalidRequest, ModelUnavailable, ServerBusy
 from minions.serving.admission import Admission
 from minions.serving.flow import RequestPerf, TextStream, admit, decode_request, response_arrays
 from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
@@ -151,7 +151,7 @@ class TritonPythonModel:
                 self.models.llm_failed(str(exc))
             log.exception("%s: failed", request_id)
             detail = f"{type(exc).__name__}: {exc}"
-            reply.finish(error(detail))
+            reply.finish(error(f"{INTERNAL_PREFIX}: {detail}"))
         finally:
             elapsed = time.perf_counter() - start
             self.metrics.tally.observe_request(mode, outcome, elapsed if outcome == "success" else 0.0)
