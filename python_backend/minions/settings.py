@@ -151,9 +151,10 @@ class EngineSettings(_Settings):
     """suffix: tokens of released sequences kept to draft from, oldest sequences evicted first (0: none)."""
     suffix_spec_factor: float = 2.0
     """suffix: a match of m tokens drafts at most this many times m tokens (0: no limit)."""
-    lookup_min_confidence: float = ranged(0.25, 0, 1)
+    lookup_min_confidence: float = ranged(0.0, 0, 1)
     """ngram, suffix: end a draft where the estimated chance that all its tokens so far are right falls
-    below this; learnt per match length from earlier drafts' outcomes (engines/draft_confidence.py)."""
+    below this; learnt per match length from earlier drafts' outcomes (engines/draft_confidence.py).
+    0: no cut (0.25 measured within the runs' spread; docs/engines.md)."""
 
     def kv_budget_bytes(self) -> int | None:
         return int(self.kv_budget_mb * 2**20) if self.kv_budget_mb > 0 else None
