@@ -89,9 +89,11 @@ def test_what_each_endpoint_gives_for_a_refusal_for_load(one_slot_server):
                >= refused_before + 5, timeout=30, what="five requests counted unavailable")
 
 
-def test_invalid_input_has_its_own_status_only_where_triton_carries_one(server):
+def test_invalid_input_has_its_own_status_only_where_triton_carries_one(one_slot_server):
     """Beside a refusal for load, INVALID_ARG: gRPC's INVALID_ARGUMENT with the `triton_grpc_error`
-    header, no status without it, and HTTP 400 (any model error is 400 there)."""
+    header, no status without it, and HTTP 400 (any model error is 400 there). On this module's own
+    server, not the shared one: a stream the header ends can crash Triton 2.51 (frontend/triton_stream.py)."""
+    server = one_slot_server
     bad = {"text_input": "hi", "max_tokens": 0}
     plain = grpc_stream(server.grpc_url, tensors(bad))
     assert len(plain.errors) == 1 and plain.errors[0].status() is None, plain
