@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minions.decoding.tokens import common_prefix_len
 from minions.engines.sequence_cache import CachedSequence, SequenceCache
 
 POSITIONS = 32
@@ -115,7 +116,7 @@ class DraftConfidence:
                 if list(sequence[first: draft.start]) != draft.premise[: max(0, len(sequence) - first)]:
                     continue
                 seen = list(sequence[draft.start: max(draft.start, known)])[: len(draft.tokens)]
-                right = next((i for i, (a, b) in enumerate(zip(seen, draft.tokens)) if a != b), len(seen))
+                right = common_prefix_len(seen, draft.tokens)
                 if right < len(seen) or len(seen) == len(draft.tokens):
                     self._count(draft.bucket, right, len(draft.tokens))
                 else:

@@ -99,7 +99,9 @@ class NgramEngine:
         if tokens:
             evidence = Evidence("own", match)
             self.confidence.record(request.request_id, sequence, tokens, evidence)
-            tokens = tokens[: confident_prefix(self.confidence.survival(evidence, len(tokens)), self.min_confidence)]
+            if self.min_confidence > 0:  # 0: no cut, and nothing to estimate on this hot path
+                tokens = tokens[: confident_prefix(self.confidence.survival(evidence, len(tokens)),
+                                                   self.min_confidence)]
         if request.end_id is not None and request.end_id in tokens:
             tokens = tokens[: tokens.index(request.end_id) + 1]
         return EngineResult(tokens)
