@@ -174,3 +174,19 @@ def test_with_a_host_memory_tier_finished_cells_leave_the_kv_buffer_and_come_bac
         assert_same_draft(result, alone(reference, again))
     finally:
         engine.close()
+
+
+def test_the_warm_up_at_load_leaves_no_cells_and_counts_no_work(smollm2_f16_gguf):
+    """The stepper decodes a few tokens at load (llama-server's warm-up: the mapped weights are read
+    before the first request, not during it); none of them may stay in the KV cache, where a request
+    in their slot would attend to them, nor count as served work."""
+    import llama_cpp
+
+    engine = LlamaCppEngine(smollm2_f16_gguf, num_threads=1, max_sequences=SLOTS, n_ctx=256)
+    try:
+        stepper = engine.stepper
+        memory = llama_cpp.llama_get_memory(stepper._ctx.ctx)
+        assert [llama_cpp.llama_memory_seq_pos_max(memory, seq) for seq in range(SLOTS)] == [-1] * SLOTS
+        assert stepper.stats.passes == 0 and stepper.stats.tokens == 0
+    finally:
+        engine.close()

@@ -40,6 +40,9 @@ from minions.engines.prefix_cache import PrefixCache, SlotChoice
 from minions.engines.sequence_cache import CachedSequence
 from minions.errors import InvalidRequest
 
+WARM_UP_TOKENS = 16
+"""Tokens decoded once at load: more than one, so that the batched kernels run too."""
+
 
 @dataclass
 class _Job:
@@ -148,6 +151,7 @@ class LlamaCppStepper:
         self._ctx = LlamaContext(model=self._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = self._model.n_vocab()
+        self._warm_up()
         self.stats = BatchStats()  # passes = llama.cpp decode calls
 
     # -- Stepper protocol --------------------------------------------------------------------------
@@ -210,6 +214,22 @@ class LlamaCppStepper:
         self._clear(self.slots.drop(request_id))
 
     # -- internals ---------------------------------------------------------------------------------
+    def _warm_up(self, tokens: int = WARM_UP_TOKENS) -> None:
+        """Decode a few tokens at load and forget them, as llama-server does before it serves. The
+        weights are mapped, not read, at load: without this the first request's first step paged them
+        in (docs/engines.md, "Warm-up at load")."""
+        batch = self._batch.batch
+        n = min(tokens, self.n_batch)
+        for j in range(n):
+            batch.token[j] = 0
+            batch.pos[j] = j
+            batch.seq_id[j][0] = 0
+            batch.n_seq_id[j] = 1
+            batch.logits[j] = j == n - 1
+        batch.n_tokens = n
+        self._ctx.decode(self._batch)
+        self._ctx.kv_cache_clear()
+
     def _close_gaps(self, jobs: list[_Job]) -> None:
         """With a KV stream per slot, llama.cpp runs a step in one ubatch per run of consecutive slots:
         a free slot among the step's (a sequence ended, no new one took its place) made a step of 7
