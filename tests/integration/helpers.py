@@ -143,7 +143,8 @@ def openai_frontend(server, env: Mapping[str, str] | None = None):
     answers; after, it must stop cleanly on SIGTERM."""
     port = free_port()
     keyless = {name: value for name, value in server_env().items() if not name.startswith("MINIONS_API_KEY")}
-    proc = subprocess.Popen(frontend_command(server.grpc_url, "127.0.0.1", port, "minions"),
+    proc = subprocess.Popen(frontend_command(server.grpc_url, "127.0.0.1", port, "minions",
+                                             server.build / "model_repository"),
                             env={**keyless, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"

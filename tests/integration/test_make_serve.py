@@ -1,5 +1,6 @@
 """What `make serve` runs (python -m minions.deploy.server): tritonserver and, once it is ready, the
-OpenAI frontend beside it; SIGTERM stops both cleanly; a dead orchestrator stub is loaded again."""
+OpenAI frontend beside it; SIGTERM stops both cleanly; a dead orchestrator stub is loaded again, and
+the OpenAI generations it was serving end with 503 instead of hanging."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import openai
+import pytest
 import yaml
 
 from minions.deploy.server import free_ports, server_env
@@ -20,11 +22,16 @@ from tests.integration.helpers import http_ok, wait_until
 from tests.support.triton_process import ROOT
 
 
+EXIT_TIMEOUT = "Exit timeout expired"
+"""tritonserver's log line when a stop waited out its exit timeout for requests no stub will answer."""
+
+
 @contextlib.contextmanager
-def _serving(tmp_path: Path):
+def _serving(tmp_path: Path, orphaned: bool = False):
     """`python -m minions.deploy.server` on free ports until the OpenAI frontend answers; yields the
     process, the frontend's base URL and the build folder, then stops it with SIGTERM and checks that
-    it exited cleanly and left nothing running."""
+    it exited cleanly and left nothing running. With `orphaned`, requests a killed stub never answered
+    are still held in Triton (2.51): the stop then waits out Triton's exit timeout and exits with 1."""
     raw = yaml.safe_load((ROOT / "deploy.yaml").read_text())
     raw["cache_dir"] = str(ROOT / raw["cache_dir"])
     ports = dict(zip(("http_port", "grpc_port", "metrics_port", "openai_port"), free_ports(4)))
@@ -46,7 +53,7 @@ def _serving(tmp_path: Path):
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(120)
     text = log_path.read_text(errors="replace")
-    assert code == 0, text[-3000:]
+    assert code == 0 or orphaned and code == 1 and EXIT_TIMEOUT in text, text[-3000:]
     assert "Fatal Python error" not in text, text[-3000:]
     for pattern in (str(build), f"minions.frontend.*--port={ports['openai_port']}"):
         left = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
@@ -78,3 +85,23 @@ def test_serve_loads_the_orchestrator_again_when_its_stub_dies(tmp_path):
         [new] = live_stub_pids(model_dir)
         assert new != victim
         assert _completion(base) == before
+
+
+def test_an_openai_generation_under_way_when_the_orchestrator_dies_ends_with_503(tmp_path):
+    """Triton 2.51 never answers the requests a killed `minions` stub was serving; the frontend sees the
+    stub gone (frontend/orphans.py) and ends its generation with the error event of a 503, where the
+    client used to wait out its own deadline. Fails without the watch: the read times out instead."""
+    with _serving(tmp_path, orphaned=True) as (_, base, build, log_path):
+        [victim] = live_stub_pids(build / "model_repository" / "minions")
+        api = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+        stream = api.completions.create(model="minions", prompt="Count: 1, 2, 3,", max_tokens=1000,
+                                        temperature=0, stream=True, extra_body={"min_tokens": 1000})
+        assert next(stream).choices  # under way
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(openai.APIError) as ended:
+            for _ in stream:
+                pass
+        assert "orchestrator's process died" in str(ended.value)
+        wait_until(lambda: "minions: model loaded again" in log_path.read_text(errors="replace"), 60,
+                   "the orchestrator's model loaded again", interval=0.2)
+        assert _completion(base)  # the next request is served

@@ -175,10 +175,11 @@ def wait_http_ok(url: str, proc: subprocess.Popen, what: str, timeout: float) ->
     raise TimeoutError(f"{what} not ready after {timeout:.0f} s")
 
 
-def frontend_command(grpc_url: str, host: str, port: int, model: str) -> list[str]:
-    """The OpenAI-compatible frontend's command line (python -m minions.frontend)."""
+def frontend_command(grpc_url: str, host: str, port: int, model: str, repository: Path | None = None) -> list[str]:
+    """The OpenAI-compatible frontend's command line (python -m minions.frontend); with the model
+    repository, it ends the generations a dead orchestrator stub leaves unanswered."""
     return [sys.executable, "-m", "minions.frontend", f"--grpc-url={grpc_url}", f"--host={host}", f"--port={port}",
-            f"--model={model}"]
+            f"--model={model}"] + ([f"--model-repository={repository}"] if repository is not None else [])
 
 
 def serve(cmd: list[str], ports: ServerPorts, model: str, repository: Path) -> int:
@@ -192,7 +193,8 @@ def serve(cmd: list[str], ports: ServerPorts, model: str, repository: Path) -> i
     try:
         wait_ready(ports, triton, timeout=3600)
         if ports.openai:
-            frontend = subprocess.Popen(frontend_command(ports.loopback_grpc_url, ports.host, ports.openai, model),
+            frontend = subprocess.Popen(frontend_command(ports.loopback_grpc_url, ports.host, ports.openai, model,
+                                                         repository),
                                         env=server_env())
         watchdog, watched_at = StubWatchdog(repository, model, ports.loopback_grpc_url), time.monotonic()
         while triton.poll() is None and (frontend is None or frontend.poll() is None):

@@ -1,7 +1,9 @@
 """`python -m minions.frontend`: serve the OpenAI-compatible API for a running tritonserver.
 
 `make serve` starts it beside tritonserver (minions/deploy/server.py) on deploy.yaml's
-`server.openai_port`; started by hand it needs Triton's gRPC address and the orchestrator's name.
+`server.openai_port`; started by hand it needs Triton's gRPC address and the orchestrator's name, and
+on tritonserver's host its model repository, to end the generations a dead orchestrator stub leaves
+unanswered (orphans.py).
 Its own limits are flags (FrontendSettings); the API key comes from the environment (auth.py).
 """
 
@@ -11,14 +13,17 @@ import argparse
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
 
 from minions.frontend.app import create_app
 from minions.frontend.auth import API_KEY_ENV, API_KEY_FILE_ENV, api_key_from
+from minions.frontend.orphans import OrphanWatch
 from minions.frontend.settings import FrontendSettings
 from minions.frontend.triton_stream import TritonStream
+from minions.triton.stubs import boot_clock, stub_start_times
 
 log = logging.getLogger("minions.frontend")
 
@@ -31,6 +36,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="minions", help="the orchestrator model, also the name clients send")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 serves other machines)")
     parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--model-repository", type=Path, default=None,
+                        help="tritonserver's model repository, on this host: with it, a generation the "
+                             "orchestrator's stub leaves unanswered when it dies ends with 503 (Triton 2.51 "
+                             "never answers it)")
     FrontendSettings.add_arguments(parser)
     return parser.parse_args(argv)
 
@@ -44,7 +53,12 @@ def build_app(args: argparse.Namespace, environ: Mapping[str, str]) -> FastAPI:
         log.info("API key: none required (set %s or %s to require one)", API_KEY_ENV, API_KEY_FILE_ENV)
     else:
         log.info("API key: required on /v1, from %s", key[1])
-    return create_app(TritonStream(args.grpc_url, args.model), args.model, settings, key[0] if key else None)
+    orphans = None
+    if args.model_repository is not None:
+        model_dir = args.model_repository / args.model
+        orphans = OrphanWatch(lambda: stub_start_times(model_dir), boot_clock)
+    return create_app(TritonStream(args.grpc_url, args.model, orphans), args.model, settings,
+                      key[0] if key else None)
 
 
 def main() -> None:

@@ -8,7 +8,8 @@ in the stream as a message without a status, and its status is read from the mes
 notification that follows races with the release of the stream's state: a stream of invalid requests
 sent so crashed tritonserver with SIGSEGV after about 1,700 requests (fixed upstream in Triton 25.04,
 server PR #8078; docs/api.md). Input tensors take their datatypes from the served model's own config,
-read once.
+read once. With an OrphanWatch, a generation a dead `minions` stub left unanswered ends with UNAVAILABLE
+(orphans.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 from tritonclient.utils import serialize_byte_tensor, triton_to_np_dtype
 
 from minions.errors import INTERNAL_PREFIX, is_refusal
+from minions.frontend.orphans import ORPHANED, OrphanWatch
 
 NOT_SERVED = ("unknown model", "is not ready", "no available versions")
 """Parts of Triton's own messages for a request to a model it does not serve now (unloaded, loading)."""
@@ -83,9 +85,10 @@ class ModelInputs:
 class TritonStream:
     """The `minions` model behind Triton's gRPC endpoint, one stream per generation."""
 
-    def __init__(self, url: str, model: str) -> None:
+    def __init__(self, url: str, model: str, orphans: OrphanWatch | None = None) -> None:
         self.url = url
         self.model = model
+        self.orphans = orphans
         self._service: service_pb2_grpc.GRPCInferenceServiceStub | None = None
         self._inputs: ModelInputs | None = None
 
@@ -123,9 +126,12 @@ class TritonStream:
             await sent.wait()  # keep our side open: closing it early would end the stream
 
         call = self.service().ModelStreamInfer(requests())
+        watched = self.orphans.watch(call.cancel) if self.orphans is not None else None
         finished = False
         try:
             async for response in call:
+                if watched is not None:
+                    self.orphans.heard(watched)
                 if response.error_message:  # the request failed: its one and last response
                     finished = True
                     raise TritonError(stream_error_code(response.error_message), response.error_message)
@@ -139,7 +145,15 @@ class TritonStream:
         except grpc.aio.AioRpcError as exc:
             finished = True  # the stream is over already
             raise TritonError(exc.code(), exc.details() or str(exc.code())) from None
+        except asyncio.CancelledError:
+            # The watch cancelled the call (an orphan), unless this task itself is being cancelled.
+            if watched is None or not watched.orphaned or asyncio.current_task().cancelling():
+                raise
+            finished = True
+            raise TritonError(grpc.StatusCode.UNAVAILABLE, ORPHANED) from None
         finally:
+            if watched is not None:
+                self.orphans.forget(watched)
             sent.set()  # closes our side: the stream ends
             if not finished:  # left early: Triton cancels the request in the model
                 call.cancel()

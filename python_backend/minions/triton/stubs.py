@@ -4,6 +4,8 @@ orchestrator's models and tritonserver share the host)."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 STUB = b"triton_python_backend_stub"
@@ -36,3 +38,24 @@ def live_stubs(repository: Path, proc: Path = Path("/proc")) -> dict[str, list[i
 def live_stub_pids(model_dir: Path, proc: Path = Path("/proc")) -> list[int]:
     """Python-backend stub processes serving the model in `model_dir`, zombies excluded."""
     return live_stubs(model_dir.parent, proc).get(model_dir.name, [])
+
+
+def boot_clock() -> float:
+    """Seconds since boot: the clock of a process's start time in /proc (`stub_start_times`)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def process_start_time(pid: int, proc: Path = Path("/proc")) -> float | None:
+    """When process `pid` started, on `boot_clock` (to the kernel's clock tick); None once it is gone."""
+    try:
+        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat, counted from field 3
+
+
+def stub_start_times(model_dir: Path, proc: Path = Path("/proc")) -> dict[int, float]:
+    """The live stubs of the model in `model_dir`, each with its start time (`process_start_time`); a
+    stub that exits between the two reads is left out."""
+    starts = {pid: process_start_time(pid, proc) for pid in live_stub_pids(model_dir, proc)}
+    return {pid: start for pid, start in starts.items() if start is not None}
