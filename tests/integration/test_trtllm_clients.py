@@ -157,6 +157,20 @@ def test_a_clients_whole_requests_end_their_sequences_and_share_the_prefix_cache
                timeout=20, what="no live sequence left in the LLM")
 
 
+def test_whole_requests_sharing_a_request_id_are_each_decoded_whole(server, tokenizer):
+    """tensorrtllm_backend's clients send a fixed request id (the end-to-end client "e2e-1" here, as
+    `_stream` does); an id names no sequence, so requests that share one, at once or one right after
+    another, are each decoded whole. Keyed by the id, a finished request's sequence release (sent after
+    its answer) ended the next one's stream early: a 0-token or short answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    whole = {"min_tokens": np.array([[16]], dtype=np.int32)}
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda _: _ifb_tokens(server, tokenizer, True, **whole), range(12)))
+    assert all(len(tokens) == 16 for tokens in answers), [len(tokens) for tokens in answers]
+    assert all(tokens == answers[0] for tokens in answers)
+
+
 def test_the_llm_answers_perf_metrics_to_the_inflight_batcher_client(server, tokenizer):
     """--return-perf-metrics: the perf outputs come with every streamed response, in order."""
     ids = tokenizer.encode(COPY_PROMPT, add_special_tokens=False)

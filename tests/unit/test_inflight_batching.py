@@ -112,6 +112,17 @@ def test_a_stop_releases_after_the_id_s_earlier_call(stepper, batcher):
     assert [e for e in stepper.events if e[1] == "a"] == [("start", "a", 0), ("done", "a", 0), ("release", "a")]
 
 
+def test_a_whole_request_releases_its_id_as_it_is_answered_and_the_next_of_its_id_runs_whole(stepper, batcher):
+    """Two whole streaming requests of one id (clients reuse ids): each is released as it is answered,
+    before the next starts, so the release never meets the next one (it used to come after the answer,
+    from the model, and end the next request's stream with what it had)."""
+    first, second = (EngineRequest("x", [tag], 3, streaming=True, ends_sequence=True) for tag in (1, 2))
+    results = batcher.run([first, second])
+    assert [r.tokens for r in results] == [[1, 2, 3], [1, 2, 3]]
+    assert [e for e in stepper.events if e[1] == "x"] == [
+        ("start", "x", 1), ("done", "x", 1), ("release", "x"), ("start", "x", 2), ("done", "x", 2), ("release", "x")]
+
+
 def test_no_more_calls_step_at_once_than_the_capacity_and_all_are_answered(stepper):
     batcher = InflightBatcher(stepper, capacity=2)
     try:

@@ -53,6 +53,10 @@ class EngineRequest:
     """With `stop`: end the sequence's running call, but keep its state for the sequence's next call
     instead of freeing it (a stream left early to verify a draft); a request parameter
     (KEEP_SEQUENCE_PARAMETER), not a tensor."""
+    ends_sequence: bool = False
+    """A whole request (a tensorrt_llm client's, naming no sequence): an in-flight engine frees its
+    sequence as it answers the call, before it takes the next call of the same id. (A release sent
+    after the answer could meet the next request of a client that reuses its request id, and end it.)"""
 
     @classmethod
     def release(cls, request_id: str) -> EngineRequest:

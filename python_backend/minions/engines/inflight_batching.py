@@ -12,6 +12,8 @@ The rules the scheduler keeps (the `Stepper` does the arithmetic):
 - a `stop` call releases the id's state after its earlier calls, never during one; a streaming call
   of that id running when the stop arrives is ended before the next step (it keeps what it has made);
   an interrupt (`stop` with `keep_sequence`) ends it so and keeps the state for the id's next call;
+- a call that `ends_sequence` (a whole request) releases its id's state as it is answered, before the
+  id's next call starts;
 - a streaming call's new tokens are answered after a step (partial results), then its final one: its
   first token at once, later ones at most every `stream_interval_s` of its request (0: after every
   step), so that a fast engine's tokens cross the processes between it and the client a few at a time,
@@ -212,6 +214,8 @@ class InflightBatcher(Generic[Job]):
         except Exception as exc:
             value = exc
         self._answer(call, value)
+        if call.request.ends_sequence:  # here, before a next call of its id can start
+            self._release(call.request.request_id)
 
     def _release(self, request_id: str) -> EngineResult | Exception:
         try:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import triton_python_backend_utils as pb_utils
 
-from minions.decoding.engine_call import KEEP_SEQUENCE_PARAMETER, STREAM_INTERVAL_PARAMETER, EngineRequest, EngineResult
+from minions.decoding.engine_call import KEEP_SEQUENCE_PARAMETER, STREAM_INTERVAL_PARAMETER, EngineResult
 from minions.engines.api import BatchEngine, BatchStats, InflightEngine, MeteredEngine, PrefixCachingEngine
 from minions.engines.factory import build_engine
 from minions.engines.tensors import CallTimes, encode_engine_outputs, parse_engine_inputs
@@ -141,7 +141,9 @@ class TritonPythonModel:
                 sender.send(self._respond(request, [], [], CallTimes(now, now, now)),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
-            collect = _Collector(self, request, sender, engine_requests, ends)
+            for r in engine_requests:  # a whole request: the engine ends its sequence with its last answer
+                r.ends_sequence = ends
+            collect = _Collector(self, request, sender, engine_requests)
             calls.extend((r, collect.answer_for(i)) for i, r in enumerate(engine_requests))
         if calls:
             try:
@@ -286,10 +288,9 @@ class _Collector:
     and sends its response, FINAL, once the last one is in; a streaming row's partial results go out
     as they come."""
 
-    def __init__(self, model: TritonPythonModel, request, sender, engine_requests: list, ends: bool) -> None:
+    def __init__(self, model: TritonPythonModel, request, sender, engine_requests: list) -> None:
         self.model, self.request, self.sender = model, request, sender
         self.engine_requests = engine_requests
-        self.ends = ends
         self.results: list = [None] * len(engine_requests)
         self.missing = len(engine_requests)
         self.arrival_ns = time.time_ns()
@@ -317,13 +318,4 @@ class _Collector:
             return
         response = self.model._respond(self.request, self.engine_requests, self.results, times)
         self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        if self.ends:  # a whole request: its sequence ends, after the answer is out
-            try:
-                self.model.engine.submit([(EngineRequest.release(r.request_id), _ignore)
-                                          for r in self.engine_requests])
-            except RuntimeError as exc:  # shutting down: the context goes with the engine
-                log.warning("%s: could not end the sequences of a whole request: %s", self.model.name, exc)
 
-
-def _ignore(_result) -> None:
-    pass
