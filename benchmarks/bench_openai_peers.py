@@ -15,16 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from loadtest.run import main as loadtest
 from minions.deploy.config import load_deployment
-from minions.deploy.server import free_port, frontend_command, server_env, wait_http_ok
 from minions.settings import OrchestratorSettings
-from tests.support.triton_process import ROOT, TritonProcess, stop_process
+from tests.support.openai_frontend import openai_frontend
+from tests.support.triton_process import ROOT, TritonProcess
 
 from .peers import ggufs
 from .peers.llama_server import LlamaServer, ServerConfig
@@ -32,7 +30,6 @@ from .peers.llama_server_build import llama_server
 
 LLAMA = "llama-server"
 SYSTEMS = (LLAMA, "minions-off", "minions-default")
-READY_TIMEOUT_S = 60.0
 
 
 @contextmanager
@@ -41,15 +38,8 @@ def minions_openai(deploy: str, log_dir: Path, label: str):
     the frontend's /v1 URL."""
     with TritonProcess(deploy, log_path=log_dir / f"tritonserver-{label}.log") as triton:
         model = OrchestratorSettings.from_yaml(load_deployment(deploy).orchestrator).model_name
-        port = free_port()
-        with open(log_dir / f"frontend-{label}.log", "w") as log:
-            proc = subprocess.Popen(frontend_command(triton.grpc_url, "127.0.0.1", port, model), env=server_env(),
-                                    stdout=log, stderr=subprocess.STDOUT)
-            try:
-                wait_http_ok(f"http://127.0.0.1:{port}/health", proc, "the OpenAI frontend", READY_TIMEOUT_S)
-                yield f"http://127.0.0.1:{port}/v1", model
-            finally:
-                stop_process(proc, signal.SIGTERM, 30)
+        with openai_frontend(triton, log_dir / f"frontend-{label}.log", model) as url:
+            yield url, model
 
 
 def run_cell(args: argparse.Namespace, system: str, users: int, out: Path) -> dict:

@@ -4,9 +4,10 @@ What must never happen fails the run; what may happen under faults (refusals, er
 
     python -m benchmarks.chaos [--minutes 15] [--seed 1] [--faults ssm_kill,llm_kill,minions_kill,reload]
 
-Load: `--users` client threads, each a closed loop of streamed requests (gRPC ModelStreamInfer or HTTP
-SSE generate_stream, speculation `off` or `vote`, picked at random per request), made through the
-client library exactly as the Locust users of loadtest/ make them. They are threads here rather than
+Load: `--users` client threads, each a closed loop of streamed requests (gRPC ModelStreamInfer, HTTP
+SSE generate_stream, or a streamed chat completion through the OpenAI frontend; speculation `off` or
+`vote`; picked at random per request), made through the client library exactly as the Locust users
+of loadtest/ make them, and through the `openai` package. They are threads here rather than
 headless Locust because the verdict needs each request's own ending (an incomplete stream must not be
 folded into "error") and a mix of modes in one run. Each request ends in one of:
 
@@ -15,7 +16,11 @@ folded into "error") and a mix of modes in one run. Each request ends in one of:
 - failed: the server (or the transport) returned an error message;
 - incomplete: the stream ended without a final response and without an error;
 - hung: silent for `--hang-s` s (then cancelled), or still running when the load was told to stop and
-  `--hang-s` more passed.
+  `--hang-s` more passed;
+- orphaned: a gRPC or HTTP request hung that was under way when the orchestrator's stub was killed.
+  Triton 2.51 (and 25.12) never answers those: python_backend ends a decoupled request only through
+  its stub, and nothing else in the server holds it. They are counted, not failed on; the OpenAI
+  frontend ends its own (minions/frontend/orphans.py), so an OpenAI request that hangs is a problem.
 
 Faults are dealt from a shuffled deck of every (kind, model) pair, reshuffled when empty, so a run meets
 each before any repeats: `ssm_kill` (SIGKILL an SSM's stub), `llm_kill`, `minions_kill`, `reload`
@@ -26,7 +31,8 @@ loaded again), for at most `--recovery-s`, then until a request sent after the f
 so the next fault waits for traffic), for at most `--hang-s` + `--recovery-s`; then it waits the fault's
 gap (drawn from the seed) before the next. A stub still dead at the deadline is a problem; the tool then
 loads the model itself, as an operator would, so the run goes on. The server runs as `make serve` runs
-it: tritonserver, with `make serve`'s watchdog of the orchestrator's stub (deploy/watchdog.py) beside it.
+it: tritonserver, with `make serve`'s watchdog of the orchestrator's stub (deploy/watchdog.py) and the
+OpenAI frontend beside it.
 
 It fails (exit 1, one line per problem) on a hung or incomplete request, a tritonserver exit or a
 crash in its log ("Signal (", "Fatal Python error"), a stub left dead beyond `--recovery-s`, a
@@ -60,9 +66,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import openai
 import yaml
 
 from client.api import Completion, GenerationParams, MinionsClientError, SilentStreamError, generate_grpc, generate_http
@@ -73,6 +80,7 @@ from minions.settings import EngineKind
 from minions.errors import is_refusal
 from minions.text.datasets import DATASETS, mixed_prompts
 from minions.triton.shm import SHM_PREFIX, mapped_shm_regions
+from tests.support.openai_frontend import openai_frontend
 from tests.support.triton_process import ROOT, TritonProcess, stop_process
 
 from .trend import Trend, trend
@@ -81,12 +89,14 @@ LEAK_CHECK_RAM_MIB = 64
 """`prefix_cache_ram_mib` of every llama.cpp engine during a chaos run (below the memory check's 128 MiB
 tolerance): the memory check looks for leaks, not for a bounded cache filling."""
 FAULT_KINDS = ("ssm_kill", "llm_kill", "minions_kill", "reload")
-SERVED, REFUSED, FAILED, INCOMPLETE, HUNG = "served", "refused", "failed", "incomplete", "hung"
-OUTCOMES = (SERVED, REFUSED, FAILED, INCOMPLETE, HUNG)
+SERVED, REFUSED, FAILED, INCOMPLETE, HUNG, ORPHANED = "served", "refused", "failed", "incomplete", "hung", "orphaned"
+OUTCOMES = (SERVED, REFUSED, FAILED, INCOMPLETE, HUNG, ORPHANED)
 CRASH_MARKS = ("Signal (", "Fatal Python error")
 """In tritonserver's log before it is asked to stop: a signal it caught (SIGSEGV, SIGABRT...), or a
 stub's native crash (faulthandler). A SIGKILLed stub leaves neither."""
-PROTOCOLS = ("grpc", "http")
+PROTOCOLS = ("grpc", "http", "openai")
+TRITON_PROTOCOLS = ("grpc", "http")
+"""The clients of Triton's own endpoints: a request of theirs on a killed orchestrator stub is orphaned."""
 MODES = ("off", "vote")
 MIB = 2**20
 SETTLE_S = 10.0
@@ -140,9 +150,15 @@ def classify(completion: Completion | None, exc: BaseException | None) -> tuple[
         if completion.finish_reason is None:
             return INCOMPLETE, f"the stream ended after {len(completion.chunks)} chunks without a final response"
         return SERVED, completion.finish_reason
-    if isinstance(exc, SilentStreamError):
+    if isinstance(exc, (SilentStreamError, openai.APITimeoutError)):
         return HUNG, str(exc)
     message = str(exc).strip()
+    if isinstance(exc, openai.APIStatusError):
+        return (REFUSED if exc.status_code in (429, 503) else FAILED), f"{exc.status_code}: {message}"
+    if isinstance(exc, openai.APIConnectionError):
+        return (FAILED if "refused" in repr(exc.__cause__).lower() else INCOMPLETE), f"{type(exc).__name__}: {message}"
+    if isinstance(exc, openai.APIError):  # an error event in the stream: the server's message
+        return (REFUSED if is_refusal(message) else FAILED if message else INCOMPLETE), message
     if is_refusal(message):  # a refusal inside a stream carries no status
         return REFUSED, message
     if isinstance(exc, MinionsClientError):
@@ -154,6 +170,14 @@ def classify(completion: Completion | None, exc: BaseException | None) -> tuple[
         return FAILED, f"{type(exc).__name__}: {message}"  # nothing listens: said at once, clearly
     # the connection broke mid-stream (reset, IncompleteRead, a half event): no final response, no error
     return INCOMPLETE, f"{type(exc).__name__}: {message}"
+
+
+def orphaned(results: Iterable[RequestResult], kills: Iterable[float]) -> list[RequestResult]:
+    """The results with each gRPC or HTTP request that hung while under way at a kill of the orchestrator's
+    stub (at `kills`, seconds into the run) marked ORPHANED."""
+    kills = list(kills)
+    return [replace(r, outcome=ORPHANED) if r.outcome == HUNG and r.protocol in TRITON_PROTOCOLS
+            and any(r.start < t <= r.end for t in kills) else r for r in results]
 
 
 def memory_trend(samples: Sequence[tuple[float, int, bool]], warmup_s: float, growth_bytes: float,
@@ -275,12 +299,43 @@ class RequestResult:
     tokens: int = 0
 
 
+def generate_openai(url: str, model: str, prompt: str, params: GenerationParams, stream: bool = True,
+                    timeout_s: float = 600.0) -> Completion:
+    """`params` as a chat completion through the OpenAI frontend at `url` (its /v1), read as the client
+    library reads Triton's answers; silent for `timeout_s` between two chunks raises APITimeoutError."""
+    api = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=timeout_s)
+    start = time.monotonic()
+    completion = Completion()
+    answer = api.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=params.max_tokens, temperature=0,
+        stream=stream, stream_options={"include_usage": True} if stream else None,
+        extra_body={"speculation": params.speculation} if params.speculation else None)
+    for chunk in answer if stream else [answer]:
+        if chunk.usage is not None:
+            completion.num_input_tokens = chunk.usage.prompt_tokens
+            completion.num_output_tokens = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            text = choice.delta.content if stream else choice.message.content
+            if text:
+                completion.ttft_s = completion.ttft_s or time.monotonic() - start
+                completion.chunks.append(text)
+            completion.finish_reason = choice.finish_reason or completion.finish_reason
+    completion.text = "".join(completion.chunks)
+    completion.latency_s = time.monotonic() - start
+    return completion
+
+
+CALLS = {"grpc": generate_grpc, "http": generate_http, "openai": generate_openai}
+"""How a user makes a request, by protocol: (url, model, prompt, params, stream, timeout_s) -> Completion."""
+
+
 class Load:
     """`users` threads, each streaming requests one after another until stopped."""
 
-    def __init__(self, server: TritonProcess, users: int, seed: int, prompts: list[str], max_tokens: int,
-                 hang_s: float, t0: float) -> None:
+    def __init__(self, server: TritonProcess, openai_url: str, users: int, seed: int, prompts: list[str],
+                 max_tokens: int, hang_s: float, t0: float) -> None:
         self.server, self.prompts, self.max_tokens, self.hang_s, self.t0 = server, prompts, max_tokens, hang_s, t0
+        self.urls = {"grpc": server.grpc_url, "http": server.http_url, "openai": openai_url}
         self.model = server.deployment.orchestrator_name
         self.results: list[RequestResult] = []
         self.lock = threading.Lock()
@@ -294,13 +349,11 @@ class Load:
                 return
             protocol, mode = rng.choice(PROTOCOLS), rng.choice(MODES)
             params = GenerationParams(max_tokens=self.max_tokens, speculation=mode, chat=True, return_perf_metrics=True)
-            call = generate_grpc if protocol == "grpc" else generate_http
-            url = self.server.grpc_url if protocol == "grpc" else self.server.http_url
             start = time.monotonic()
             completion, error = None, None
             try:
-                completion = call(url, self.model, self.prompts[n % len(self.prompts)], params, stream=True,
-                                  timeout_s=self.hang_s)
+                completion = CALLS[protocol](self.urls[protocol], self.model, self.prompts[n % len(self.prompts)],
+                                             params, stream=True, timeout_s=self.hang_s)
             except Exception as exc:  # every ending is classified, none dropped
                 error = exc
             outcome, detail = classify(completion, error)
@@ -581,15 +634,18 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
     dep = server.deployment
     deck = fault_deck(kinds, dep.llm.get("name", "llm"), dep.orchestrator_name, [m["name"] for m in dep.ssms])
     warnings: list[str] = []
-    with server:
+    with server, contextlib.ExitStack() as frontend:
+        openai_url = frontend.enter_context(openai_frontend(server, out / f"{stamp}.frontend.log",
+                                                            dep.orchestrator_name))
         t0 = time.monotonic()
         prompts = mixed_prompts(s.prompts, [d for d in s.datasets.split(",") if d])
-        for protocol, call, url in (("grpc", generate_grpc, server.grpc_url), ("http", generate_http, server.http_url)):
-            outcome, detail = classify(*_attempt(call, url, dep.orchestrator_name, prompts[0]))
+        urls = {"grpc": server.grpc_url, "http": server.http_url, "openai": openai_url}
+        for protocol in PROTOCOLS:
+            outcome, detail = classify(*_attempt(CALLS[protocol], urls[protocol], dep.orchestrator_name, prompts[0]))
             if outcome != SERVED:
                 warnings.append(f"the warm-up request over {protocol} was not served: {outcome}: {detail}")
         until = time.monotonic() + 60 * s.minutes
-        load = Load(server, s.users, s.seed, prompts, s.max_tokens, s.hang_s, t0)
+        load = Load(server, openai_url, s.users, s.seed, prompts, s.max_tokens, s.hang_s, t0)
         injector = Injector(server, load, fault_schedule(s.seed, deck, s.min_gap_s, s.max_gap_s), until,
                             s.recovery_s, s.hang_s + s.recovery_s, t0, s.seed)
         sampler = Sampler(server, s.sample_s, t0, injector.settled)
@@ -617,16 +673,18 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
         end_memory = sampler.sample() if exited is None else {}
         crashes = crash_lines(server.log_text())
         leaked = _leaked_after(sampler.regions, s.leak_wait_s) if exited is None else []
+        frontend.close()  # the frontend first, as `make serve` stops them
         # the stop, checked before TritonProcess.stop ends stray stubs and sweeps what they left
         stop_process(server.proc, signal.SIGINT, 90.0)
         strays = _stubs_after_stop(server, 15.0)
         present = {p.name for p in Path("/dev/shm").glob(SHM_PREFIX + "*")}
         left = leaked_regions(sampler.regions, present, mapped_shm_regions())
+    results = orphaned(load.results, [f.t for f in injector.records if f.kind == "minions_kill"])
     killed = {f.region for f in injector.records if f.kind.endswith("_kill") and f.region}
     faults, since = [], 0.0
     for f in injector.records:
         end = f.t + max(f.recovered_s if f.recovered_s is not None else s.recovery_s, f.served_again_s or 0.0)
-        f.requests = window_outcomes(load.results, f.t, end, since)
+        f.requests = window_outcomes(results, f.t, end, since)
         faults.append(asdict(f))
         since = end
     recoveries = [f["recovered_s"] for f in faults if f["recovered_s"] is not None]
@@ -635,7 +693,7 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
     duration = time.monotonic() - t0
     report = {
         "settings": {**asdict(s), "faults": list(kinds)}, "stamp": stamp, "duration_s": round(duration, 1),
-        "requests": summarize_requests(load.results, stuck),
+        "requests": summarize_requests(results, stuck),
         "faults": faults,
         "faults_by_kind": dict(Counter(f["kind"] for f in faults)),
         "recoveries": {"count": len(recoveries), "not_recovered": sum(f["recovered_s"] is None and not f["error"]
@@ -697,7 +755,11 @@ def format_summary(report: dict) -> str:
         f"Chaos run {report['stamp']}: {report['duration_s'] / 60:.1f} min, {s['users']} users, seed {s['seed']}, "
         f"faults {','.join(s['faults'])}, {Path(s['deploy']).name}",
         f"requests: {r['total']} ({o[SERVED]} served, {o[REFUSED]} refused, {o[FAILED]} failed with an error, "
-        f"{o[INCOMPLETE]} incomplete, {o[HUNG]} hung); {r['tokens']} tokens",
+        f"{o[INCOMPLETE]} incomplete, {o[HUNG]} hung, {o[ORPHANED]} orphaned by Triton: gRPC/HTTP requests under "
+        f"way on a killed orchestrator stub, which no server process can answer); {r['tokens']} tokens",
+        "by protocol: " + "; ".join(
+            f"{p} " + ", ".join(f"{n} {o}" for o, n in sorted(_by_protocol(r["by_mode"], p).items()))
+            for p in PROTOCOLS),
         f"faults: {sum(report['faults_by_kind'].values())} "
         f"({', '.join(f'{k} {n}' for k, n in report['faults_by_kind'].items()) or 'none'}); "
         f"recovered {rec['count']}, not recovered {rec['not_recovered']}; recovery median "
@@ -720,6 +782,10 @@ def format_summary(report: dict) -> str:
     lines.append(f"FAILED: {len(report['problems'])} problem(s)" if report["problems"] else "PASSED")
     lines += report["problems"]
     return "\n".join(lines)
+
+
+def _by_protocol(by_mode: dict[str, dict[str, int]], protocol: str) -> Counter:
+    return sum((Counter(outcomes) for key, outcomes in by_mode.items() if key.split()[0] == protocol), Counter())
 
 
 def _s(x: float | None) -> str:

@@ -1,8 +1,8 @@
 """`make chaos` in a short form: the chaos tool's own run (benchmarks/chaos.py) on a fresh server of its
 own for 75 s of load, with the faults that are recovered today: an SSM's stub killed with SIGKILL (the
 orchestrator loads its model again) and a reload of each model through the repository API. Nothing
-hangs or crashes, every request is served, refused or failed with an error message, and no shared
-memory is leaked.
+hangs or crashes, every request is served, refused or failed with an error message (over gRPC, HTTP
+and the OpenAI frontend, each of which serves some), and no shared memory is leaked.
 
 A killed SSM that the vote seldom asks is not always loaded again in time (the orchestrator notices a
 dead SSM stub by failed drafts alone, docs/operations.md "Chaos"): such a fault is printed, and the tool
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.chaos import FAILED, HUNG, INCOMPLETE, REFUSED, SERVED, main
+from benchmarks.chaos import FAILED, HUNG, INCOMPLETE, MODES, PROTOCOLS, REFUSED, SERVED, main
 
 
 def test_a_short_chaos_run_with_ssm_kills_and_reloads(tmp_path, kept_datasets):
@@ -27,6 +27,8 @@ def test_a_short_chaos_run_with_ssm_kills_and_reloads(tmp_path, kept_datasets):
     outcomes, requests = report["requests"]["outcomes"], report["requests"]
     assert outcomes[HUNG] == 0 and outcomes[INCOMPLETE] == 0, requests["examples"]
     assert outcomes[SERVED] > 0
+    assert all(report["requests"]["by_mode"][f"{protocol} {mode}"].get(SERVED) for protocol in PROTOCOLS
+               for mode in MODES), report["requests"]["by_mode"]
     assert outcomes[SERVED] + outcomes[REFUSED] + outcomes[FAILED] == requests["total"]
     assert report["server"]["exited_during_run"] is None and report["server"]["crash_lines"] == []
     assert report["shm"]["leaked"] == [] and report["shm"]["left_after_stop"] == []

@@ -8,13 +8,16 @@ import http.client
 import itertools
 import urllib.error
 
+import httpx2
+import openai
 import pytest
 
-from benchmarks.chaos import (FAILED, FAULT_KINDS, HUNG, INCOMPLETE, OUTCOMES, REFUSED, SERVED, RequestResult,
-                              classify, crash_lines, fault_deck, fault_schedule, leaked_regions, memory_trend,
-                              parse_faults, problems, window_outcomes)
+from benchmarks.chaos import (FAILED, FAULT_KINDS, HUNG, INCOMPLETE, ORPHANED, OUTCOMES, REFUSED, SERVED,
+                              RequestResult, classify, crash_lines, fault_deck, fault_schedule, leaked_regions,
+                              memory_trend, orphaned, parse_faults, problems, window_outcomes)
 from client.api import Completion, MinionsClientError, SilentStreamError
 from minions.errors import ServerBusy
+from minions.frontend.orphans import ORPHANED as ORPHAN_MESSAGE
 
 MIB = 2**20
 SSMS = ("ssm_ngram", "ssm_suffix")
@@ -96,6 +99,37 @@ def test_silence_is_a_hang_and_a_broken_stream_is_incomplete():
     assert classify(None, http.client.IncompleteRead(b""))[0] == INCOMPLETE
     assert classify(None, ConnectionResetError(104, "Connection reset by peer"))[0] == INCOMPLETE
     assert classify(None, MinionsClientError(""))[0] == INCOMPLETE
+
+
+def test_the_openai_clients_endings_are_classified_as_the_others():
+    """The `openai` package's exceptions: its read timeout is silence, a 503 a refusal, an error event
+    the server's message (ORPHANED's too: a clear error), a refused connection a failure."""
+    request = httpx2.Request("POST", "http://127.0.0.1:9000/v1/chat/completions")
+    assert classify(None, openai.APITimeoutError(request))[0] == HUNG
+    busy = httpx2.Response(503, request=request)
+    assert classify(None, openai.APIStatusError("the server is at capacity", response=busy, body=None))[0] == REFUSED
+    bad = httpx2.Response(400, request=request)
+    assert classify(None, openai.APIStatusError("'max_tokens' must be", response=bad, body=None))[0] == FAILED
+    assert classify(None, openai.APIError(ORPHAN_MESSAGE, request, body=None)) == (FAILED, ORPHAN_MESSAGE)
+    refused = openai.APIConnectionError(request=request)
+    refused.__cause__ = httpx2.ConnectError("[Errno 111] Connection refused")
+    assert classify(None, refused)[0] == FAILED
+    broken = openai.APIConnectionError(request=request)
+    broken.__cause__ = httpx2.RemoteProtocolError("peer closed connection without sending complete message body")
+    assert classify(None, broken)[0] == INCOMPLETE
+
+
+def test_a_triton_client_hung_under_way_at_an_orchestrator_kill_is_orphaned_and_nothing_else_is():
+    def hung(protocol, start, end, outcome=HUNG):
+        return RequestResult(0, protocol, "off", start, end, outcome, "silent")
+
+    results = [hung("grpc", 5, 130), hung("http", 8, 131), hung("openai", 6, 130),  # at the kill at 10
+               hung("grpc", 12, 140),  # sent after it
+               hung("grpc", 1, 9),  # ended before it
+               hung("grpc", 5, 12, outcome=FAILED)]  # ended, with an error
+    marked = [r.outcome for r in orphaned(results, kills=[10.0])]
+    assert marked == [ORPHANED, ORPHANED, HUNG, HUNG, HUNG, FAILED]
+    assert [r.outcome for r in orphaned(results, kills=[])] == [r.outcome for r in results]
 
 
 # -- memory, shared memory, crashes ------------------------------------------------------------------
