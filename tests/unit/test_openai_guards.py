@@ -226,6 +226,8 @@ def test_a_failed_requests_status_is_read_from_its_message():
     assert stream_error_code(f"{ServerBusy.PREFIX} (2 decoding)") == grpc.StatusCode.UNAVAILABLE
     assert stream_error_code(f"{ModelUnavailable.PREFIX}: llm is loading") == grpc.StatusCode.UNAVAILABLE
     assert stream_error_code("Request for unknown model: 'minions' is not found") == grpc.StatusCode.UNAVAILABLE
+    # sent to a dead orchestrator stub before make serve's watchdog has loaded it again: retry, not 400
+    assert stream_error_code("Stub process 'minions_0_0' is not healthy.") == grpc.StatusCode.UNAVAILABLE
     assert stream_error_code(f"{INTERNAL_PREFIX}: EngineCallError: llm died") == grpc.StatusCode.INTERNAL
     assert stream_error_code("'max_tokens' must be in [1, 1024], got 100000") == grpc.StatusCode.INVALID_ARGUMENT
     assert openai_error(TritonError(stream_error_code(f"{INTERNAL_PREFIX}: x"), "x")).status == 500

@@ -27,8 +27,9 @@ from tritonclient.utils import serialize_byte_tensor, triton_to_np_dtype
 from minions.errors import INTERNAL_PREFIX, is_refusal
 from minions.frontend.orphans import ORPHANED, OrphanWatch
 
-NOT_SERVED = ("unknown model", "is not ready", "no available versions")
-"""Parts of Triton's own messages for a request to a model it does not serve now (unloaded, loading)."""
+NOT_SERVED = ("unknown model", "is not ready", "no available versions", "is not healthy")
+"""Parts of Triton's own messages for a request to a model it does not serve now: unloaded, loading, or
+its stub dead until it is loaded again (python_backend's `Stub process '<instance>' is not healthy.`)."""
 
 
 class TritonError(RuntimeError):
