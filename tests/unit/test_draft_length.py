@@ -68,6 +68,19 @@ def test_chooses_no_speculation_when_drafting_is_worthless():
     assert Counter(trace[-60:])[0] >= 60 * (1 - 1 / selector.policy.explore_every) - 1
 
 
+def test_on_a_fresh_server_a_length_that_does_not_pay_is_left_for_plain_decoding_not_a_shorter_draft():
+    """Nothing but the initial length measured: below it t(b, s) is that length's level carried down, so
+    plain decoding looks as dear as a verification and a one-token draft cheaper than both (the first
+    request on a fresh Qwen2.5-Coder server verified four 1-token drafts, an LLM call each). In a
+    compute-bound world where drafting does not pay, the first move is to 0."""
+    world = World(acceptance=0.25, slope=0.04, seed=4)
+    selector = DraftLengthSelector(SharedLengthStats(), max_length=8)
+    assert world.best(1) == 0
+    trace = world.run(selector, 1, 12)
+    moved = next(s for s in trace if s != trace[0])
+    assert moved == 0, trace
+
+
 def test_adapts_per_request_when_acceptance_collapses_and_recovers():
     shared = SharedLengthStats()
     selector = DraftLengthSelector(shared, max_length=8)

@@ -107,7 +107,7 @@ def test_every_request_measures_the_server_s_costs_and_leaves_the_batch_when_don
     decode(client, full_plan(PROMPTS[2], 12, Speculation(SpeculationMode.SINGLE, ("self",)), num_draft_tokens=3, length_stats=shared))
     lengths = {s for _, s in shared.verify.cells}
     assert 3 in lengths and max(lengths) == 3, shared.verify.cells  # (the last round may be shorter)
-    assert shared.acceptance.trials and shared.draft_per_token, "acceptance and drafting were measured"
+    assert shared.acceptance_of(("self",)).trials and shared.draft_per_token, "acceptance and drafting were measured"
     decode(client, full_plan(PROMPTS[0], 4, OFF, length_stats=shared))
     assert (1, 0) in shared.verify.cells, "plain decoding measures t(b, 0)"
     assert shared.drafting == {}, "finished requests no longer count in the batch's draft length"

@@ -102,3 +102,19 @@ def test_a_streams_interval_grows_with_the_load_so_that_all_streams_send_at_most
     assert svc.stream_interval_s(0.1, 16) == pytest.approx(0.2)
     assert svc.stream_interval_s(0.0, 16) == 0.0, "every token, when asked for, stays every token"
     assert services(load=1, stream_max_responses_per_s=0.0).stream_interval_s(0.1, 64) == 0.1
+
+
+def test_a_model_ssms_slow_and_rejected_drafts_do_not_close_the_lookup_drafters_probes():
+    """Drafting's cost and acceptance are kept per set of SSMs: on the Qwen deployment one request that
+    named the 0.5B model (18 ms a draft token) closed the probes of every later lookup-only request, for
+    good (a closed probe drafts nothing, so no new sample could reopen it), and its rejected drafts
+    made the lookups' next requests pick 1-token drafts."""
+    svc = services(load=1)
+    lookups, model = ("ssm_ngram", "ssm_suffix"), ("ssm_qwen05",)
+    FixedLength(4, svc.length_stats, drafters=model).observe(1, 4, 1, 0.072, 0.3)
+    assert not svc.probe_pays(FixedLength(0, svc.length_stats, drafters=model), 1)
+    prior = svc.length_stats.global_rates(4)  # nothing measured
+    assert svc.length_stats.global_rates(4, lookups) == prior != svc.length_stats.global_rates(4, model)
+    assert svc.probe_pays(FixedLength(0, svc.length_stats, drafters=lookups), 1)
+    FixedLength(8, svc.length_stats, drafters=lookups).observe(1, 8, 8, 0.0026, 0.3)
+    assert svc.probe_pays(FixedLength(0, svc.length_stats, drafters=lookups), 1)

@@ -9,9 +9,10 @@ each, d(b) the drafting time per token that rounds waited for (apart for pipelin
 early drafts hide most of it), and a_j the probability that draft position j is accepted once the
 ones before it were (per request, pulled towards the server-wide estimate while the request has
 little evidence of its own). E(s) is then the expected tokens per verification (accepted + the
-LLM's own). s = 0 is plain decoding: J(0) = t(b, 0). t, d and the server-wide a_j are the server's,
-learnt from every request's rounds (fixed lengths and plain decoding verify on the same LLM);
-only a_j is also kept per request.
+LLM's own). s = 0 is plain decoding: J(0) = t(b, 0). t is the server's, learnt from every request's
+rounds (fixed lengths and plain decoding verify on the same LLM); d and the server-wide a_j are kept
+per set of SSMs requests draft with (the 0.5B's drafts are not the lookups'); only a_j is also kept
+per request.
 
 Why t is keyed on the batch's mean draft length, not the request's own: under load the LLM verifies
 many requests in one pass, whose time grows with all of their tokens. Keyed on its own s, a request
@@ -46,9 +47,12 @@ from minions.speculation.length_stats import AcceptanceModel, SharedLengthStats
 class DraftLengthSelector:
     """One request's selector: per-request acceptance and draft cost over the shared statistics."""
 
-    def __init__(self, shared: SharedLengthStats, max_length: int, pipelined: bool = False) -> None:
+    def __init__(self, shared: SharedLengthStats, max_length: int, pipelined: bool = False,
+                 drafters: tuple[str, ...] = ()) -> None:
         self.shared = shared
         self.pipelined = pipelined
+        self.drafters = drafters
+        """The SSMs the request drafts with: drafting's cost is theirs (`SharedLengthStats.draft_per_token`)."""
         policy = shared.policy
         self.policy = policy
         self.candidates = tuple(s for s in policy.candidates if s <= max_length) or (0,)
@@ -61,7 +65,8 @@ class DraftLengthSelector:
     # -- estimates ---------------------------------------------------------------------------------
     def rates(self, n: int) -> list[float]:
         """a_0 .. a_{n-1} for this request: its own counts blended with the server's rates."""
-        return [self.acceptance.rate(j, g, self.policy.prior_weight) for j, g in enumerate(self.shared.global_rates(n))]
+        server = self.shared.global_rates(n, self.drafters)
+        return [self.acceptance.rate(j, g, self.policy.prior_weight) for j, g in enumerate(server)]
 
     def expected_tokens(self, s: int) -> float:
         return self._expected(s)[s]
@@ -84,7 +89,7 @@ class DraftLengthSelector:
         SSMs). Not this request's own: its first draft is not representative (see `observe`), so its
         first choices would take drafting as free and pick the longest draft; and one slow round could
         send it to s = 0, where it drafts nothing more to correct the estimate."""
-        return self.shared.draft_estimate(batch, self.pipelined)
+        return self.shared.draft_estimate(batch, self.pipelined, self.drafters)
 
     def time_per_token(self, s: int, batch: int) -> float | None:
         return self._costs(batch, [s])[s]
@@ -115,6 +120,11 @@ class DraftLengthSelector:
             return self.current
         best = min(known, key=lambda s: (known[s], s))
         if best != self.current and known[best] < (1.0 - self.policy.margin) * known[self.current]:
+            # Until plain decoding has been measured at all (a fresh server), the cost below the
+            # measured lengths is their level carried down: any shorter draft looks cheaper than plain
+            # decoding, and each costs an LLM call for a token or two. A move down is then to 0.
+            if 0 < best < self.current and 0 in self.candidates and not self.shared.verify.measured_anywhere(0):
+                best = 0
             self.current = best
             self.held = self.policy.dwell
         return self.current
@@ -154,7 +164,7 @@ class DraftLengthSelector:
     def observe(self, batch: int, drafted: int, accepted: int, draft_seconds: float | None,
                 verify_seconds: float) -> None:
         """One round's outcome, into this request's estimates and the server's (`SharedLengthStats.observe`)."""
-        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds)
+        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds, self.drafters)
         if drafted > 0:
             self.acceptance.observe(drafted, accepted)
 
@@ -163,10 +173,12 @@ class FixedLength:
     """A fixed draft length (0: plain decoding), with the selector's interface: its rounds still
     measure the LLM and the SSMs for the server's statistics, whoever chose the length."""
 
-    def __init__(self, length: int, shared: SharedLengthStats, pipelined: bool = False) -> None:
+    def __init__(self, length: int, shared: SharedLengthStats, pipelined: bool = False,
+                 drafters: tuple[str, ...] = ()) -> None:
         self.current = length
         self.shared = shared
         self.pipelined = pipelined
+        self.drafters = drafters
 
     def choose(self, batch: int) -> int:
         return self.current
@@ -177,4 +189,4 @@ class FixedLength:
 
     def observe(self, batch: int, drafted: int, accepted: int, draft_seconds: float | None,
                 verify_seconds: float) -> None:
-        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds)
+        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds, self.drafters)

@@ -83,6 +83,10 @@ class VerifyCostTable:
                 return {s: _on_curve(points, line, relative, s) for s in lengths}
         return dict.fromkeys(lengths)
 
+    def measured_anywhere(self, s: int) -> bool:
+        """Whether length `s` has been measured at any load."""
+        return any(n == s and e.value is not None for (_, n), e in self.cells.items())
+
     def measured_lengths(self, batch: int) -> dict[int, int]:
         """The lengths measured at this load's own bucket (none borrowed), with their observation counts."""
         return {n: c for n, _, c in self._points(load_bucket(batch))}
@@ -182,11 +186,16 @@ class SharedLengthStats:
     def __init__(self, policy: LengthPolicy | None = None) -> None:
         self.policy = policy or LengthPolicy()
         self.verify = VerifyCostTable()
-        self.acceptance = AcceptanceModel(self.policy.global_decay)
-        self.draft_per_token: dict[tuple[bool, int], Ema] = {}
-        """Per (pipelined, load bucket): the drafting seconds per token that requests waited for. Apart
-        for pipelined requests, whose early drafts hide most of drafting: one estimate for both would
-        price a pipelined request's drafting at what a plain one waits for."""
+        self.acceptances: dict[tuple[str, ...], AcceptanceModel] = {}
+        """The acceptance a_j per set of SSMs a request drafts with (the 0.5B's drafts are not the
+        lookups'): t(b, s) is the LLM's, whoever drafted, but what is accepted depends on the drafters."""
+        self.draft_per_token: dict[tuple[tuple[str, ...], bool, int], Ema] = {}
+        """Per (drafters, pipelined, load bucket): the drafting seconds per token that requests waited
+        for. Apart per set of SSMs a request drafts with: a request that names a model SSM (Qwen's 0.5B:
+        18 ms a token) priced the lookups' drafts of every later request at its own, which closed their
+        probes for good (no probe, no new sample). Apart for pipelined requests, whose early drafts
+        hide most of drafting: one estimate for both would price a pipelined request's drafting at what
+        a plain one waits for."""
         self.drafting: dict[str, int] = {}
         """Each request being decoded: its latest round's LLM work as a draft length (see `report`)."""
 
@@ -204,8 +213,17 @@ class SharedLengthStats:
             return default
         return round(sum(self.drafting.values()) / len(self.drafting))
 
+    def acceptance_of(self, drafters: tuple[str, ...] = ()) -> AcceptanceModel:
+        """The server-wide acceptance of drafts made with `drafters`."""
+        return self.acceptances.setdefault(drafters, AcceptanceModel(self.policy.global_decay))
+
+    @property
+    def acceptance(self) -> AcceptanceModel:
+        """`acceptance_of` a request that names no SSMs (the tests' selectors)."""
+        return self.acceptance_of()
+
     def observe(self, batch: int, pipelined: bool, drafted: int, accepted: int, draft_seconds: float | None,
-                verify_seconds: float) -> None:
+                verify_seconds: float, drafters: tuple[str, ...] = ()) -> None:
         """One round of any request (fixed lengths and plain decoding too: the LLM's verification time
         and the SSMs' acceptance are the server's, whoever chose the length): its length, how much was
         accepted, what drafting (exposed) and verification cost. draft_seconds None: not
@@ -219,26 +237,28 @@ class SharedLengthStats:
         if length <= max(self.policy.candidates):
             self.verify.observe(batch, length, verify_seconds)
         if drafted > 0:
-            self.acceptance.observe(drafted, accepted)
+            self.acceptance_of(drafters).observe(drafted, accepted)
             if draft_seconds is not None:
                 weight = self.verify.weight
-                self.draft_per_token.setdefault((pipelined, load_bucket(batch)), Ema(weight)).add(
+                self.draft_per_token.setdefault((drafters, pipelined, load_bucket(batch)), Ema(weight)).add(
                     draft_seconds / drafted, server_weight(weight, batch))
 
-    def draft_estimate(self, batch: int, pipelined: bool) -> float:
-        """Drafting seconds per token at this load, from the nearest measured load (0 before any)."""
-        for bucket in buckets_by_nearness({b for p, b in self.draft_per_token if p == pipelined}, batch):
-            return self.draft_per_token[pipelined, bucket].value or 0.0
+    def draft_estimate(self, batch: int, pipelined: bool, drafters: tuple[str, ...] = ()) -> float:
+        """Drafting seconds per token with these SSMs at this load, from the nearest measured load (0
+        before any)."""
+        buckets = {b for d, p, b in self.draft_per_token if (d, p) == (drafters, pipelined)}
+        for bucket in buckets_by_nearness(buckets, batch):
+            return self.draft_per_token[drafters, pipelined, bucket].value or 0.0
         return 0.0
 
-    def global_rates(self, n: int) -> list[float]:
+    def global_rates(self, n: int, drafters: tuple[str, ...] = ()) -> list[float]:
         """Server-wide a_0 .. a_{n-1}. Each position's counts are blended with the rate of the position
         before it (worth one trial), the first with `prior_acceptance`: a position that drafts seldom
         reach is taken to be accepted about as often as the one before it (acceptance changes smoothly
         along a draft), not as often as an uninformed prior. Pulled towards 0.5 instead, the rare long
         drafts' positions made every draft beyond 8 look worse than it measures."""
-        rates, prior = [], self.policy.prior_acceptance
+        rates, prior, acceptance = [], self.policy.prior_acceptance, self.acceptance_of(drafters)
         for j in range(n):
-            prior = self.acceptance.rate(j, prior, 1.0)
+            prior = acceptance.rate(j, prior, 1.0)
             rates.append(prior)
         return rates

@@ -120,9 +120,10 @@ class Services:
     def draft_length(self, request: DecodeRequest, drafting: bool) -> DraftLengthSelector | FixedLength:
         """The adaptive selector when the request drafts with no fixed length, else its fixed length
         (0 for plain decoding); both feed the server's length statistics."""
+        drafters = request.speculation.ssms
         if drafting and request.num_draft_tokens is None:
-            return DraftLengthSelector(self.length_stats, request.max_draft_tokens, request.pipeline)
-        return FixedLength(request.num_draft_tokens or 0, self.length_stats, request.pipeline)
+            return DraftLengthSelector(self.length_stats, request.max_draft_tokens, request.pipeline, drafters)
+        return FixedLength(request.num_draft_tokens or 0, self.length_stats, request.pipeline, drafters)
 
     def probe_pays(self, length: DraftLengthSelector | FixedLength, batch: int) -> bool:
         """Whether a request's plain stream may ask its drafters for a draft now (watch.py): only when
@@ -130,7 +131,8 @@ class Services:
         `probe_max_load` requests decode (each probe's stop and verification cost a step that every
         request shares)."""
         return (self.probe_tokens > 0 and batch <= self.probe_max_load and not self.too_busy(batch)
-                and self.length_stats.draft_estimate(batch, length.pipelined) <= self.probe_max_draft_cost_s)
+                and self.length_stats.draft_estimate(batch, length.pipelined, length.drafters)
+                <= self.probe_max_draft_cost_s)
 
     def stream_interval_s(self, interval_s: float, batch: int) -> float:
         """A streamed call's interval between responses with `batch` requests decoding: the request's
