@@ -268,7 +268,8 @@ class OrchestratorSettings(_Settings):
     probe_max_gap: int = ranged(64, 1)
     """...up to this many."""
     probe_max_draft_cost_ms: float = 1.0
-    """Drafting counts as nearly free below this many milliseconds per token (the server's measure)."""
+    """Drafting counts as nearly free below this many milliseconds per token (the server's measure, per
+    set of SSMs, over drafts of at least `probe_min_draft` tokens)."""
     probe_max_load: int = 4
     """Probes only while at most this many requests decode: a probe's stop and verification cost a step
     every request shares."""

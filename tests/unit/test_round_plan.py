@@ -118,3 +118,20 @@ def test_a_model_ssms_slow_and_rejected_drafts_do_not_close_the_lookup_drafters_
     assert svc.probe_pays(FixedLength(0, svc.length_stats, drafters=lookups), 1)
     FixedLength(8, svc.length_stats, drafters=lookups).observe(1, 8, 8, 0.0026, 0.3)
     assert svc.probe_pays(FixedLength(0, svc.length_stats, drafters=lookups), 1)
+
+
+def test_short_drafts_cost_per_token_does_not_close_the_probes():
+    """A lookup call costs about 2.5 ms whatever its length: a request exploring 1-token drafts from
+    s = 0 measured 2.5 ms a token, above the probes' 1 ms, and the probes that would have measured it
+    again stayed closed. The gate reads drafts at least as long as a probe must find."""
+    svc = services(load=1)
+    lookups = ("ssm_ngram", "ssm_suffix")
+    for _ in range(5):
+        FixedLength(1, svc.length_stats, drafters=lookups).observe(1, 1, 0, 0.0025, 0.1)
+    assert svc.length_stats.draft_estimate(1, False, lookups) > svc.probe_max_draft_cost_s
+    assert svc.probe_pays(FixedLength(0, svc.length_stats, drafters=lookups), 1)
+    FixedLength(8, svc.length_stats, drafters=lookups).observe(1, 8, 8, 0.0030, 0.3)
+    assert svc.probe_pays(FixedLength(0, svc.length_stats, drafters=lookups), 1)
+    model = ("ssm_q4",)
+    FixedLength(4, svc.length_stats, drafters=model).observe(1, 4, 2, 0.024, 0.3)
+    assert not svc.probe_pays(FixedLength(0, svc.length_stats, drafters=model), 1)

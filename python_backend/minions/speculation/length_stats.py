@@ -185,6 +185,8 @@ class SharedLengthStats:
 
     def __init__(self, policy: LengthPolicy | None = None) -> None:
         self.policy = policy or LengthPolicy()
+        self.probe_min_draft = DEFAULTS.probe_min_draft
+        """Services sets its own (`Services.probe_min_draft`)."""
         self.verify = VerifyCostTable()
         self.acceptances: dict[tuple[str, ...], AcceptanceModel] = {}
         """The acceptance a_j per set of SSMs a request drafts with (the 0.5B's drafts are not the
@@ -196,6 +198,11 @@ class SharedLengthStats:
         probes for good (no probe, no new sample). Apart for pipelined requests, whose early drafts
         hide most of drafting: one estimate for both would price a pipelined request's drafting at what
         a plain one waits for."""
+        self.probe_draft_per_token: dict[tuple[tuple[str, ...], bool, int], Ema] = {}
+        """The same from drafts of at least `probe_min_draft` tokens, what a probe must find: the cost
+        the probes are gated on (`probe_draft_estimate`). A lookup call costs about 2.5 ms whatever its
+        length, so rounds of 1-token drafts (a request whose selector explores s = 1 from 0) put its
+        cost per token above the gate and closed the probes that would have measured it again."""
         self.drafting: dict[str, int] = {}
         """Each request being decoded: its latest round's LLM work as a draft length (see `report`)."""
 
@@ -240,16 +247,19 @@ class SharedLengthStats:
             self.acceptance_of(drafters).observe(drafted, accepted)
             if draft_seconds is not None:
                 weight = self.verify.weight
-                self.draft_per_token.setdefault((drafters, pipelined, load_bucket(batch)), Ema(weight)).add(
-                    draft_seconds / drafted, server_weight(weight, batch))
+                key, per_token = (drafters, pipelined, load_bucket(batch)), draft_seconds / drafted
+                self.draft_per_token.setdefault(key, Ema(weight)).add(per_token, server_weight(weight, batch))
+                if drafted >= self.probe_min_draft:
+                    self.probe_draft_per_token.setdefault(key, Ema(weight)).add(per_token, server_weight(weight, batch))
 
     def draft_estimate(self, batch: int, pipelined: bool, drafters: tuple[str, ...] = ()) -> float:
         """Drafting seconds per token with these SSMs at this load, from the nearest measured load (0
         before any)."""
-        buckets = {b for d, p, b in self.draft_per_token if (d, p) == (drafters, pipelined)}
-        for bucket in buckets_by_nearness(buckets, batch):
-            return self.draft_per_token[drafters, pipelined, bucket].value or 0.0
-        return 0.0
+        return _nearest(self.draft_per_token, batch, pipelined, drafters)
+
+    def probe_draft_estimate(self, batch: int, pipelined: bool, drafters: tuple[str, ...] = ()) -> float:
+        """`draft_estimate` over drafts as long as a probe's must be (0 before any)."""
+        return _nearest(self.probe_draft_per_token, batch, pipelined, drafters)
 
     def global_rates(self, n: int, drafters: tuple[str, ...] = ()) -> list[float]:
         """Server-wide a_0 .. a_{n-1}. Each position's counts are blended with the rate of the position
@@ -262,3 +272,12 @@ class SharedLengthStats:
             prior = acceptance.rate(j, prior, 1.0)
             rates.append(prior)
         return rates
+
+
+def _nearest(table: dict[tuple[tuple[str, ...], bool, int], Ema], batch: int, pipelined: bool,
+             drafters: tuple[str, ...]) -> float:
+    """The value at the load bucket nearest `batch` among the drafters' (0 when there is none)."""
+    buckets = {b for d, p, b in table if (d, p) == (drafters, pipelined)}
+    for bucket in buckets_by_nearness(buckets, batch):
+        return table[drafters, pipelined, bucket].value or 0.0
+    return 0.0

@@ -68,6 +68,7 @@ class Services:
     """The LLM's streamed responses, all streams together, a second at most (stream_interval_s)."""
 
     def __post_init__(self) -> None:
+        self.length_stats.probe_min_draft = self.probe_min_draft  # the probes' gate measures drafts this long
         self.weights = self.weights or SsmWeights(self.ssms)
         self.bandit = self.bandit or Ucb1(self.ssms)
 
@@ -131,7 +132,7 @@ class Services:
         `probe_max_load` requests decode (each probe's stop and verification cost a step that every
         request shares)."""
         return (self.probe_tokens > 0 and batch <= self.probe_max_load and not self.too_busy(batch)
-                and self.length_stats.draft_estimate(batch, length.pipelined, length.drafters)
+                and self.length_stats.probe_draft_estimate(batch, length.pipelined, length.drafters)
                 <= self.probe_max_draft_cost_s)
 
     def stream_interval_s(self, interval_s: float, batch: int) -> float:
