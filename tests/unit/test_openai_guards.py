@@ -112,6 +112,15 @@ def test_start_up_says_whether_a_key_is_required_never_the_key(caplog):
     assert "API key: none required" in caplog.text and "s3cret-value" not in caplog.text
 
 
+def test_a_model_repository_without_the_model_is_refused_at_start_up(tmp_path):
+    """--model-repository lets the frontend watch the orchestrator's stubs; pointed at the wrong folder
+    it would watch nothing and end no orphan, so it says so and does not start."""
+    with pytest.raises(ValueError, match="has no folder for the model 'minions'"):
+        build_app(parse_args([f"--model-repository={tmp_path}"]), {})
+    (tmp_path / "minions").mkdir()
+    assert build_app(parse_args([f"--model-repository={tmp_path}"]), {})
+
+
 def test_make_serve_passes_its_environment_to_the_frontend(monkeypatch):
     from minions.deploy.server import server_env
 

@@ -56,6 +56,8 @@ def build_app(args: argparse.Namespace, environ: Mapping[str, str]) -> FastAPI:
     orphans = None
     if args.model_repository is not None:
         model_dir = args.model_repository / args.model
+        if not model_dir.is_dir():
+            raise ValueError(f"--model-repository: {args.model_repository} has no folder for the model {args.model!r}")
         orphans = OrphanWatch(lambda: stub_start_times(model_dir), boot_clock)
     return create_app(TritonStream(args.grpc_url, args.model, orphans), args.model, settings,
                       key[0] if key else None)
