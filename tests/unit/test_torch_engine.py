@@ -207,3 +207,11 @@ def accepted(result, draft: list[int]) -> int:
     """Draft tokens the engine accepted: the prefix its output shares with the draft (the loop's own
     count, since the tensor interface returns tokens only)."""
     return common_prefix_len(result.tokens, draft)
+
+
+def test_the_warm_up_at_load_leaves_no_sequence_and_counts_no_work(tiny_llm):
+    """The engine generates a few tokens at load (its kernels set up before the first request, as the
+    llama.cpp engines' warm-up); nothing of it may stay cached, nor count as served work."""
+    engine = TorchEngine(tiny_llm, max_sequences=4)
+    assert list(engine.cache.items()) == [] and engine.cached_bytes() == 0
+    assert engine.stats.passes == 0 and engine.forward_tokens == 0

@@ -29,6 +29,12 @@ from minions.engines.prefix_cache import PrefixCacheStats
 from minions.engines.sequence_cache import SequenceCache
 
 
+WARM_UP_TOKENS = 16
+"""Tokens an engine decodes once at load and forgets (llama-server's warm-up), so that the first
+request does not wait for the weights to be paged in or the kernels to be set up: more than one, so
+that the batched kernels run too (docs/engines.md, "Warm-up at load")."""
+
+
 @dataclass
 class BatchStats:
     """What batching achieved, for the engine's metrics: mean batch = sequences / passes, padding share =

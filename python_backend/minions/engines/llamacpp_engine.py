@@ -34,15 +34,11 @@ from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.decoding.sampling import Randomness, request_randomness
 from minions.decoding.tokens import common_prefix_len
 from minions.decoding.verification import verify_draft
-from minions.engines.api import Answer, BatchStats, result_or_raise
+from minions.engines.api import WARM_UP_TOKENS, Answer, BatchStats, result_or_raise
 from minions.engines.inflight_batching import InflightBatcher
 from minions.engines.prefix_cache import PrefixCache, SlotChoice
 from minions.engines.sequence_cache import CachedSequence
 from minions.errors import InvalidRequest
-
-WARM_UP_TOKENS = 16
-"""Tokens decoded once at load: more than one, so that the batched kernels run too."""
-
 
 @dataclass
 class _Job:
