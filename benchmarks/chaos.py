@@ -332,10 +332,11 @@ CALLS = {"grpc": generate_grpc, "http": generate_http, "openai": generate_openai
 class Load:
     """`users` threads, each streaming requests one after another until stopped."""
 
-    def __init__(self, server: TritonProcess, openai_url: str, users: int, seed: int, prompts: list[str],
+    def __init__(self, server: TritonProcess, urls: dict[str, str], users: int, seed: int, prompts: list[str],
                  max_tokens: int, hang_s: float, t0: float) -> None:
+        """`urls`: where each protocol's requests go (PROTOCOLS)."""
         self.server, self.prompts, self.max_tokens, self.hang_s, self.t0 = server, prompts, max_tokens, hang_s, t0
-        self.urls = {"grpc": server.grpc_url, "http": server.http_url, "openai": openai_url}
+        self.urls = urls
         self.model = server.deployment.orchestrator_name
         self.results: list[RequestResult] = []
         self.lock = threading.Lock()
@@ -645,7 +646,7 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
             if outcome != SERVED:
                 warnings.append(f"the warm-up request over {protocol} was not served: {outcome}: {detail}")
         until = time.monotonic() + 60 * s.minutes
-        load = Load(server, openai_url, s.users, s.seed, prompts, s.max_tokens, s.hang_s, t0)
+        load = Load(server, urls, s.users, s.seed, prompts, s.max_tokens, s.hang_s, t0)
         injector = Injector(server, load, fault_schedule(s.seed, deck, s.min_gap_s, s.max_gap_s), until,
                             s.recovery_s, s.hang_s + s.recovery_s, t0, s.seed)
         sampler = Sampler(server, s.sample_s, t0, injector.settled)

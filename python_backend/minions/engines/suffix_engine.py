@@ -207,11 +207,12 @@ class SuffixEngine:
             own = self._update(request.request_id, request.input_ids)
             self.stats.passes += 1
             self.stats.sequences += 1
-            found = self._draft(own, request.input_ids, request.request_output_len)
+            chosen = self._draft(own, request.input_ids, request.request_output_len)
         tokens: list[int] = []
-        if found is not None:
+        if chosen is not None:
+            found, keep = chosen
             self.confidence.record(request.request_id, request.input_ids, found.draft, found.evidence)
-            tokens = found.draft[: self._confident(found)[0]]
+            tokens = found.draft[:keep]
         with self._lock:
             self.stats.tokens += len(tokens)
         # Sampling and return_generation_logits: as NgramEngine, a lookup has no logits, so its draft
@@ -258,10 +259,11 @@ class SuffixEngine:
         keep = confident_prefix(chances, self.min_confidence)
         return keep, sum(chances[:keep])
 
-    def _draft(self, own: TokenIndex, tokens: list[int], k: int) -> Continuation | None:
+    def _draft(self, own: TokenIndex, tokens: list[int], k: int) -> tuple[Continuation, int] | None:
         """The best continuation of the request's own stream and of the corpus, with what it rests on
-        and its shares: the one expected to have more tokens right (draft_confidence.py), the longer
-        match on ties, the request's own context before the corpus. A match of m tokens drafts at most
+        and its shares, and how many of its tokens are kept (`_confident`): the one expected to have
+        more tokens right (draft_confidence.py), the longer match on ties, the request's own context
+        before the corpus. A match of m tokens drafts at most
         spec_factor * m (SuffixDecoding's max_spec_factor): a short match, one that any text has, is
         weak evidence for a long continuation."""
         if k <= 0 or len(tokens) < self.min_match:
@@ -276,7 +278,7 @@ class SuffixEngine:
             if not draft:
                 continue
             found = Continuation(Evidence(name, length), draft, shares)
-            value = (self._confident(found)[1], length)
-            if best is None or value > best_value:
-                best, best_value = found, value
+            keep, expected = self._confident(found)
+            if best is None or (expected, length) > best_value:
+                best, best_value = (found, keep), (expected, length)
         return best

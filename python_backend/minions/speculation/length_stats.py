@@ -248,9 +248,10 @@ class SharedLengthStats:
             if draft_seconds is not None:
                 weight = self.verify.weight
                 key, per_token = (drafters, pipelined, load_bucket(batch)), draft_seconds / drafted
-                self.draft_per_token.setdefault(key, Ema(weight)).add(per_token, server_weight(weight, batch))
+                sample_weight = server_weight(weight, batch)
+                self.draft_per_token.setdefault(key, Ema(weight)).add(per_token, sample_weight)
                 if drafted >= self.probe_min_draft:
-                    self.probe_draft_per_token.setdefault(key, Ema(weight)).add(per_token, server_weight(weight, batch))
+                    self.probe_draft_per_token.setdefault(key, Ema(weight)).add(per_token, sample_weight)
 
     def draft_estimate(self, batch: int, pipelined: bool, drafters: tuple[str, ...] = ()) -> float:
         """Drafting seconds per token with these SSMs at this load, from the nearest measured load (0

@@ -12,6 +12,12 @@ STUB = b"triton_python_backend_stub"
 """The stub executable's name, the first word of each stub's command line."""
 
 
+def _stat_fields(process: Path) -> list[str]:
+    """The fields of a process's /proc stat from the third (its state) on: those after its name, which
+    may hold spaces and parentheses itself."""
+    return (process / "stat").read_text().rsplit(")", 1)[1].split()
+
+
 def live_stubs(repository: Path, proc: Path = Path("/proc")) -> dict[str, list[int]]:
     """The live stub processes (zombies excluded) of each model of `repository` that has one, by model
     name: one pass over /proc, which the orchestrator makes every poll while tokens stream (so the
@@ -26,7 +32,7 @@ def live_stubs(repository: Path, proc: Path = Path("/proc")) -> dict[str, list[i
             if not args[0].endswith(STUB):
                 continue
             model_file = next((a for a in args[1:] if a.startswith(prefix)), None)
-            if model_file is None or (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            if model_file is None or _stat_fields(entry)[0] == "Z":
                 continue
         except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
             continue
@@ -48,7 +54,7 @@ def boot_clock() -> float:
 def process_start_time(pid: int, proc: Path = Path("/proc")) -> float | None:
     """When process `pid` started, on `boot_clock` (to the kernel's clock tick); None once it is gone."""
     try:
-        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        fields = _stat_fields(proc / str(pid))
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
     return int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat, counted from field 3
