@@ -16,6 +16,7 @@ from minions.decoding.sampling import SamplingParams, log_prob
 from minions.engines.torch_engine import TorchEngine
 from minions.errors import InvalidRequest
 from minions.speculation.mode import OFF, Speculation, SpeculationMode
+from minions.speculation.length_stats import SharedLengthStats
 from minions.speculation.rounds import DecodeStats
 from tiny_models import hf_greedy, next_logits
 
@@ -309,3 +310,26 @@ def test_ngram_drafts_fall_back_to_the_deterministic_rule(client):
         "the n-gram's drafts were verified")
     assert all(r.draft_logits is None for r in llm_calls), "no draft logits: the deterministic rule judged them"
     assert decode(client, p, request_id="again")[0] == first, "same seed, same output"
+
+
+def _decode_priced(client, prompt, per_draft_token: float):
+    """single:ngram, asked for its drafts' chances, on a server whose measured verification of k draft
+    tokens costs 1 + per_draft_token * k plain steps."""
+    stats = SharedLengthStats()
+    for k in range(9):
+        for _ in range(4):
+            stats.verify.observe(1, k, 0.01 * (1 + per_draft_token * k))
+    return decode(client, plan(prompt, 14, "ngram", confident_ssms=frozenset({"ngram"}), length_stats=stats))
+
+
+def test_lookup_drafts_are_verified_only_where_their_own_chances_pay(client, engines, tiny_llm):
+    """A lookup draft carries each token's learnt chance (its log probs), and the loop verifies the
+    prefix with the least expected time per token: none where a draft token costs 5 plain steps, the
+    drafts as asked where verifying costs what a plain step does. Greedy output is the LLM's either way."""
+    prompt = PROMPTS[2]  # ends with (12, 2), which the prompt continued: prompt lookup drafts at once
+    want = hf_greedy(tiny_llm, prompt, 14)
+    tokens, dear, _ = _decode_priced(client, prompt, per_draft_token=5.0)
+    assert tokens == want and dear.drafts == 0
+    tokens, cheap, _ = _decode_priced(client, prompt, per_draft_token=0.0)
+    assert tokens == want and cheap.drafts > 0
+    assert_all_released(engines)

@@ -43,6 +43,7 @@ def test_missing_distilled_ssm_is_skipped_then_served_once_built(tmp_path, tiny_
     model.save(tmp_path / "cache" / "distill" / "ssm_d", {"name": "ssm_d"})
     repo = render_repository(load_deployment(dep.path), tmp_path / "repo")
     assert ssm_names(repo) == "ssm_ngram,ssm_d"
+    assert param(repo, "minions", "lookup_model_names") == "ssm_ngram", "drafts carrying their chances"
     config = (repo / "ssm_d" / "config.pbtxt").read_text()
     assert 'string_value: "distilled"' in config and str(tmp_path / "cache" / "distill" / "ssm_d") in config
 

@@ -3,10 +3,11 @@ lookup engines' drafts cut by it."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from minions.decoding.engine_call import EngineRequest
-from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix
+from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix, token_log_probs
 from minions.engines.ngram_engine import NgramEngine
 from minions.engines.suffix_engine import SuffixEngine
 
@@ -82,6 +83,12 @@ def test_confident_prefix():
     assert confident_prefix([0.9, 0.5], 0.0) == 2
 
 
+def test_token_log_probs_sum_to_the_log_survival():
+    survival = [0.8, 0.4, 0.1]
+    assert np.exp(np.cumsum(token_log_probs(survival))) == pytest.approx(survival)
+    assert token_log_probs([]) == []
+
+
 PROMPT = [1, 5, 6, 7, 8, 9, 2, 5, 6]
 """(5, 6) matches once, preceded by 1 and then by 2: a 2-token match, whose prompt lookup drafts 7, 8, 9, 2."""
 
@@ -124,3 +131,23 @@ def test_suffix_drafts_from_the_corpus_stop_where_they_proved_wrong_and_own_matc
     assert engine.generate(EngineRequest("later", [99, 30, 40], 4)).tokens == [], "the corpus's 2-token matches"
     own = [*range(11, 21), 30, 40, *range(11, 19)]
     assert engine.generate(EngineRequest("copying", own, 4)).tokens == [19, 20, 30, 40], "an 8-token match, own"
+
+
+def test_lookup_drafts_carry_their_chances_as_log_probs_when_asked():
+    """What the vote weighs drafts by: each token's learnt chance of being right (the prior here: a
+    2-token match, 0.5 a token), only when asked, and over the tokens sent."""
+    engine = NgramEngine(3, 2, spec_factor=2.0, settle_margin=MARGIN)
+    asked = engine.generate(EngineRequest("r", PROMPT, 3, return_log_probs=True))
+    assert asked.tokens == [7, 8, 9]
+    assert np.exp(np.cumsum(asked.log_probs)) == pytest.approx([0.5, 0.25, 0.125])
+    assert engine.generate(EngineRequest("s", PROMPT, 3)).log_probs is None
+    assert engine.generate(EngineRequest("t", [1, 2, 3], 3, return_log_probs=True)).log_probs == [], "no draft"
+
+    suffix = SuffixEngine(max_match=8, min_match=2, min_prob=0.1, corpus_tokens=1000, max_sequences=8,
+                          spec_factor=2.0, settle_margin=MARGIN)
+    suffix.generate(EngineRequest("earlier", [30, 40, 50, 60, 30, 40, 50, 70], 1))
+    suffix.release("earlier")  # the corpus: (30, 40) went on with 50 twice, then 60 once and 70 once
+    found = suffix.generate(EngineRequest("r", [99, 30, 40], 3, return_log_probs=True))
+    assert found.tokens == [50, 70]
+    assert np.exp(np.cumsum(found.log_probs)) == pytest.approx([0.5, 0.5 * 0.5 * 0.5]), \
+        "the prior times the matches' shares: 50 in both, then 70 in one of two"

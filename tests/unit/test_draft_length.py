@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from minions.settings import DEFAULTS
-from minions.speculation.draft_length import DraftLengthSelector
+from minions.speculation.draft_length import DraftLengthSelector, worth_verifying
 from minions.speculation.length_stats import LengthPolicy, SharedLengthStats, VerifyCostTable, load_bucket
 
 DEFAULT_CANDIDATES = DEFAULTS.draft_length_candidates
@@ -305,3 +305,33 @@ def test_passes_holding_prefills_longer_than_any_candidate_stay_out_of_the_cost_
         shared.observe(16, False, 80, 0, None, 1.0)
     assert set(shared.verify.measured_lengths(16)) == {0, 4, 8}
     assert shared.verify.estimate(16, 12) == pytest.approx(0.3 + 0.05 * 12, rel=0.02)
+
+
+def _best_by_brute_force(chances: list[float], t) -> int:
+    """The k with the least t(k) / E(k), E(k) = 1 + the expected right tokens among the first k, ties
+    to the shorter; computed from the chances as given, not as worth_verifying accumulates them."""
+    def per_token(k: int) -> float:
+        return t(k) / (1 + sum(np.prod(chances[:i + 1]) for i in range(k)))
+    return min(range(len(chances) + 1), key=lambda k: (per_token(k), k))
+
+
+@pytest.mark.parametrize("chances", [[0.95] * 12, [0.3] * 8, [0.9, 0.9, 0.2, 0.2, 0.9], [0.6] * 16, [0.99, 0.05]])
+@pytest.mark.parametrize("slope", [0.1, 0.5, 1.0])
+def test_a_draft_is_cut_to_the_length_with_the_least_expected_time_per_token(chances, slope):
+    """The synthetic world: a verification of k tokens costs 1 + slope * k plain steps, and each draft
+    token is right with the drafter's own chance given the ones before it were."""
+    def t(k: int) -> float:
+        return 1.0 + slope * k
+    costs = {k: t(k) for k in range(len(chances) + 1)}
+    assert worth_verifying(np.log(chances).tolist(), costs) == _best_by_brute_force(chances, t)
+
+
+def test_a_confident_draft_is_kept_whole_and_a_doubtful_one_is_not_verified():
+    assert worth_verifying([np.log(0.99)] * 8, {k: 1.0 + 0.2 * k for k in range(9)}) == 8
+    assert worth_verifying([np.log(0.3)] * 8, {k: 1.0 + 0.5 * k for k in range(9)}) == 0, \
+        "1.5 steps for 1.3 tokens expected: plain is cheaper"
+
+
+def test_while_verification_is_unmeasured_the_draft_is_kept_as_asked():
+    assert worth_verifying([np.log(0.1)] * 4, dict.fromkeys(range(5))) == 4
+    assert worth_verifying([], {0: 1.0}) == 0

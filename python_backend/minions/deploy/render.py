@@ -85,6 +85,8 @@ def orchestrator_settings(dep: Deployment, grpc_url: str | None = None) -> Orche
         ssm_model_names=tuple(s["name"] for s in dep.ssms),
         decoupled_model_names=tuple(m["name"] for m in engines if TEMPLATE_BY_ENGINE[m["engine"]] in DECOUPLED_TEMPLATES),
         trtllm_model_names=tuple(m["name"] for m in engines if m["engine"] == EngineKind.TENSORRTLLM),
+        lookup_model_names=tuple(m["name"] for m in dep.ssms
+                                 if m["engine"] in (EngineKind.NGRAM, EngineKind.SUFFIX)),
         tokenizer_path=str(tokenizer_dir_for(llm["source"], dep)),
         kv_budget_tokens=kv_budget_tokens(dep),
         kv_chunk_tokens=KV_GROWTH_TOKENS,

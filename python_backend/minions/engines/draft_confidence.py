@@ -137,6 +137,14 @@ class DraftConfidence:
         np.add.at(hits, np.minimum(np.arange(right), POSITIONS - 1), 1.0)
 
 
+def token_log_probs(survival: Sequence[float]) -> list[float]:
+    """Each draft token's estimated log probability of being right given the ones before it were: the
+    log of survival's successive ratios, so that their running sums are the log of `survival` (the
+    meaning tensorrt_llm's `output_log_probs` has for a model's sampled tokens)."""
+    logs = np.log(np.maximum(np.asarray(survival, dtype=np.float64), 1e-12))
+    return np.diff(logs, prepend=0.0).tolist()
+
+
 def confident_prefix(survival: Sequence[float], min_confidence: float) -> int:
     """How many leading tokens keep their estimated chance of being right at `min_confidence` or more."""
     return next((i for i, p in enumerate(survival) if p < min_confidence), len(survival))

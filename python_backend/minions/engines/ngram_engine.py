@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
-from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix
+from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix, token_log_probs
 from minions.errors import InvalidRequest
 
 
@@ -91,20 +91,23 @@ class NgramEngine:
         if request.draft:
             raise InvalidRequest("this engine drafts only: draft_input_ids are not supported")
         # return_generation_logits: a lookup has no logits, so none are returned (the draft is then
-        # treated as deterministic, which is exactly what it is).
+        # treated as deterministic, which is exactly what it is). return_log_probs: each token's learnt
+        # chance of being right (draft_confidence.token_log_probs), what the vote weighs drafts by.
         sequence = request.input_ids
         self.confidence.settle(request.request_id, sequence)
         tokens, match = ngram_match(sequence, request.request_output_len, self.max_ngram, self.min_ngram,
                                     self.spec_factor)
+        survival: list[float] = []
         if tokens:
             evidence = Evidence("own", match)
             self.confidence.record(request.request_id, sequence, tokens, evidence)
-            if self.min_confidence > 0:  # 0: no cut, and nothing to estimate on this hot path
-                tokens = tokens[: confident_prefix(self.confidence.survival(evidence, len(tokens)),
-                                                   self.min_confidence)]
+            if self.min_confidence > 0 or request.return_log_probs:  # else nothing to estimate on this hot path
+                survival = self.confidence.survival(evidence, len(tokens))
+                tokens = tokens[: confident_prefix(survival, self.min_confidence)]
         if request.end_id is not None and request.end_id in tokens:
             tokens = tokens[: tokens.index(request.end_id) + 1]
-        return EngineResult(tokens)
+        log_probs = token_log_probs(survival[: len(tokens)]) if request.return_log_probs else None
+        return EngineResult(tokens, log_probs=log_probs)
 
     def release(self, request_id: str) -> None:
         """The request is over: drafts still waiting for their outcome are dropped."""

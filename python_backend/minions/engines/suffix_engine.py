@@ -22,7 +22,7 @@ import numpy as np
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.decoding.tokens import common_prefix_len
 from minions.engines.api import BatchStats
-from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix
+from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix, token_log_probs
 from minions.engines.ngram_engine import spec_limit
 from minions.engines.sequence_cache import CachedSequence, SequenceCache
 from minions.errors import InvalidRequest
@@ -209,17 +209,20 @@ class SuffixEngine:
             self.stats.sequences += 1
             chosen = self._draft(own, request.input_ids, request.request_output_len)
         tokens: list[int] = []
+        chances: list[float] = []
         if chosen is not None:
-            found, keep = chosen
+            found, chances = chosen
             self.confidence.record(request.request_id, request.input_ids, found.draft, found.evidence)
-            tokens = found.draft[:keep]
+            tokens = found.draft[: len(chances)]
         with self._lock:
             self.stats.tokens += len(tokens)
         # Sampling and return_generation_logits: as NgramEngine, a lookup has no logits, so its draft
-        # counts as deterministic, which it is.
+        # counts as deterministic, which it is. return_log_probs: each token's estimated chance of being
+        # right (`_confident`), as NgramEngine.
         if request.end_id is not None and request.end_id in tokens:
             tokens = tokens[: tokens.index(request.end_id) + 1]
-        return EngineResult(tokens)
+        log_probs = token_log_probs(chances[: len(tokens)]) if request.return_log_probs else None
+        return EngineResult(tokens, log_probs=log_probs)
 
     def release(self, request_id: str) -> None:
         """The request is over: its last sequence joins the corpus (unknown ids are ignored)."""
@@ -251,17 +254,17 @@ class SuffixEngine:
         entry.tokens = list(tokens)
         return entry.state
 
-    def _confident(self, found: Continuation) -> tuple[int, float]:
-        """How many of the draft's tokens are kept (the confident prefix), and their expected number
-        right (the sum of the kept tokens' estimated chances)."""
+    def _confident(self, found: Continuation) -> list[float]:
+        """The estimated chance that the draft's first 1, 2, ... tokens are all right, over the tokens
+        kept (the confident prefix): what drafts after such a match were worth times the matches' shares.
+        Their sum is the expected number of tokens right."""
         survival = self.confidence.survival(found.evidence, len(found.draft))
         chances = [c * p for c, p in zip(survival, found.shares)]
-        keep = confident_prefix(chances, self.min_confidence)
-        return keep, sum(chances[:keep])
+        return chances[: confident_prefix(chances, self.min_confidence)]
 
-    def _draft(self, own: TokenIndex, tokens: list[int], k: int) -> tuple[Continuation, int] | None:
+    def _draft(self, own: TokenIndex, tokens: list[int], k: int) -> tuple[Continuation, list[float]] | None:
         """The best continuation of the request's own stream and of the corpus, with what it rests on
-        and its shares, and how many of its tokens are kept (`_confident`): the one expected to have
+        and its shares, and the chances of its kept tokens (`_confident`): the one expected to have
         more tokens right (draft_confidence.py), the longer match on ties, the request's own context
         before the corpus. A match of m tokens drafts at most
         spec_factor * m (SuffixDecoding's max_spec_factor): a short match, one that any text has, is
@@ -278,7 +281,7 @@ class SuffixEngine:
             if not draft:
                 continue
             found = Continuation(Evidence(name, length), draft, shares)
-            keep, expected = self._confident(found)
-            if best is None or (expected, length) > best_value:
-                best, best_value = (found, keep), (expected, length)
+            chances = self._confident(found)
+            if best is None or (sum(chances), length) > best_value:
+                best, best_value = (found, chances), (sum(chances), length)
         return best

@@ -39,7 +39,7 @@ acceptance collapsed to s = 0 still notices when it recovers.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from minions.speculation.length_stats import AcceptanceModel, SharedLengthStats
 
@@ -167,6 +167,30 @@ class DraftLengthSelector:
         self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds, self.drafters)
         if drafted > 0:
             self.acceptance.observe(drafted, accepted)
+
+
+def worth_verifying(log_probs: Sequence[float], verify: Mapping[int, float | None]) -> int:
+    """How many of a draft's tokens to verify, from the drafter's own estimate of each token's chance
+    (`log_probs`: of being right given the ones before it were): the k with the least expected time
+    per emitted token, t(k) / E(k) with E(k) = 1 + sum_{i<=k} prod_{j<=i} p_j, and 0 (no
+    verification) when no k beats a plain step, t(0) / 1. `verify`: the LLM's t(b, k) at the current
+    load, k = 0..len(log_probs) (VerifyCostTable.estimates); while unmeasured (None) the draft is kept
+    whole, as the length policy chose it.
+
+    Where the length policy prices lengths by what the request's drafts were accepted (on average),
+    this prices the draft at hand: a long copy's chances stay high, a short match's fall at once
+    (docs/adaptive-draft-length.md, "Drafts cut by their own chances")."""
+    n = len(log_probs)
+    if n == 0 or any(verify.get(k) is None for k in range(n + 1)):
+        return n
+    best, best_cost, expected, survival = 0, verify[0], 1.0, 1.0
+    for k, log_p in enumerate(log_probs, start=1):
+        survival *= math.exp(log_p)
+        expected += survival
+        cost = verify[k] / expected  # type: ignore[operator]
+        if cost < best_cost:
+            best, best_cost = k, cost
+    return best
 
 
 class FixedLength:

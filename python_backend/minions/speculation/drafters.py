@@ -35,12 +35,15 @@ class DraftRound:
     seed: int | None = None
     index: int = 0
     """Round number within the request (for exploration schedules)."""
+    confident: frozenset[str] = frozenset()
+    """SSMs asked for their draft tokens' estimated chances (log probs): the lookup engines'."""
 
-    def engine_request(self, sampled: bool) -> EngineRequest:
+    def engine_request(self, ssm: str, sampled: bool) -> EngineRequest:
         return EngineRequest(
             self.request_id, list(self.sequence), self.k,
             sampling=self.sampling if sampled else GREEDY, seed=self.seed if sampled else None,
-            return_generation_logits=sampled, exclude_input_in_output=True,
+            return_generation_logits=sampled, return_log_probs=ssm in self.confident,
+            exclude_input_in_output=True,
         )
 
 
@@ -58,6 +61,29 @@ class Proposal:
     """Time spent choosing (vote, bandit), not waiting for engines."""
     exploring: dict[str, asyncio.Future] = field(default_factory=dict)
     """Drafts still being made by SSMs the round did not wait for (scored if done by verification's end)."""
+    log_probs: list[float] | None = None
+    """The draft's tokens' estimated log chance of being right, each given the ones before it were, when
+    the SSM that drafted it gives one (DraftRound.confident); None otherwise."""
+
+    def skip(self, made: list[int]) -> None:
+        """Drop the draft's first len(made) tokens, which the LLM has since made (as they were drafted:
+        the caller checks), from the draft and what goes with it; every SSM's draft that did not begin
+        with them is dropped."""
+        n = len(made)
+        self.draft = self.draft[n:]
+        if self.logits is not None:
+            self.logits = self.logits[n:]
+        if self.log_probs is not None:
+            self.log_probs = self.log_probs[n:]
+        self.drafts = {ssm: d[n:] for ssm, d in self.drafts.items() if len(d) > n and d[:n] == made}
+
+    def cut(self, k: int) -> None:
+        """Keep the draft's first k tokens."""
+        self.draft = self.draft[:k]
+        if self.logits is not None:
+            self.logits = self.logits[:k]
+        if self.log_probs is not None:
+            self.log_probs = self.log_probs[:k]
 
 
 class Drafter(Protocol):
@@ -76,7 +102,7 @@ async def ask_one(client: EngineClient, health: SsmHealth, ssm: str, rnd: DraftR
         # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation that lands as the
         # call completes (CPython gh-86296), and the cancelled request would decode on.
         async with asyncio.timeout(health.call_timeout_s):
-            result = await client.generate(ssm, rnd.engine_request(sampled))
+            result = await client.generate(ssm, rnd.engine_request(ssm, sampled))
     except TimeoutError:
         _record_failure(health, ssm, rnd.request_id, f"no draft in {health.call_timeout_s:.0f} s")
         return Proposal(failed=(ssm,))
@@ -86,7 +112,8 @@ async def ask_one(client: EngineClient, health: SsmHealth, ssm: str, rnd: DraftR
     health.succeeded(ssm)
     draft = result.tokens[: rnd.k]
     logits = result.logits[: len(draft)] if draft and sampled and result.logits is not None else None
-    return Proposal(draft, logits, ssm if draft else None, {ssm: draft})
+    log_probs = result.log_probs[: len(draft)] if result.log_probs is not None else None
+    return Proposal(draft, logits, ssm if draft else None, {ssm: draft}, log_probs=log_probs)
 
 
 def _record_failure(health: SsmHealth, ssm: str, request_id: str, exc: BaseException | str) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from minions.decoding.engine_call import EngineClient
 from minions.decoding.tokens import common_prefix_len
 from minions.speculation.decode_request import DecodeRequest
+from minions.speculation.draft_length import worth_verifying
 from minions.speculation.drafters import Proposal
 from minions.speculation.pipelining import DraftSource
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
@@ -66,8 +67,8 @@ class _Decode:
         self.progress = _Progress(list(request.prompt_ids), request.max_new_tokens, request.end_id)
         self.drafter = services.drafter(request)
         self.length = services.draft_length(request, drafting=self.drafter is not None)
-        self.source = (DraftSource(client, self.drafter, services.pool, request_id, request.sampling, request.seed)
-                       if self.drafter else None)
+        self.source = (DraftSource(client, self.drafter, services.pool, request_id, request.sampling, request.seed,
+                                   services.confident_ssms) if self.drafter else None)
         self.drafted_before = False
         """The first draft also pays the SSMs' prefill of the prompt: its drafting time is not a sample."""
         self.drafts_came_back_empty = False
@@ -89,7 +90,16 @@ class _Decode:
     async def _probe(self, sequence: list[int]) -> Proposal:
         """The drafters' proposal continuing `sequence`, asked while plain tokens stream."""
         k = max(self.services.probe_tokens, self.length.current)
-        return await self.drafter.propose(self.client, self.source.round(sequence, k, self.progress.index))
+        proposal = await self.drafter.propose(self.client, self.source.round(sequence, k, self.progress.index))
+        self._cut_to_worth(proposal, self.services.load())
+        return proposal
+
+    def _cut_to_worth(self, proposal: Proposal, batch: int) -> None:
+        """A draft that carries its tokens' chances is cut to the length worth verifying at this load
+        (draft_length.worth_verifying); others are left as the length policy asked for them."""
+        if proposal.log_probs is not None and proposal.draft and len(proposal.log_probs) == len(proposal.draft):
+            costs = self.services.length_stats.verify.estimates(batch, range(len(proposal.draft) + 1))
+            proposal.cut(worth_verifying(proposal.log_probs, costs))
 
     async def stream_plain(self, plan: StreamPlain) -> AsyncIterator[Round]:
         """Up to plan.tokens plain tokens streamed from one LLM call, a round per response (timed from the
@@ -129,9 +139,9 @@ class _Decode:
         else:
             proposal, pipelined = (await self.source.draft(progress.sequence, plan.k, progress.index, progress.emitted)
                                    if self.source else (Proposal(), False))
-        draft = proposal.draft = proposal.draft[: plan.k]
-        if proposal.logits is not None:
-            proposal.logits = proposal.logits[: len(draft)]
+        proposal.cut(plan.k)
+        self._cut_to_worth(proposal, plan.batch)
+        draft = proposal.draft
         t1 = time.perf_counter()
         if services.llm_streams and progress.produced > 0 and not draft:
             # The drafters found nothing: a one-token call would cost a round trip to the LLM model;

@@ -49,10 +49,7 @@ class EarlyDraft:
         proposal = await self.task
         if not proposal.draft or proposal.draft[0] != emitted[-1]:
             return None
-        proposal.draft = proposal.draft[1:]
-        if proposal.logits is not None:
-            proposal.logits = proposal.logits[1:]
-        proposal.drafts = {ssm: d[1:] for ssm, d in proposal.drafts.items() if d[:1] == emitted[-1:]}
+        proposal.skip(emitted[-1:])
         return proposal
 
 
@@ -61,8 +58,10 @@ class DraftSource:
     slot until it reaches the LLM; early drafts for the next round while this one verifies."""
 
     def __init__(self, client: EngineClient, drafter: Drafter, pool: DraftPool | None, request_id: str,
-                 sampling: SamplingParams, seed: int | None) -> None:
+                 sampling: SamplingParams, seed: int | None, confident: frozenset[str] = frozenset()) -> None:
+        """`confident`: the SSMs to ask for their draft tokens' chances (DraftRound.confident)."""
         self.client, self.drafter, self.pool = client, drafter, pool
+        self.confident = confident
         self.request_id, self.sampling = request_id, sampling
         self.seed = derived_seed(seed, DRAFT_STREAM)  # the SSMs' draws, independent of the LLM's
         self.early: EarlyDraft | None = None
@@ -71,8 +70,7 @@ class DraftSource:
 
     def round(self, sequence: list[int], k: int, index: int) -> DraftRound:
         """Round `index`'s request to the drafters: up to k tokens continuing `sequence`."""
-        return DraftRound(self.request_id, list(sequence), k, self.sampling,
-                          self.seed, index)
+        return DraftRound(self.request_id, list(sequence), k, self.sampling, self.seed, index, self.confident)
 
     async def draft(self, sequence: list[int], k: int, index: int, last_emitted: list[int]) -> tuple[Proposal, bool]:
         """Round `index`'s proposal of up to k tokens (none for k = 0), and whether it was drafted early.

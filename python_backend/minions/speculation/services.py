@@ -57,6 +57,9 @@ class Services:
     """A `stop` ends the LLM's running stream (a llama.cpp engine; not TensorRT-LLM's)..."""
     plain_stretch: int = DEFAULTS.plain_stretch_tokens
     """...else plain decoding of a request that drafts streams this many tokens a call."""
+    confident_ssms: frozenset[str] = frozenset()
+    """SSMs whose drafts carry their tokens' estimated chances (settings.lookup_model_names): asked for
+    them, and their drafts cut to the length worth verifying (`worth_verifying`)."""
     probe_tokens: int = DEFAULTS.probe_tokens
     probe_min_draft: int = DEFAULTS.probe_min_draft
     probe_max_draft_cost_s: float = DEFAULTS.probe_max_draft_cost_ms / 1000.0
@@ -89,6 +92,7 @@ class Services:
             llm_streams=settings.llm_model_name in settings.decoupled_model_names,
             llm_stops_streams=settings.llm_model_name not in settings.trtllm_model_names,
             plain_stretch=settings.plain_stretch_tokens,
+            confident_ssms=frozenset(settings.lookup_model_names),
             probe_tokens=settings.probe_tokens,
             probe_min_draft=settings.probe_min_draft,
             probe_max_draft_cost_s=settings.probe_max_draft_cost_ms / 1000.0,

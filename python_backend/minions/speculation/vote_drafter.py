@@ -81,12 +81,15 @@ class VoteDrafter:
         failed: list[str] = []
         late: list[str] = []
         drafts: dict[str, list[int]] = {}
+        log_probs: dict[str, list[float]] = {}
         exploring: dict[str, asyncio.Future] = {}
         for ssm, task in tasks.items():
             if task.done():
                 result = task.result()
                 failed += result.failed
                 drafts.update(result.drafts)
+                if result.log_probs is not None:
+                    log_probs[ssm] = result.log_probs
             elif top is not None and ssm != top:
                 exploring[ssm] = task
             else:  # the engine finishes its call on its own (it keeps its order before our release); the draft is dropped
@@ -99,6 +102,7 @@ class VoteDrafter:
                             exploring=exploring)
         if chosen is not None and chosen.draft:
             proposal.draft, proposal.chosen = chosen.draft, chosen.supporters[0]
+            proposal.log_probs = log_probs.get(proposal.chosen)  # the voted path is its whole draft (voting.py)
         return proposal
 
     def observe(self, proposal: Proposal, emitted: list[int], draft_seconds: float, verify_seconds: float) -> float:

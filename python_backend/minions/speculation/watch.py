@@ -63,10 +63,7 @@ def aligned(proposal: Proposal, made: list[int]) -> Proposal | None:
     n = len(made)
     if len(proposal.draft) <= n or proposal.draft[:n] != made:
         return None
-    proposal.draft = proposal.draft[n:]
-    if proposal.logits is not None:
-        proposal.logits = proposal.logits[n:]
-    proposal.drafts = {ssm: d[n:] for ssm, d in proposal.drafts.items() if len(d) > n and d[:n] == made}
+    proposal.skip(made)
     return proposal
 
 
