@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from minions.settings import DEFAULTS
-from minions.speculation.draft_length import DraftLengthSelector, worth_verifying
+from minions.speculation.draft_length import ChanceCalibration, DraftLengthSelector, worth_verifying
 from minions.speculation.length_stats import LengthPolicy, SharedLengthStats, VerifyCostTable, load_bucket
 
 DEFAULT_CANDIDATES = DEFAULTS.draft_length_candidates
@@ -335,3 +335,20 @@ def test_a_confident_draft_is_kept_whole_and_a_doubtful_one_is_not_verified():
 def test_while_verification_is_unmeasured_the_draft_is_kept_as_asked():
     assert worth_verifying([np.log(0.1)] * 4, dict.fromkeys(range(5))) == 4
     assert worth_verifying([], {0: 1.0}) == 0
+
+
+def test_a_request_whose_drafts_beat_their_chances_verifies_more_of_them():
+    """Drafts of 4 tokens at 0.5 a token (0.94 expected) accepted whole, time after time: the factor
+    climbs to its bound, and a draft the chances alone would not verify is then verified."""
+    calibration = ChanceCalibration(prior=8.0, bound=2.0)
+    assert calibration.factor == 1.0
+    halves = [float(np.log(0.5))] * 4
+    costs = {k: 1.0 + 0.6 * k for k in range(5)}
+    assert worth_verifying(halves, costs, calibration.factor) == 0
+    for _ in range(20):
+        calibration.observe(halves, accepted=4)
+    assert calibration.factor == 2.0
+    assert worth_verifying(halves, costs, calibration.factor) > 0
+    for _ in range(200):
+        calibration.observe(halves, accepted=0)
+    assert calibration.factor == 0.5, "drafts that keep failing: the lower bound"

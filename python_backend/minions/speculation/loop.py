@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from minions.decoding.engine_call import EngineClient
 from minions.decoding.tokens import common_prefix_len
 from minions.speculation.decode_request import DecodeRequest
-from minions.speculation.draft_length import worth_verifying
+from minions.speculation.draft_length import ChanceCalibration, worth_verifying
 from minions.speculation.drafters import Proposal
 from minions.speculation.pipelining import DraftSource
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
@@ -76,6 +76,8 @@ class _Decode:
         self.watch = (DraftWatch(ProbeSchedule(services.probe_min_gap, services.probe_max_gap),
                                  services.probe_min_draft, self._probe, stop)
                       if self.drafter and services.probe_tokens > 0 else None)
+        self.calibration = ChanceCalibration()
+        """How this request's verified drafts fared against their chances (`_cut_to_worth`)."""
         self.found: Proposal | None = None
         """A draft a probe found during the last plain stream, for the next round to verify."""
 
@@ -99,7 +101,7 @@ class _Decode:
         (draft_length.worth_verifying); others are left as the length policy asked for them."""
         if proposal.log_probs is not None and proposal.draft and len(proposal.log_probs) == len(proposal.draft):
             costs = self.services.length_stats.verify.estimates(batch, range(len(proposal.draft) + 1))
-            proposal.cut(worth_verifying(proposal.log_probs, costs))
+            proposal.cut(worth_verifying(proposal.log_probs, costs, self.calibration.factor))
 
     async def stream_plain(self, plan: StreamPlain) -> AsyncIterator[Round]:
         """Up to plan.tokens plain tokens streamed from one LLM call, a round per response (timed from the
@@ -170,6 +172,8 @@ class _Decode:
             raise RuntimeError(f"engine {services.llm!r} returned no token")
         # TensorRT-LLM returns tokens only: the accepted count is the prefix shared with the draft.
         accepted = common_prefix_len(emitted, draft)
+        if proposal.log_probs is not None and draft:
+            self.calibration.observe(proposal.log_probs, accepted)
         draft_seconds = t1 - t0 - proposal.control_seconds
         control = proposal.control_seconds + (
             self.drafter.observe(proposal, emitted, draft_seconds, t2 - t1) if self.drafter and plan.k > 0 else 0.0)
