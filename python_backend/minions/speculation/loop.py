@@ -3,8 +3,9 @@
 Each turn plans a round (round_plan.py), runs it, and yields what it emitted:
 - `Verify`: draft → verify → accept → observe → emit. A drafter (one SSM, a weighted vote of several,
   or a bandit's pick) proposes k tokens from the whole sequence; the LLM verifies them and returns the
-  accepted prefix plus one token of its own (TensorRT-LLM's draft-tokens-external mode). With no
-  draft the LLM returns one plain token through the same call.
+  accepted prefix plus one token of its own (TensorRT-LLM's draft-tokens-external mode). A draft that
+  carries its tokens' chances (the lookup SSMs') is first cut to the length worth verifying
+  (draft_length.worth_verifying). With no draft the LLM returns one plain token through the same call.
 - `StreamPlain`: one streaming call to an LLM that streams (an in-flight llama.cpp engine); each
   token is a round of its own. `off` streams its whole output so; a request that drafts streams so
   where the length policy gives s = 0 or the drafters found nothing, while its drafters are probed
