@@ -22,9 +22,12 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from minions.deploy.artifacts import gguf_for
 from minions.deploy.config import ROOT, Deployment, ServerPorts, load_or_exit
+from minions.deploy.llama_probe import LlamaBuildError, check_runs
 from minions.deploy.render import render_repository
 from minions.deploy.watchdog import WATCH_INTERVAL_S, StubWatchdog
+from minions.settings import EngineKind
 from minions.triton.shm import sweep_orphaned_shm
 
 log = logging.getLogger("minions.server")
@@ -133,6 +136,11 @@ def server_env() -> dict[str, str]:
 
 
 def prepare(dep: Deployment, build: Path, ports: ServerPorts) -> tuple[Path, Path]:
+    """Render the repository and the backend directory; first check that llama.cpp runs each of the
+    deployment's GGUFs on this machine (llama_probe.py: a stub killed by SIGILL says nothing useful)."""
+    for model in [dep.llm, *dep.ssms]:
+        if model["engine"] == EngineKind.LLAMACPP:
+            check_runs(gguf_for(model["source"], dep, model.get("repack")), dep.cache_dir)
     repo = render_repository(dep, build / "model_repository", ports.loopback_grpc_url)
     return repo, prepare_backend_dir(build)
 
@@ -235,7 +243,10 @@ def main() -> None:
         os.environ[TRITON_HOME_ENV] = str(dep.server["triton_home"])
     build = Path(args.build)
     ports = ServerPorts.of(dep)
-    repo, backends = prepare(dep, build, ports)
+    try:
+        repo, backends = prepare(dep, build, ports)
+    except LlamaBuildError as exc:
+        raise SystemExit(f"{dep.path}: {exc}") from None
     if args.prepare_only:
         print(repo)
         return
