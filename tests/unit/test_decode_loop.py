@@ -312,24 +312,33 @@ def test_ngram_drafts_fall_back_to_the_deterministic_rule(client):
     assert decode(client, p, request_id="again")[0] == first, "same seed, same output"
 
 
-def _decode_priced(client, prompt, per_draft_token: float):
+def _decode_priced(client, prompt, per_draft_token: float, num_draft_tokens: int | None = None):
     """single:ngram, asked for its drafts' chances, on a server whose measured verification of k draft
-    tokens costs 1 + per_draft_token * k plain steps."""
+    tokens costs 1 + per_draft_token * k plain steps, and whose drafts so far were accepted whole (so
+    that the length policy drafts 4 tokens: it prices lengths by that history, not by the draft)."""
     stats = SharedLengthStats()
     for k in range(9):
         for _ in range(4):
             stats.verify.observe(1, k, 0.01 * (1 + per_draft_token * k))
-    return decode(client, plan(prompt, 14, "ngram", confident_ssms=frozenset({"ngram"}), length_stats=stats))
+    for _ in range(50):
+        stats.observe(1, False, 4, 4, None, 0.01 * (1 + per_draft_token * 4), ("ngram",))
+    return decode(client, plan(prompt, 14, "ngram", num_draft_tokens=num_draft_tokens,
+                               confident_ssms=frozenset({"ngram"}), length_stats=stats))
 
 
 def test_lookup_drafts_are_verified_only_where_their_own_chances_pay(client, engines, tiny_llm):
-    """A lookup draft carries each token's learnt chance (its log probs), and the loop verifies the
-    prefix with the least expected time per token: none where a draft token costs 5 plain steps, the
-    drafts as asked where verifying costs what a plain step does. Greedy output is the LLM's either way."""
+    """A lookup draft carries each token's learnt chance (its log probs; here the prior of a 2-token
+    match, 0.5 a token), and the adaptive loop verifies the prefix with the least expected time per
+    token: none where a draft token costs 0.6 plain steps, the drafts as asked where verifying costs
+    what a plain step does. A request that fixed its draft length is verified as asked. Greedy output
+    is the LLM's either way."""
     prompt = PROMPTS[2]  # ends with (12, 2), which the prompt continued: prompt lookup drafts at once
     want = hf_greedy(tiny_llm, prompt, 14)
-    tokens, dear, _ = _decode_priced(client, prompt, per_draft_token=5.0)
+    tokens, dear, _ = _decode_priced(client, prompt, per_draft_token=0.6)
     assert tokens == want and dear.drafts == 0
+    assert any(n > 0 for n in dear.planned_lengths), "the length policy asked for drafts: the cut refused them"
     tokens, cheap, _ = _decode_priced(client, prompt, per_draft_token=0.0)
     assert tokens == want and cheap.drafts > 0
+    tokens, fixed, _ = _decode_priced(client, prompt, per_draft_token=0.6, num_draft_tokens=4)
+    assert tokens == want and fixed.drafts > 0
     assert_all_released(engines)

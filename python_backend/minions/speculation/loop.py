@@ -99,8 +99,10 @@ class _Decode:
 
     def _cut_to_worth(self, proposal: Proposal, batch: int) -> None:
         """A draft that carries its tokens' chances is cut to the length worth verifying at this load
-        (draft_length.worth_verifying); others are left as the length policy asked for them."""
-        if proposal.log_probs is not None and proposal.draft and len(proposal.log_probs) == len(proposal.draft):
+        (draft_length.worth_verifying) when the length is adaptive; others, and every draft of a request
+        that fixed its `num_draft_tokens`, are verified as the length policy asked for them."""
+        chances = proposal.log_probs
+        if self.request.num_draft_tokens is None and chances is not None and 0 < len(proposal.draft) == len(chances):
             costs = self.services.length_stats.verify.estimates(batch, range(len(proposal.draft) + 1))
             proposal.cut(worth_verifying(proposal.log_probs, costs, self.calibration.factor))
 
