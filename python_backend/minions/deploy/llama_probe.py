@@ -10,6 +10,7 @@ with one line saying what to do (docs/operations.md, "`Illegal instruction` on a
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import signal
 import subprocess
 import sys
@@ -29,10 +30,12 @@ class LlamaBuildError(RuntimeError):
 
 
 def build_id() -> str:
-    """The installed llama.cpp build, as the files of its shared libraries (path, size, mtime)."""
-    import llama_cpp
-
-    libs = sorted((Path(llama_cpp.__file__).parent / "lib").glob("*.so*"))
+    """The installed llama.cpp build, as the files of its shared libraries (path, size, mtime); found
+    without importing llama_cpp, which would load them into the process that starts the server."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        raise LlamaBuildError("llama-cpp-python is not installed in this environment (make venv)")
+    libs = sorted((Path(spec.origin).parent / "lib").glob("*.so*"))
     stats = [f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in libs if p.is_file()]
     return hashlib.sha256("\n".join(stats).encode()).hexdigest()[:16]
 

@@ -92,7 +92,7 @@ class NgramEngine:
             raise InvalidRequest("this engine drafts only: draft_input_ids are not supported")
         # return_generation_logits: a lookup has no logits, so none are returned (the draft is then
         # treated as deterministic, which is exactly what it is). return_log_probs: each token's learnt
-        # chance of being right (draft_confidence.token_log_probs), what the vote weighs drafts by.
+        # chance of being right (draft_confidence.token_log_probs), by which the orchestrator cuts drafts.
         sequence = request.input_ids
         self.confidence.settle(request.request_id, sequence)
         tokens, match = ngram_match(sequence, request.request_output_len, self.max_ngram, self.min_ngram,

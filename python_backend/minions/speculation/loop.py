@@ -68,8 +68,11 @@ class _Decode:
         self.progress = _Progress(list(request.prompt_ids), request.max_new_tokens, request.end_id)
         self.drafter = services.drafter(request)
         self.length = services.draft_length(request, drafting=self.drafter is not None)
+        # Drafts are cut by their chances only when the length is adaptive: a request that fixed its
+        # num_draft_tokens has its drafts verified as asked, so its SSMs are not asked for chances.
+        confident = services.confident_ssms if request.num_draft_tokens is None else frozenset()
         self.source = (DraftSource(client, self.drafter, services.pool, request_id, request.sampling, request.seed,
-                                   services.confident_ssms) if self.drafter else None)
+                                   confident) if self.drafter else None)
         self.drafted_before = False
         """The first draft also pays the SSMs' prefill of the prompt: its drafting time is not a sample."""
         self.drafts_came_back_empty = False
@@ -98,13 +101,13 @@ class _Decode:
         return proposal
 
     def _cut_to_worth(self, proposal: Proposal, batch: int) -> None:
-        """A draft that carries its tokens' chances is cut to the length worth verifying at this load
-        (draft_length.worth_verifying) when the length is adaptive; others, and every draft of a request
-        that fixed its `num_draft_tokens`, are verified as the length policy asked for them."""
+        """A draft that carries its tokens' chances (asked only with an adaptive length) is cut to the
+        length worth verifying at this load (draft_length.worth_verifying); others are verified as the
+        length policy asked for them."""
         chances = proposal.log_probs
-        if self.request.num_draft_tokens is None and chances is not None and 0 < len(proposal.draft) == len(chances):
+        if chances is not None and 0 < len(proposal.draft) == len(chances):
             costs = self.services.length_stats.verify.estimates(batch, range(len(proposal.draft) + 1))
-            proposal.cut(worth_verifying(proposal.log_probs, costs, self.calibration.factor))
+            proposal.cut(worth_verifying(chances, costs, self.calibration.factor))
 
     async def stream_plain(self, plan: StreamPlain) -> AsyncIterator[Round]:
         """Up to plan.tokens plain tokens streamed from one LLM call, a round per response (timed from the
