@@ -352,3 +352,36 @@ def test_a_request_whose_drafts_beat_their_chances_verifies_more_of_them():
     for _ in range(200):
         calibration.observe(halves, accepted=0)
     assert calibration.factor == 0.5, "drafts that keep failing: the lower bound"
+
+
+def test_a_draft_priced_out_is_scored_against_the_text_that_follows_it():
+    """A priced-out draft is never verified: it is scored once the sequence has gone past it (its right
+    tokens, as verification would have accepted them) or has left it at a wrong token, and not before."""
+    calibration = ChanceCalibration(prior=8.0, bound=2.0)
+    halves = [float(np.log(0.5))] * 4
+    calibration.priced_out(3, [5, 6, 7, 8], halves)
+    calibration.priced_out(4, [6, 9, 9], halves[:3])
+    calibration.settle([1, 2, 3, 5, 6])
+    assert (calibration.accepted, len(calibration.pending)) == (0, 2), "both right so far: both wait"
+    calibration.settle([1, 2, 3, 5, 6, 7])
+    assert calibration.accepted == 1 and len(calibration.pending) == 1, "the second left at its second token"
+    calibration.settle([1, 2, 3, 5, 6, 7, 8])
+    assert calibration.accepted == 1 + 4 and not calibration.pending, "the whole first draft was right"
+    assert calibration.expected == pytest.approx(0.9375 + 0.875)
+
+
+def test_a_request_whose_drafts_are_all_priced_out_still_learns_that_it_copies():
+    """The trap a verified-only calibration falls into: chances too low to verify anything, so nothing
+    is verified and the factor never moves. Priced-out drafts that the text then copied raise it until
+    such a draft is verified."""
+    calibration = ChanceCalibration(prior=8.0, bound=2.0)
+    halves = [float(np.log(0.5))] * 4
+    costs = {k: 1.0 + 0.6 * k for k in range(5)}
+    text = [1, 2, 3, 4] * 8
+    at = 4
+    while worth_verifying(halves, costs, calibration.factor) == 0:
+        assert at + 4 <= len(text), "still priced out after 7 right drafts"
+        calibration.priced_out(at, text[at:at + 4], halves)
+        at += 4
+        calibration.settle(text[:at])
+    assert calibration.factor > 1.0

@@ -42,6 +42,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 
+from minions.decoding.tokens import common_prefix_len
 from minions.speculation.length_stats import AcceptanceModel, SharedLengthStats
 
 
@@ -196,19 +197,45 @@ def worth_verifying(log_probs: Sequence[float], verify: Mapping[int, float | Non
 
 
 class ChanceCalibration:
-    """One request's verified drafts: tokens accepted against the tokens their chances expected, as a
-    factor on those chances (1 before any evidence, `prior` tokens' worth of it; within [1/bound, bound]).
+    """One request's drafts: tokens right against the tokens their chances expected, as a factor on
+    those chances (1 before any evidence, `prior` tokens' worth of it; within [1/bound, bound]).
     A drafter's chances are learnt over all its drafts, but a request's text copies more or less than
-    the average one (measured: the default's code edits accepted 186 tokens where 164 were expected)."""
+    the average one (measured: the default's code edits accepted 186 tokens where 164 were expected).
+
+    Verified drafts count as the LLM judged them (`observe`). A draft priced out whole is never
+    verified, so it is kept (`priced_out`) and scored against the text that follows it (`settle`):
+    otherwise a request whose drafts were all priced out would never learn that it copies, and a short
+    copy on a server whose lookups had mostly been wrong would be decoded plainly to its end."""
 
     def __init__(self, prior: float = 8.0, bound: float = 2.0) -> None:
         self.prior, self.bound = prior, bound
         self.expected = self.accepted = 0.0
+        self.pending: list[tuple[int, list[int], list[float]]] = []
+        """Drafts priced out, not yet settled: (the sequence length each continues, its tokens, their
+        log probs)."""
 
     def observe(self, log_probs: Sequence[float], accepted: int) -> None:
-        """A verified draft's chances (its tokens' log probs) and how many of its tokens were accepted."""
+        """A draft's chances (its tokens' log probs) and how many of its tokens were right."""
         self.expected += float(sum(math.exp(x) for x in itertools.accumulate(log_probs)))
         self.accepted += accepted
+
+    def priced_out(self, at: int, draft: Sequence[int], log_probs: Sequence[float]) -> None:
+        """A draft continuing the first `at` tokens of the sequence, not verified: `settle` scores it."""
+        if draft:
+            self.pending.append((at, list(draft), list(log_probs)))
+
+    def settle(self, sequence: Sequence[int]) -> None:
+        """Score each pending draft the sequence has gone past, or left at a token the draft got wrong,
+        as verification would have (its right tokens up to the first wrong one)."""
+        waiting = []
+        for at, draft, log_probs in self.pending:
+            seen = sequence[at: at + len(draft)]
+            right = common_prefix_len(seen, draft)
+            if right < len(seen) or len(seen) == len(draft):
+                self.observe(log_probs, right)
+            else:
+                waiting.append((at, draft, log_probs))
+        self.pending = waiting
 
     @property
     def factor(self) -> float:

@@ -97,17 +97,21 @@ class _Decode:
         """The drafters' proposal continuing `sequence`, asked while plain tokens stream."""
         k = max(self.services.probe_tokens, self.length.current)
         proposal = await self.drafter.propose(self.client, self.source.round(sequence, k, self.progress.index))
-        self._cut_to_worth(proposal, self.services.load())
+        self._cut_to_worth(proposal, self.services.load(), len(sequence))
         return proposal
 
-    def _cut_to_worth(self, proposal: Proposal, batch: int) -> None:
+    def _cut_to_worth(self, proposal: Proposal, batch: int, at: int) -> None:
         """A draft that carries its tokens' chances (asked only with an adaptive length) is cut to the
         length worth verifying at this load (draft_length.worth_verifying); others are verified as the
-        length policy asked for them."""
+        length policy asked for them. A draft cut to nothing is left to the calibration, which scores it
+        against the text that follows the sequence's first `at` tokens."""
         chances = proposal.log_probs
         if chances is not None and 0 < len(proposal.draft) == len(chances):
             costs = self.services.length_stats.verify.estimates(batch, range(len(proposal.draft) + 1))
-            proposal.cut(worth_verifying(chances, costs, self.calibration.factor))
+            worth = worth_verifying(chances, costs, self.calibration.factor)
+            if worth == 0:
+                self.calibration.priced_out(at, proposal.draft, chances)
+            proposal.cut(worth)
 
     async def stream_plain(self, plan: StreamPlain) -> AsyncIterator[Round]:
         """Up to plan.tokens plain tokens streamed from one LLM call, a round per response (timed from the
@@ -148,7 +152,7 @@ class _Decode:
             proposal, pipelined = (await self.source.draft(progress.sequence, plan.k, progress.index, progress.emitted)
                                    if self.source else (Proposal(), False))
         proposal.cut(plan.k)
-        self._cut_to_worth(proposal, plan.batch)
+        self._cut_to_worth(proposal, plan.batch, len(progress.sequence))
         draft = proposal.draft
         t1 = time.perf_counter()
         if services.llm_streams and progress.produced > 0 and not draft:
@@ -204,6 +208,7 @@ class _Decode:
         (round 1 is the prompt's prefill, not a step of decoding; `steps` plain steps share
         `llm_seconds`); True once no round follows."""
         last = self.progress.advance(tokens)
+        self.calibration.settle(self.progress.sequence)
         if self.progress.index > 1:
             steps = max(steps, 1)
             for _ in range(steps):
