@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from minions.text.datasets import DATASETS
-from tests.integration.helpers import kept_prompts, openai_frontend, served
+from tests.integration.helpers import kept_prompts, served
+from tests.support.openai_frontend import openai_frontend
 from tests.support.datasets import write_prompt_sets
 from tests.support.triton_process import ROOT, TritonProcess
 
@@ -72,7 +73,8 @@ def speculating_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def openai_url(server):
     """The OpenAI-compatible frontend (python -m minions.frontend) in front of `server`: its /v1 URL."""
-    yield from openai_frontend(server)
+    with openai_frontend(server) as url:
+        yield url
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ client library would hide what is under test, metrics, near ties."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from minions.deploy.server import free_port, frontend_command, server_env
 from tests.support.triton_process import TritonProcess
 
 COPY_PROMPT = ("Copy this Python code exactly:\n```python\ndef add(a, b):\n    return a + b\n\n"
@@ -135,29 +132,3 @@ def served(deploy: Path, build: Path, edit: Callable[[Path], None] | None = None
         yield proc
     assert proc.proc.returncode == 0, f"tritonserver did not shut down cleanly:\n{proc.log_text()[-3000:]}"
     assert "Fatal Python error" not in proc.log_text(), f"a stub crashed:\n{proc.log_text()[-3000:]}"
-
-
-def openai_frontend(server, env: Mapping[str, str] | None = None):
-    """A fixture's body: the OpenAI frontend for `server` on a free port, as `make serve` starts it (with
-    `env` added to its environment, and an API key only from `env`), yielded as its /v1 URL once /health
-    answers; after, it must stop cleanly on SIGTERM."""
-    port = free_port()
-    keyless = {name: value for name, value in server_env().items() if not name.startswith("MINIONS_API_KEY")}
-    proc = subprocess.Popen(frontend_command(server.grpc_url, "127.0.0.1", port, "minions",
-                                             server.build / "model_repository"),
-                            env={**keyless, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        assert proc.poll() is None, f"the frontend exited:\n{proc.stdout.read()}"
-        return http_ok(f"{base}/health")
-
-    wait_until(healthy, timeout=60, what="the OpenAI frontend answers /health", interval=0.2)
-    yield f"{base}/v1"
-    proc.terminate()
-    output = proc.communicate(timeout=30)[0]
-    print(output[-3000:])
-    # uvicorn shuts down gracefully on SIGTERM, then exits by the signal it caught
-    assert proc.returncode in (0, -signal.SIGTERM), f"the frontend did not stop cleanly:\n{output[-3000:]}"
-    assert "Traceback" not in output, output[-3000:]

@@ -10,7 +10,8 @@ import openai
 import pytest
 
 from minions.frontend.auth import API_KEY_ENV, API_KEY_FILE_ENV
-from tests.integration.helpers import http_request, openai_frontend
+from tests.integration.helpers import http_request
+from tests.support.openai_frontend import openai_frontend
 
 KEY = "sk-minions-test-0123456789"
 
@@ -24,7 +25,8 @@ def keyed_url(request, server, tmp_path_factory):
         file = tmp_path_factory.mktemp("secret") / "api_key"
         file.write_text(KEY + "\n")
         env = {API_KEY_FILE_ENV: str(file)}
-    yield from openai_frontend(server, env=env)
+    with openai_frontend(server, env=env) as url:
+        yield url
 
 
 def _assert_401(status: int, headers: dict[str, str], text: str) -> None:

@@ -17,14 +17,16 @@ import pytest
 
 from minions.errors import ServerBusy
 from minions.frontend.settings import FrontendSettings
-from tests.integration.helpers import http_request, metric_value, openai_frontend, wait_until
+from tests.integration.helpers import http_request, metric_value, wait_until
+from tests.support.openai_frontend import openai_frontend
 
 SHORT = {"model": "minions", "prompt": "Name three animals.", "max_tokens": 4, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
 def one_slot_url(one_slot_server):
-    yield from openai_frontend(one_slot_server)
+    with openai_frontend(one_slot_server) as url:
+        yield url
 
 
 def _post(url: str, **fields) -> tuple[int, dict[str, str], str]:
