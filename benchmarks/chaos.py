@@ -584,6 +584,8 @@ class Settings:
     datasets: str = ",".join(DATASETS)
     prompts: int = 200
     out: str = str(ROOT / "bench_results" / "chaos")
+    exit_timeout_s: int = 30
+    """tritonserver's --exit-timeout-secs: how long its stop waits for a killed stub's instance."""
 
 
 def window_outcomes(results: list[RequestResult], start: float, end: float,
@@ -631,7 +633,8 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
     """Start the server, run load and faults for `s.minutes`, stop, and return the report."""
     kinds = tuple(s.faults)
     server = TritonProcess(leak_check_deployment(s.deploy, out / f"{stamp}.deploy.yaml"),
-                           log_path=out / f"{stamp}.tritonserver.log")
+                           log_path=out / f"{stamp}.tritonserver.log",
+                           triton_args=(f"--exit-timeout-secs={s.exit_timeout_s}",))
     dep = server.deployment
     deck = fault_deck(kinds, dep.llm.get("name", "llm"), dep.orchestrator_name, [m["name"] for m in dep.ssms])
     warnings: list[str] = []
@@ -819,6 +822,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
                    help="steady RSS growth beyond max(this, 10%%) after warm-up fails the run")
     p.add_argument("--datasets", default=d.datasets, help="prompt sets (../shared/datasets), comma-separated")
     p.add_argument("--out", default=d.out, help="where the report goes")
+    p.add_argument("--exit-timeout-s", type=int, default=d.exit_timeout_s,
+                   help="tritonserver's exit timeout: how long the stop waits for a killed stub's instance")
     a = p.parse_args(argv)
     try:
         faults = parse_faults(a.faults)
@@ -827,7 +832,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     if not 0 <= a.min_gap_s <= a.max_gap_s:
         p.error("need 0 <= --min-gap-s <= --max-gap-s")
     return Settings(a.deploy, a.minutes, a.seed, faults, a.users, a.max_tokens, a.hang_s, a.recovery_s, a.min_gap_s,
-                    a.max_gap_s, a.sample_s, a.warmup_min, a.growth_mib, d.leak_wait_s, a.datasets, d.prompts, a.out)
+                    a.max_gap_s, a.sample_s, a.warmup_min, a.growth_mib, d.leak_wait_s, a.datasets, d.prompts, a.out,
+                    a.exit_timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:

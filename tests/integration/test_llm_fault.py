@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 
 from client.api import GenerationParams, MinionsClientError, generate_grpc
 from tests.integration.helpers import metric_above, metric_value, wait_until
-from tests.support.triton_process import ROOT, TritonProcess
+from tests.support.triton_process import KILLED_STUBS_EXIT_TIMEOUT, ROOT, TritonProcess
 
 PROMPT = "Explain in a few sentences why the sky is blue."
 PARAMS = {"max_tokens": 48, "chat": True, "speculation": "off"}
@@ -32,10 +32,11 @@ WELL_BEFORE_STALL_S = 20.0
 @pytest.fixture(scope="module")
 def llm_server(tmp_path_factory):
     build = tmp_path_factory.mktemp("triton-llm-fault")
-    with TritonProcess(ROOT / "deploy.yaml", log_path=build / "tritonserver.log", build=build) as proc:
+    with TritonProcess(ROOT / "deploy.yaml", log_path=build / "tritonserver.log", build=build,
+                       triton_args=KILLED_STUBS_EXIT_TIMEOUT) as proc:
         yield proc
     # Triton 2.51 keeps a killed stub's instance while requests it never answered are pending, waits
-    # its 30 s exit timeout for it at shutdown, then exits with 1 by itself ("Exit timeout expired"):
+    # its exit timeout for it at shutdown, then exits with 1 by itself ("Exit timeout expired"):
     # a Triton limitation (docs/operations.md), recorded here so a change shows up.
     assert proc.proc.returncode in (0, 1), f"tritonserver had to be killed:\n{proc.log_text()[-3000:]}"
     assert not re.search(r"Signal \((6|11)\)", proc.log_text()), f"tritonserver crashed:\n{proc.log_text()[-3000:]}"

@@ -15,11 +15,11 @@ import openai
 import pytest
 import yaml
 
-from minions.deploy.server import free_ports, server_env
+from minions.deploy.server import EXTRA_ARGS_ENV, free_ports, server_env
 from minions.triton.stubs import live_stub_pids
 from minions.triton.shm import sweep_orphaned_shm
 from tests.integration.helpers import http_ok, wait_until
-from tests.support.triton_process import ROOT
+from tests.support.triton_process import KILLED_STUBS_EXIT_TIMEOUT, ROOT
 
 
 EXIT_TIMEOUT = "Exit timeout expired"
@@ -40,9 +40,10 @@ def _serving(tmp_path: Path, orphaned: bool = False):
     deploy.write_text(yaml.safe_dump(raw))
     build = tmp_path / "build"
     log_path = tmp_path / "serve.log"
+    env = {**server_env(), **({EXTRA_ARGS_ENV: " ".join(KILLED_STUBS_EXIT_TIMEOUT)} if orphaned else {})}
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "minions.deploy.server", "--deploy", str(deploy), "--build",
-                                 str(build)], env=server_env(), stdout=log, stderr=subprocess.STDOUT)
+                                 str(build)], env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             base = f"http://127.0.0.1:{ports['openai_port']}"
             wait_until(lambda: proc.poll() is not None or http_ok(f"{base}/health"),

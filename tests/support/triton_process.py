@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -19,6 +19,12 @@ from typing import ClassVar
 from minions.deploy.config import ROOT, load_deployment
 from minions.deploy.server import ServerPorts, free_ports, start_server, wait_ready
 from minions.triton.shm import SHM_PREFIX, sweep_orphaned_shm
+
+KILLED_STUBS_EXIT_TIMEOUT = ("--exit-timeout-secs=5",)
+"""tritonserver's options for a server whose stubs are killed on purpose. Triton 2.51 keeps a killed
+stub's instance while requests it never answered are pending, and at the stop waits its exit timeout
+(30 s by default) for it, then exits with 1 ("Exit timeout expired", docs/operations.md): 5 s shows
+the same and spares a test run 25 s per such server."""
 
 
 def stop_process(proc: subprocess.Popen, sig: int, timeout: float) -> None:
@@ -49,8 +55,10 @@ class TritonProcess:
     """The servers started and not yet stopped (a dead one stays until someone looks: `died`)."""
 
     def __init__(self, deploy: str | Path = ROOT / "deploy.yaml", log_path: str | Path | None = None,
-                 build: str | Path | None = None, edit: Callable[[Path], None] | None = None) -> None:
-        """`edit`: called with the rendered repository before tritonserver starts on it."""
+                 build: str | Path | None = None, edit: Callable[[Path], None] | None = None,
+                 triton_args: Sequence[str] = ()) -> None:
+        """`edit`: called with the rendered repository before tritonserver starts on it; `triton_args`:
+        tritonserver's own options added to its command line (e.g. KILLED_STUBS_EXIT_TIMEOUT)."""
         self.deployment = load_deployment(deploy)
         self.ports = ServerPorts("127.0.0.1", *free_ports(3))
         self.build = Path(build) if build else Path(tempfile.mkdtemp(prefix="minions-build-"))
@@ -59,6 +67,7 @@ class TritonProcess:
         self.log_path = Path(log_path) if log_path else self.build / "tritonserver.log"
         self.proc: subprocess.Popen | None = None
         self.edit = edit
+        self.triton_args = tuple(triton_args)
 
     @property
     def grpc_url(self) -> str:
@@ -77,7 +86,8 @@ class TritonProcess:
 
     def __enter__(self) -> "TritonProcess":
         self._log = open(self.log_path, "w")
-        self.proc = start_server(self.deployment, self.ports, self.build, stdout=self._log, edit=self.edit)
+        self.proc = start_server(self.deployment, self.ports, self.build, stdout=self._log, edit=self.edit,
+                                 extra_args=self.triton_args)
         try:
             wait_ready(self.ports, self.proc)
         except Exception:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from minions.deploy.artifacts import gguf_for
@@ -91,9 +91,11 @@ def repository_models(repo: Path) -> list[str]:
     return sorted(d.name for d in repo.iterdir() if (d / "config.pbtxt").is_file())
 
 
-def server_command(repo: Path, backends: Path, ports: ServerPorts, log_verbose: int = 0) -> list[str]:
+def server_command(repo: Path, backends: Path, ports: ServerPorts, log_verbose: int = 0,
+                   extra: Sequence[str] = ()) -> list[str]:
     """tritonserver's command line: explicit model control with every model of the repository loaded
-    at start, so operators load and unload models through the repository API (docs/operations.md)."""
+    at start, so operators load and unload models through the repository API (docs/operations.md);
+    then `extra` and $MINIONS_TRITON_ARGS, tritonserver's own options."""
     return [
         str(triton_home() / "bin" / "tritonserver"),
         f"--model-repository={repo}",
@@ -115,6 +117,7 @@ def server_command(repo: Path, backends: Path, ports: ServerPorts, log_verbose: 
         # logits and long prompts cross the stub boundary through shared memory: start big enough
         "--backend-config=python,shm-default-byte-size=16777216",
         "--backend-config=python,shm-growth-byte-size=16777216",
+        *extra,
         *shlex.split(os.environ.get(EXTRA_ARGS_ENV, "")),
     ]
 
@@ -146,12 +149,13 @@ def prepare(dep: Deployment, build: Path, ports: ServerPorts) -> tuple[Path, Pat
 
 
 def start_server(dep: Deployment, ports: ServerPorts, build: Path, stdout=None, log_verbose: int = 0,
-                 edit: Callable[[Path], None] | None = None) -> subprocess.Popen:
-    """Render the repository, let `edit` change it (tests), and start tritonserver on it."""
+                 edit: Callable[[Path], None] | None = None, extra_args: Sequence[str] = ()) -> subprocess.Popen:
+    """Render the repository, let `edit` change it (tests), and start tritonserver on it, with
+    `extra_args` added to its command line."""
     repo, backends = prepare(dep, build, ports)
     if edit is not None:
         edit(repo)
-    cmd = server_command(repo, backends, ports, log_verbose)
+    cmd = server_command(repo, backends, ports, log_verbose, extra_args)
     log.info("starting: %s", " ".join(cmd))
     return subprocess.Popen(cmd, env=server_env(), stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
                             start_new_session=True)
