@@ -33,6 +33,7 @@ from minions.deploy.config import ROOT, load_deployment
 from minions.deploy.render import engine_settings, orchestrator_settings
 from minions.engines.factory import build_engine
 from minions.settings import EngineKind
+from minions.speculation.draft_length import survival
 from minions.speculation.voting import vote
 from minions.speculation.weights import SsmWeights, draft_score
 from minions.text.datasets import load_prompts, mixed_prompts
@@ -170,8 +171,7 @@ def replay(policy: Policy, engines: dict[str, object], requests: list[tuple[list
             for ssm, engine in engines.items():
                 result = engine.generate(EngineRequest(rid, seq, k, return_log_probs=True,
                                                        exclude_input_in_output=True))
-                logs = result.log_probs or []
-                candidates[ssm] = Candidate(result.tokens[:k], np.exp(np.cumsum(logs)).tolist()[:k])
+                candidates[ssm] = Candidate(result.tokens[:k], survival(result.log_probs or [])[:k])
             truth = out[pos:]
             verified, accepted = policy(candidates, truth, t)
             emitted = min(accepted + 1, len(truth))

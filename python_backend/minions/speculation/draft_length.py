@@ -171,6 +171,12 @@ class DraftLengthSelector:
             self.acceptance.observe(drafted, accepted)
 
 
+def survival(log_probs: Sequence[float]) -> list[float]:
+    """The chance that a draft's first 1, 2, ... tokens are all right, from each token's log prob given
+    the ones before it (what the lookup engines answer as `output_log_probs`)."""
+    return [math.exp(x) for x in itertools.accumulate(log_probs)]
+
+
 def worth_verifying(log_probs: Sequence[float], verify: Mapping[int, float | None], scale: float = 1.0) -> int:
     """How many of a draft's tokens to verify, from the drafter's own estimate of each token's chance
     (`log_probs`: of being right given the ones before it were): the k with the least expected time
@@ -186,10 +192,9 @@ def worth_verifying(log_probs: Sequence[float], verify: Mapping[int, float | Non
     n = len(log_probs)
     if n == 0 or any(verify.get(k) is None for k in range(n + 1)):
         return n
-    best, best_cost, expected, survival = 0, verify[0], 1.0, 1.0
-    for k, log_p in enumerate(log_probs, start=1):
-        survival *= math.exp(log_p)
-        expected += min(1.0, scale * survival)
+    best, best_cost, expected = 0, verify[0], 1.0
+    for k, alive in enumerate(survival(log_probs), start=1):
+        expected += min(1.0, scale * alive)
         cost = verify[k] / expected  # type: ignore[operator]
         if cost < best_cost:
             best, best_cost = k, cost
@@ -216,7 +221,7 @@ class ChanceCalibration:
 
     def observe(self, log_probs: Sequence[float], accepted: int) -> None:
         """A draft's chances (its tokens' log probs) and how many of its tokens were right."""
-        self.expected += float(sum(math.exp(x) for x in itertools.accumulate(log_probs)))
+        self.expected += sum(survival(log_probs))
         self.accepted += accepted
 
     def priced_out(self, at: int, draft: Sequence[int], log_probs: Sequence[float]) -> None:
