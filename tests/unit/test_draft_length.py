@@ -12,6 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from minions.decoding.tokens import draft_outcome
 from minions.settings import DEFAULTS
 from minions.speculation.draft_length import ChanceCalibration, DraftLengthSelector, worth_verifying
 from minions.speculation.length_stats import LengthPolicy, SharedLengthStats, VerifyCostTable, load_bucket
@@ -385,3 +386,9 @@ def test_a_request_whose_drafts_are_all_priced_out_still_learns_that_it_copies()
         at += 4
         calibration.settle(text[:at])
     assert calibration.factor > 1.0
+
+
+@pytest.mark.parametrize("seen, right", [([], None), ([5], None), ([5, 6, 7], 3), ([5, 6, 7, 9], 3), ([4], 0),
+                                         ([5, 1, 7], 1)])
+def test_a_drafts_outcome_is_known_once_the_text_passed_it_or_left_it(seen, right):
+    assert draft_outcome(seen, [5, 6, 7]) == right

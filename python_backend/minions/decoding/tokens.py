@@ -16,3 +16,12 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     y = np.asarray(b[:n], dtype=np.int64)
     mismatch = np.flatnonzero(x != y)
     return int(mismatch[0]) if mismatch.size else n
+
+
+def draft_outcome(seen: Sequence[int], draft: Sequence[int]) -> int | None:
+    """How many of a draft's tokens were right, judged by `seen`, the tokens that followed where the
+    draft started (as verification would have: up to the first wrong one); None while `seen` agrees
+    with the draft and is shorter than it (the outcome is not known yet)."""
+    seen = seen[: len(draft)]
+    right = common_prefix_len(seen, draft)
+    return right if right < len(seen) or len(seen) == len(draft) else None

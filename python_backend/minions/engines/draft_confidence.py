@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minions.decoding.tokens import common_prefix_len
+from minions.decoding.tokens import draft_outcome
 from minions.engines.sequence_cache import CachedSequence, SequenceCache
 
 POSITIONS = 32
@@ -115,12 +115,11 @@ class DraftConfidence:
                 first = draft.start - len(draft.premise)
                 if list(sequence[first: draft.start]) != draft.premise[: max(0, len(sequence) - first)]:
                     continue
-                seen = list(sequence[draft.start: max(draft.start, known)])[: len(draft.tokens)]
-                right = common_prefix_len(seen, draft.tokens)
-                if right < len(seen) or len(seen) == len(draft.tokens):
-                    self._count(draft.bucket, right, len(draft.tokens))
-                else:
+                right = draft_outcome(list(sequence[draft.start: max(draft.start, known)]), draft.tokens)
+                if right is None:
                     waiting.append(draft)
+                else:
+                    self._count(draft.bucket, right, len(draft.tokens))
             entry.state = waiting
 
     def forget(self, request_id: str) -> None:

@@ -42,7 +42,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 
-from minions.decoding.tokens import common_prefix_len
+from minions.decoding.tokens import draft_outcome
 from minions.speculation.length_stats import AcceptanceModel, SharedLengthStats
 
 
@@ -234,12 +234,11 @@ class ChanceCalibration:
         as verification would have (its right tokens up to the first wrong one)."""
         waiting = []
         for at, draft, log_probs in self.pending:
-            seen = sequence[at: at + len(draft)]
-            right = common_prefix_len(seen, draft)
-            if right < len(seen) or len(seen) == len(draft):
-                self.observe(log_probs, right)
-            else:
+            right = draft_outcome(sequence[at: at + len(draft)], draft)
+            if right is None:
                 waiting.append((at, draft, log_probs))
+            else:
+                self.observe(log_probs, right)
         self.pending = waiting
 
     @property
