@@ -141,14 +141,29 @@ def single_turn_cells(workload: str, args: argparse.Namespace) -> list[tuple[str
             zip(args.streams, workload_prompts(workload, [max(count, s) for s in args.streams]))]
 
 
+def slice_bounds(count: int, streams: int, slices: int) -> list[tuple[int, int]]:
+    """A cell's `count` prompts cut into at most `slices` consecutive runs of at least `streams` each."""
+    n = max(1, min(slices, count // max(streams, 1)))
+    return [(count * j // n, count * (j + 1) // n) for j in range(n)]
+
+
 def run_single_turn(workloads: list[str], args: argparse.Namespace, systems: dict[str, Request],
                     sessions: set[int]) -> list[Cell]:
+    """Each cell through every system. With --slices, the systems take turns slice by slice, in an
+    order reversed every slice (A B, B A, ...), so that a machine whose speed drifts over minutes
+    weighs on every system alike; a system's cell is its slices together."""
     cells = []
     for workload, streams, prompts in [cell for w in workloads for cell in single_turn_cells(w, args)]:
-        for name, request in systems.items():
-            with ForeignCpu(sessions) as foreign:
-                cell = run_cell(name, workload, request, prompts, streams)
-            cell.foreign_cores = foreign.cores
+        here = {name: Cell(name, workload, streams) for name in systems}
+        foreign_core_s = dict.fromkeys(systems, 0.0)
+        for j, (a, b) in enumerate(slice_bounds(len(prompts), streams, args.slices)):
+            for name in (list(systems) if j % 2 == 0 else list(systems)[::-1]):
+                before = here[name].wall_s
+                with ForeignCpu(sessions) as foreign:
+                    run_cell(name, workload, systems[name], prompts[a:b], streams, into=here[name], first=a)
+                foreign_core_s[name] += (foreign.cores or 0.0) * (here[name].wall_s - before)
+        for name, cell in here.items():
+            cell.foreign_cores = foreign_core_s[name] / cell.wall_s if cell.wall_s else None
             cells.append(cell)
             r = cell.row()
             print(f"{workload:<13} {streams:>3} streams {name:<26} {r['tokens_per_s']:6.1f} tok/s  "
@@ -189,6 +204,8 @@ def main() -> None:
     p.add_argument("--conversations", type=int, default=8,
                    help="conversations per multi-turn cell (at least one per stream)")
     p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--slices", type=int, default=1,
+                   help="run each cell in up to this many slices, the systems taking turns (ABBA...)")
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=[w for w in WORKLOADS if w != CATEGORIES],
                    help=f"default: all but {CATEGORIES}")
     p.add_argument("--systems", nargs="+", choices=SYSTEM_KEYS, default=list(SYSTEM_KEYS))

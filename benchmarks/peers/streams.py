@@ -68,13 +68,15 @@ class Cell:
         }
 
 
-def run_cell(system: str, workload: str, request: Request, prompts: list[str], streams: int) -> Cell:
-    """All prompts through `request` from `streams` threads; wall time from the first start to the last end."""
-    cell = Cell(system, workload, streams)
+def run_cell(system: str, workload: str, request: Request, prompts: list[str], streams: int,
+             into: Cell | None = None, first: int = 0) -> Cell:
+    """All prompts through `request` from `streams` threads; wall time from the first start to the last end.
+    `into`: a cell run in slices, which this slice's wall time and samples (by index from `first`) join."""
+    cell = into or Cell(system, workload, streams)
 
     def done(i: int, sample: Sample) -> None:
-        cell.samples[i] = sample
+        cell.samples[first + i] = sample
 
-    cell.wall_s = run_streams(prompts, streams, request, done,
-                              lambda exc: cell.errors.append(f"{type(exc).__name__}: {exc}"))
+    cell.wall_s += run_streams(prompts, streams, request, done,
+                               lambda exc: cell.errors.append(f"{type(exc).__name__}: {exc}"))
     return cell

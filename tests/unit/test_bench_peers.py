@@ -3,11 +3,13 @@ output agreement with Minions `off`, the pin the llama-server build reads."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 
-from benchmarks.bench_peers import HELD_OUT, workload_prompts
+import benchmarks.bench_peers as bench_peers
+from benchmarks.bench_peers import HELD_OUT, slice_bounds, workload_prompts
 from benchmarks.peers.llama_server_build import pinned_version
 from benchmarks.peers.report import format_drafters, summarize
 from benchmarks.peers.streams import Cell, Sample
@@ -120,3 +122,32 @@ def test_a_cell_reports_its_slowest_first_tokens_as_well_as_its_median():
     cell.samples = {i: Sample("", 10, ttft, ttft + 1.0) for i, ttft in enumerate([0.1, 0.1, 0.1, 2.0])}
     row = cell.row()
     assert row["ttft_p50_ms"] == pytest.approx(100) and row["ttft_p99_ms"] == pytest.approx(1943)
+
+
+def test_with_slices_the_systems_take_turns_and_each_cell_holds_all_its_prompts(monkeypatch):
+    """--slices 4 on 8 prompts at one stream: slices of 2, the systems in the order A B, B A, A B, B A;
+    each system's cell has every prompt under its own index and the slices' wall time together."""
+    prompts = [f"p{i}" for i in range(8)]
+    monkeypatch.setattr(bench_peers, "single_turn_cells", lambda workload, args: [(workload, 1, prompts)])
+    calls: list[tuple[str, str]] = []
+
+    def system(name: str):
+        def request(prompt: str) -> Sample:
+            calls.append((name, prompt))
+            return Sample(f"{name}:{prompt}", 3, 0.01, 0.02)
+        return request
+
+    cells = bench_peers.run_single_turn(["chat"], argparse.Namespace(slices=4), {"A": system("A"), "B": system("B")},
+                                        set())
+    firsts = [calls[i][0] for i in range(0, len(calls), 2)]
+    assert firsts == ["A", "B", "B", "A", "A", "B", "B", "A"], calls
+    for cell in cells:
+        assert {i: s.text for i, s in cell.samples.items()} == {i: f"{cell.system}:p{i}" for i in range(8)}
+        assert cell.wall_s > 0 and cell.row()["tokens"] == 24
+
+
+@pytest.mark.parametrize("count, streams, slices, bounds", [
+    (8, 1, 1, [(0, 8)]), (8, 1, 4, [(0, 2), (2, 4), (4, 6), (6, 8)]), (16, 8, 4, [(0, 8), (8, 16)]),
+    (8, 16, 3, [(0, 8)]), (7, 1, 2, [(0, 3), (3, 7)])])
+def test_slices_keep_at_least_one_prompt_per_stream(count, streams, slices, bounds):
+    assert slice_bounds(count, streams, slices) == bounds
