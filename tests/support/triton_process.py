@@ -87,7 +87,7 @@ class TritonProcess:
     def __enter__(self) -> "TritonProcess":
         self._log = open(self.log_path, "w")
         self.proc = start_server(self.deployment, self.ports, self.build, stdout=self._log, edit=self.edit,
-                                 extra_args=self.triton_args)
+                                 triton_args=self.triton_args)
         try:
             wait_ready(self.ports, self.proc)
         except Exception:

@@ -92,10 +92,10 @@ def repository_models(repo: Path) -> list[str]:
 
 
 def server_command(repo: Path, backends: Path, ports: ServerPorts, log_verbose: int = 0,
-                   extra: Sequence[str] = ()) -> list[str]:
+                   triton_args: Sequence[str] = ()) -> list[str]:
     """tritonserver's command line: explicit model control with every model of the repository loaded
     at start, so operators load and unload models through the repository API (docs/operations.md);
-    then `extra` and $MINIONS_TRITON_ARGS, tritonserver's own options."""
+    then `triton_args` and $MINIONS_TRITON_ARGS, tritonserver's own options."""
     return [
         str(triton_home() / "bin" / "tritonserver"),
         f"--model-repository={repo}",
@@ -117,7 +117,7 @@ def server_command(repo: Path, backends: Path, ports: ServerPorts, log_verbose: 
         # logits and long prompts cross the stub boundary through shared memory: start big enough
         "--backend-config=python,shm-default-byte-size=16777216",
         "--backend-config=python,shm-growth-byte-size=16777216",
-        *extra,
+        *triton_args,
         *shlex.split(os.environ.get(EXTRA_ARGS_ENV, "")),
     ]
 
@@ -149,13 +149,13 @@ def prepare(dep: Deployment, build: Path, ports: ServerPorts) -> tuple[Path, Pat
 
 
 def start_server(dep: Deployment, ports: ServerPorts, build: Path, stdout=None, log_verbose: int = 0,
-                 edit: Callable[[Path], None] | None = None, extra_args: Sequence[str] = ()) -> subprocess.Popen:
+                 edit: Callable[[Path], None] | None = None, triton_args: Sequence[str] = ()) -> subprocess.Popen:
     """Render the repository, let `edit` change it (tests), and start tritonserver on it, with
-    `extra_args` added to its command line."""
+    `triton_args` added to its command line."""
     repo, backends = prepare(dep, build, ports)
     if edit is not None:
         edit(repo)
-    cmd = server_command(repo, backends, ports, log_verbose, extra_args)
+    cmd = server_command(repo, backends, ports, log_verbose, triton_args)
     log.info("starting: %s", " ".join(cmd))
     return subprocess.Popen(cmd, env=server_env(), stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
                             start_new_session=True)
