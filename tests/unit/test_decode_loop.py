@@ -16,6 +16,7 @@ from minions.decoding.sampling import SamplingParams, log_prob
 from minions.engines.torch_engine import TorchEngine
 from minions.errors import InvalidRequest
 from minions.speculation.mode import OFF, Speculation, SpeculationMode
+from minions.settings import DEFAULTS
 from minions.speculation.length_stats import SharedLengthStats
 from minions.speculation.rounds import DecodeStats
 from tiny_models import hf_greedy, next_logits
@@ -341,4 +342,21 @@ def test_lookup_drafts_are_verified_only_where_their_own_chances_pay(client, eng
     assert tokens == want and cheap.drafts > 0
     tokens, fixed, _ = _decode_priced(client, prompt, per_draft_token=0.6, num_draft_tokens=4)
     assert tokens == want and fixed.drafts > 0
+    assert_all_released(engines)
+
+
+def test_lookup_drafts_are_asked_whole_and_cut_by_their_chances(client, engines, tiny_llm):
+    """The length policy drafts at most 8 tokens (its longest candidate), but a lookup that sends its tokens' chances is
+    asked for the request's max_draft_tokens: its chances, not the policy's average, cut each draft
+    (a long copy is worth more of its tokens). A request that fixed its draft length asks that many
+    (fewer near its end)."""
+    prompt = PROMPTS[2]
+    want = hf_greedy(tiny_llm, prompt, 14)
+    asked = lambda: max(r.request_output_len for m, r in client.calls if m == "ngram" and not r.stop)  # noqa: E731
+    tokens, cheap, _ = _decode_priced(client, prompt, per_draft_token=0.0)
+    assert tokens == want and cheap.drafts > 0
+    assert max(cheap.planned_lengths) < DEFAULTS.max_num_draft_tokens and asked() == DEFAULTS.max_num_draft_tokens
+    client.calls.clear()
+    tokens, fixed, _ = _decode_priced(client, prompt, per_draft_token=0.0, num_draft_tokens=4)
+    assert tokens == want and fixed.drafts > 0 and asked() == 4
     assert_all_released(engines)

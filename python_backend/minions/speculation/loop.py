@@ -3,8 +3,8 @@
 Each turn plans a round (round_plan.py), runs it, and yields what it emitted:
 - `Verify`: draft → verify → accept → observe → emit. A drafter (one SSM, a weighted vote of several,
   or a bandit's pick) proposes k tokens from the whole sequence; the LLM verifies them and returns the
-  accepted prefix plus one token of its own (TensorRT-LLM's draft-tokens-external mode). A draft that
-  carries its tokens' chances (the lookup SSMs') is first cut to the length worth verifying
+  accepted prefix plus one token of its own (TensorRT-LLM's draft-tokens-external mode). Drafts that
+  carry their tokens' chances (the lookup SSMs') are asked whole and cut to the length worth verifying
   (draft_length.worth_verifying). With no draft the LLM returns one plain token through the same call.
 - `StreamPlain`: one streaming call to an LLM that streams (an in-flight llama.cpp engine); each
   token is a round of its own. `off` streams its whole output so; a request that drafts streams so
@@ -80,6 +80,8 @@ class _Decode:
         self.watch = (DraftWatch(ProbeSchedule(services.probe_min_gap, services.probe_max_gap),
                                  services.probe_min_draft, self._probe, stop)
                       if self.drafter and services.probe_tokens > 0 else None)
+        self.asked_whole = bool(confident) and self.drafter is not None and set(self.drafter.ssms) <= confident
+        """Every SSM of the request's drafter sends its tokens' chances: drafts are asked whole (`_asked`)."""
         self.calibration = ChanceCalibration()
         """How this request's verified drafts fared against their chances (`_cut_to_worth`)."""
         self.found: Proposal | None = None
@@ -95,10 +97,18 @@ class _Decode:
 
     async def _probe(self, sequence: list[int]) -> Proposal:
         """The drafters' proposal continuing `sequence`, asked while plain tokens stream."""
-        k = max(self.services.probe_tokens, self.length.current)
+        k = self._asked(max(self.services.probe_tokens, self.length.current))
         proposal = await self.drafter.propose(self.client, self.source.round(sequence, k, self.progress.index))
         self._cut_to_worth(proposal, self.services.load(), len(sequence))
         return proposal
+
+    def _asked(self, k: int) -> int:
+        """How many tokens to ask the drafters for when the length policy wants k. Drafts whose every
+        token carries its chance are asked whole (the request's max_draft_tokens) and cut by those chances
+        (`_cut_to_worth`): the policy's k is an average over the request's drafts, and a long copy's
+        draft is worth more of its tokens than the average one. The policy still decides whether to
+        draft at all (k = 0: plain decoding)."""
+        return max(k, self.request.max_draft_tokens) if k > 0 and self.asked_whole else k
 
     def _cut_to_worth(self, proposal: Proposal, batch: int, at: int) -> None:
         """A draft that carries its tokens' chances (asked only with an adaptive length) is cut to the
@@ -149,9 +159,10 @@ class _Decode:
         if self.found is not None:
             (proposal, pipelined), self.found = (self.found, False), None
         else:
-            proposal, pipelined = (await self.source.draft(progress.sequence, plan.k, progress.index, progress.emitted)
+            proposal, pipelined = (await self.source.draft(progress.sequence, self._asked(plan.k), progress.index,
+                                                           progress.emitted)
                                    if self.source else (Proposal(), False))
-        proposal.cut(plan.k)
+        proposal.cut(min(self._asked(plan.k), progress.remaining - 1))
         self._cut_to_worth(proposal, plan.batch, len(progress.sequence))
         draft = proposal.draft
         t1 = time.perf_counter()
@@ -172,8 +183,8 @@ class _Decode:
             # SSMs' prompt prefill, which every request pays, off the critical path.
             if self.request.pipeline and (progress.produced == 0 or draft and services.early_draft_pays(
                     self.length, plan.batch, len(draft))):
-                self.source.draft_ahead(progress.sequence, draft, progress.remaining, self.length.current,
-                                        progress.index)
+                self.source.draft_ahead(progress.sequence, draft, progress.remaining,
+                                        self._asked(self.length.current), progress.index)
         verdict = await verification
         remaining = progress.remaining
         emitted = verdict.tokens[:remaining]
