@@ -2,13 +2,19 @@
 pinned in requirements.txt, so that the peer runs exactly the llama.cpp the Minions engines link.
 
 The build (about 6 minutes on 2 cores) is cached under .cache/peers/ (git-ignored); later runs reuse it.
-`python -m benchmarks.peers.llama_server_build` builds it ahead of a benchmark.
+`python -m benchmarks.peers.llama_server_build` builds it ahead of a benchmark. `CMAKE_ARGS`, as
+llama-cpp-python's own build reads it, is passed on after the defaults: a machine whose native build
+dies of `Illegal instruction` builds both the same way (docs/operations.md), each set of flags in a
+build folder of its own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -50,18 +56,27 @@ def source_dir(version: str) -> Path:
     return llama_cpp
 
 
+def cmake_flags(cmake_args: str = "") -> tuple[list[str], str]:
+    """The configure flags (the defaults, then `cmake_args`, whose later -D wins) and the name of
+    their build folder: `build` for the defaults alone."""
+    extra = shlex.split(cmake_args)
+    folder = f"build-{hashlib.sha256(' '.join(extra).encode()).hexdigest()[:8]}" if extra else "build"
+    return [*CMAKE_FLAGS, *extra], folder
+
+
 def llama_server(version: str | None = None, jobs: int = 2) -> Path:
     """The path of the built llama-server binary (building it and llama-bench on first use)."""
     version = version or pinned_version()
     src = source_dir(version)
-    binary = src / "build" / "bin" / "llama-server"
+    flags, build = cmake_flags(os.environ.get("CMAKE_ARGS", ""))
+    binary = src / build / "bin" / "llama-server"
     if binary.exists():
         return binary
     if shutil.which("cmake") is None:
         raise FileNotFoundError("cmake is needed to build llama-server (apt-get install cmake)")
-    log.info("building llama-server %s in %s (once, minutes)", version, src / "build")
-    subprocess.run(["cmake", "-B", "build", *CMAKE_FLAGS], cwd=src, check=True)
-    subprocess.run(["cmake", "--build", "build", f"-j{jobs}", "--target", *TARGETS], cwd=src, check=True)
+    log.info("building llama-server %s in %s with %s (once, minutes)", version, src / build, " ".join(flags))
+    subprocess.run(["cmake", "-B", build, *flags], cwd=src, check=True)
+    subprocess.run(["cmake", "--build", build, f"-j{jobs}", "--target", *TARGETS], cwd=src, check=True)
     return binary
 
 

@@ -1,5 +1,5 @@
 """benchmarks.bench_peers: fresh prompts for every cell, ratios against the run's faster plain llama-server,
-output agreement with Minions `off`, the pin the llama-server build reads."""
+output agreement with Minions `off`, the pin and flags the llama-server build reads."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 import benchmarks.bench_peers as bench_peers
 from benchmarks.bench_peers import HELD_OUT, slice_bounds, workload_prompts
-from benchmarks.peers.llama_server_build import pinned_version
+from benchmarks.peers.llama_server_build import CMAKE_FLAGS, cmake_flags, pinned_version
 from benchmarks.peers.report import format_drafters, summarize
 from benchmarks.peers.streams import Cell, Sample
 from minions.text.datasets import COPY_HEAVY, DATASETS, category_prompts, load_prompts
@@ -95,6 +95,16 @@ def test_the_build_reads_the_llama_cpp_python_pin(tmp_path):
     req = tmp_path / "requirements.txt"
     req.write_text("numpy>=1\nllama-cpp-python==0.3.36  # the engine\n")
     assert pinned_version(req) == "0.3.36"
+
+
+def test_llama_server_builds_with_llama_cpp_python_s_cmake_args_in_a_folder_of_their_own():
+    """CMAKE_ARGS (as llama-cpp-python's build reads it) follows the defaults, so its -D wins; each set
+    of flags has its own build folder, so a native build is never taken for an AVX2 one."""
+    assert cmake_flags("") == (list(CMAKE_FLAGS), "build")
+    avx2 = "-DGGML_NATIVE=OFF -DGGML_AVX2=ON"
+    flags, folder = cmake_flags(avx2)
+    assert flags == [*CMAKE_FLAGS, "-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON"]
+    assert folder.startswith("build-") and folder == cmake_flags(avx2)[1] != cmake_flags("-DGGML_AVX2=ON")[1]
 
 
 def test_a_conversation_re_sends_its_history_with_the_system_s_own_answers(prompt_sets):
