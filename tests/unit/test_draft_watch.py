@@ -1,6 +1,6 @@
-"""speculation.watch: the probe schedule's back-off, a found draft aligned to what the stream made
-meanwhile, and the watch's probes (one at a time, a found draft stops the stream, a late one is
-cancelled). `asyncio.sleep(0)` lets a probe task take its next step; no time passes."""
+"""speculation.watch: the probe schedule's back-off and where a repeating tail skips it, a found
+draft aligned to what the stream made meanwhile, and the watch's probes (one at a time, a found draft
+stops the stream, a late one is cancelled). `asyncio.sleep(0)` lets a probe task take its next step; no time passes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 
 from minions.speculation.drafters import Proposal
-from minions.speculation.watch import DraftWatch, ProbeSchedule, aligned
+from minions.speculation.watch import DraftWatch, ProbeSchedule, TailRepeats, aligned
 
 
 def test_the_gap_doubles_after_probes_that_find_nothing_up_to_its_cap():
@@ -41,6 +41,61 @@ def test_a_probe_is_due_once_the_gap_s_tokens_have_arrived():
     assert schedule.due
     schedule.probed()
     assert not schedule.due
+
+
+def test_tail_repeats_when_the_last_n_tokens_occurred_earlier_as_the_sequence_grows():
+    repeats = TailRepeats(3)
+    sequence = [1, 2, 3, 4, 5]
+    assert not repeats.at_end(sequence)
+    sequence += [1, 2]
+    assert not repeats.at_end(sequence), "(5, 1, 2) is new"
+    sequence += [3]
+    assert repeats.at_end(sequence), "(1, 2, 3) began the sequence"
+    sequence += [9, 9, 9]
+    assert not repeats.at_end(sequence)
+    sequence += [9]
+    assert repeats.at_end(sequence), "(9, 9, 9) overlaps its earlier occurrence"
+    assert not TailRepeats(3).at_end([7, 7, 7])
+
+
+def test_a_repeating_tail_brings_the_probe_min_gap_after_the_last_one_whatever_the_back_off():
+    async def run():
+        drafters = Drafters([[], [], [4, 5, 6]])
+        drafters.release.set()
+        schedule = ProbeSchedule(min_gap=2, max_gap=64)
+        watch = DraftWatch(schedule, 3, drafters.ask, drafters.stop, TailRepeats(3))
+        sequence = [10, 11, 12, 1, 2, 3]
+        watch.arrived(sequence, 2, allowed=True)  # due by the schedule: probe 1 finds nothing
+        await asyncio.sleep(0)
+        sequence += [20, 21]
+        watch.arrived(sequence, 2, allowed=True)  # no repeat, gap 4 now: no probe
+        sequence += [22, 23]
+        watch.arrived(sequence, 2, allowed=True)  # due by the doubled gap: probe 2 finds nothing
+        await asyncio.sleep(0)
+        assert len(drafters.asked) == 2
+        sequence += [1, 2]
+        watch.arrived(sequence, 2, allowed=True)
+        assert schedule.gap == 8 and len(drafters.asked) == 2, "(23, 1, 2) is new: the back-off holds"
+        sequence += [3]
+        watch.arrived(sequence, 1, allowed=True)  # (1, 2, 3) repeats, 3 tokens since probe 2
+        await asyncio.sleep(0)
+        assert len(drafters.asked) == 3 and drafters.stops == 1
+        found = await watch.settle(sequence)
+        assert found is not None and found.draft == [4, 5, 6]
+    asyncio.run(run())
+
+
+def test_without_repeats_the_back_off_alone_decides():
+    async def run():
+        drafters = Drafters([[]])
+        drafters.release.set()
+        watch = DraftWatch(ProbeSchedule(min_gap=2, max_gap=64), 3, drafters.ask, drafters.stop)
+        watch.arrived([1, 2, 3, 1, 2], 2, allowed=True)
+        await asyncio.sleep(0)
+        watch.arrived([1, 2, 3, 1, 2, 3, 1], 2, allowed=True)
+        assert len(drafters.asked) == 1, "the tail repeats, but the doubled gap (4) has not passed"
+        await watch.close()
+    asyncio.run(run())
 
 
 def test_aligned_drops_the_tokens_the_stream_made_when_the_draft_predicted_them():

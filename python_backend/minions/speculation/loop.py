@@ -33,7 +33,7 @@ from minions.speculation.pipelining import DraftSource
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
 from minions.speculation.rounds import Round
 from minions.speculation.services import Services
-from minions.speculation.watch import DraftWatch, ProbeSchedule
+from minions.speculation.watch import DraftWatch, ProbeSchedule, TailRepeats
 
 
 async def speculative_decode(client: EngineClient, request: DecodeRequest, services: Services,
@@ -77,8 +77,9 @@ class _Decode:
         """The first draft also pays the SSMs' prefill of the prompt: its drafting time is not a sample."""
         self.drafts_came_back_empty = False
         stop = (lambda: client.interrupt(services.llm, request_id)) if services.llm_stops_streams else None
+        repeats = TailRepeats(services.probe_repeat_tokens) if services.probe_repeat_tokens > 0 else None
         self.watch = (DraftWatch(ProbeSchedule(services.probe_min_gap, services.probe_max_gap),
-                                 services.probe_min_draft, self._probe, stop)
+                                 services.probe_min_draft, self._probe, stop, repeats)
                       if self.drafter and services.probe_tokens > 0 else None)
         self.asked_whole = bool(confident) and self.drafter is not None and set(self.drafter.ssms) <= confident
         """Every SSM of the request's drafter sends its tokens' chances: drafts are asked whole (`_asked`)."""

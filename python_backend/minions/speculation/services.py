@@ -67,6 +67,7 @@ class Services:
     speculation_max_load: int = DEFAULTS.speculation_max_load
     probe_min_gap: int = DEFAULTS.probe_min_gap
     probe_max_gap: int = DEFAULTS.probe_max_gap
+    probe_repeat_tokens: int = DEFAULTS.probe_repeat_tokens
     stream_max_responses_per_s: float = DEFAULTS.llm_stream_max_responses_per_s
     """The LLM's streamed responses, all streams together, a second at most (stream_interval_s)."""
 
@@ -100,6 +101,7 @@ class Services:
             speculation_max_load=settings.speculation_max_load,
             probe_min_gap=settings.probe_min_gap,
             probe_max_gap=settings.probe_max_gap,
+            probe_repeat_tokens=settings.probe_repeat_tokens,
             stream_max_responses_per_s=settings.llm_stream_max_responses_per_s,
         )
 

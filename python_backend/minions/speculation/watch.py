@@ -12,6 +12,11 @@ Probes back off: the tokens between two probes double after each probe that foun
 verification that accepted less than half its draft, up to `max_gap`, and fall back to `min_gap`
 after a verification that accepted at least half. Text that gives the drafters nothing costs a few
 probes, text that copies is probed often.
+
+The back-off does not wait where the text shows a lookup can draft: once the sequence's last few
+tokens occurred earlier in it (`TailRepeats`, a set of the request's n-grams kept in the
+orchestrator), a probe comes `min_gap` tokens after the last one. A code edit that goes back to
+copying after a new line of its own is probed at once, not up to `max_gap` tokens later.
 """
 
 from __future__ import annotations
@@ -57,6 +62,26 @@ class ProbeSchedule:
             self.found_nothing()
 
 
+class TailRepeats:
+    """Whether a sequence's last `n` tokens occurred earlier in it: where prompt lookup finds a match.
+    The n-grams seen are indexed as the sequence grows (each once), so a check costs the new tokens."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.seen: set[tuple[int, ...]] = set()
+        self.indexed = 0
+        """The n-grams starting before this position are in `seen`."""
+
+    def at_end(self, sequence: list[int]) -> bool:
+        tail = len(sequence) - self.n
+        if tail < 1:
+            return False
+        for i in range(self.indexed, tail):
+            self.seen.add(tuple(sequence[i:i + self.n]))
+        self.indexed = max(self.indexed, tail)
+        return tuple(sequence[tail:]) in self.seen
+
+
 def aligned(proposal: Proposal, made: list[int]) -> Proposal | None:
     """The proposal less the tokens the stream `made` after the probe's sequence, when it predicted them
     all; None when it did not or nothing is left of it."""
@@ -71,10 +96,12 @@ class DraftWatch:
     """One request's probes over its plain streams (one probe at a time)."""
 
     def __init__(self, schedule: ProbeSchedule, min_draft: int, ask: Callable[[list[int]], Awaitable[Proposal]],
-                 stop: Callable[[], Awaitable[None]] | None) -> None:
+                 stop: Callable[[], Awaitable[None]] | None, repeats: TailRepeats | None = None) -> None:
         """`stop` ends the running stream (None: the LLM cannot be stopped mid-stream; a found draft
-        then waits for the stream's own end, a plain stretch)."""
+        then waits for the stream's own end, a plain stretch). `repeats`: a probe comes without the
+        back-off where the sequence's tail repeats (None: by the schedule alone)."""
         self.schedule = schedule
+        self.repeats = repeats
         self.min_draft = min_draft
         self._ask, self._stop = ask, stop
         self._task: asyncio.Task[Proposal | None] | None = None
@@ -90,10 +117,17 @@ class DraftWatch:
         if self._task is not None and self._task.done() and self._task.result() is None:
             self.schedule.found_nothing()  # (a probe that found a draft stays for settle())
             self._task = None
-        if self._task is None and allowed and self.schedule.due:
+        if self._task is None and allowed and self._due(sequence):
             self.schedule.probed()
             self._asked_at = len(sequence)
             self._task = asyncio.ensure_future(self._probe(list(sequence)))
+
+    def _due(self, sequence: list[int]) -> bool:
+        """By the schedule, or `min_gap` tokens after the last probe where the tail repeats."""
+        if self.schedule.due:
+            return True
+        return (self.repeats is not None and self.schedule.since >= self.schedule.min_gap
+                and self.repeats.at_end(sequence))
 
     async def _probe(self, sequence: list[int]) -> Proposal | None:
         proposal = await self._ask(sequence)
