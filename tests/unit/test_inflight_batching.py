@@ -192,3 +192,25 @@ def test_a_stream_s_first_token_goes_out_at_once_and_later_ones_at_the_interval(
         batcher.close()
     assert [a.tokens for a in answers] == parts
     assert [a.final for a in answers] == [False] * (len(parts) - 1) + [True]
+
+
+def test_prepare_runs_on_the_thread_that_steps_before_the_constructor_returns(stepper):
+    """llama.cpp's OpenMP keeps a thread team per thread that starts parallel work: the warm-up must run
+    on the stepping thread, and be done (the weights paged in) once the engine is built."""
+    threads: dict[str, int] = {}
+    stepper.on_step = lambda step: threads.setdefault("step", threading.get_ident())
+    b = InflightBatcher(stepper, capacity=4, prepare=lambda: threads.setdefault("prepare", threading.get_ident()))
+    try:
+        assert "prepare" in threads and threads["prepare"] != threading.get_ident()
+        b.run([call("a", 1)])
+        assert threads["step"] == threads["prepare"]
+    finally:
+        b.close()
+
+
+def test_a_prepare_that_fails_fails_the_constructor(stepper):
+    def fail() -> None:
+        raise OSError("no weights")
+
+    with pytest.raises(OSError, match="no weights"):
+        InflightBatcher(stepper, capacity=4, prepare=fail)

@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
@@ -78,15 +79,24 @@ class _Call:
 class InflightBatcher(Generic[Job]):
     """One thread that steps every call with work, taking in new calls before each step (the rules above)."""
 
-    def __init__(self, stepper: Stepper[Job], capacity: int, name: str = "engine") -> None:
+    def __init__(self, stepper: Stepper[Job], capacity: int, name: str = "engine",
+                 prepare: Callable[[], None] | None = None) -> None:
+        """`prepare` runs on the batcher's thread before its first step, and the constructor waits for
+        it (raising what it raised): an engine whose library keeps per-thread state (OpenMP's thread
+        team in llama.cpp) warms up on the thread that will step it."""
         self.stepper = stepper
         self.capacity = capacity
         self._queue: list[_Call] = []
         self._cond = threading.Condition()
         self._closed = False
         self._stopping: set[str] = set()  # ids whose streaming call a waiting stop ends (batcher's thread only)
-        self._thread = threading.Thread(target=self._loop, name=f"{name}-inflight", daemon=True)
+        self._prepared = threading.Event()
+        self._prepare_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(prepare,), name=f"{name}-inflight", daemon=True)
         self._thread.start()
+        self._prepared.wait()
+        if self._prepare_error is not None:
+            raise self._prepare_error
 
     def submit(self, calls: list[tuple[EngineRequest, Answer]]) -> None:
         """Queue calls; each one's answer is called once, from the batcher's thread. Calls submitted
@@ -126,6 +136,17 @@ class InflightBatcher(Generic[Job]):
         self._thread.join()
 
     # -- the batcher's thread ----------------------------------------------------------------------
+    def _run(self, prepare: Callable[[], None] | None) -> None:
+        try:
+            if prepare is not None:
+                prepare()
+        except BaseException as exc:  # re-raised by the constructor, on the caller's thread
+            self._prepare_error = exc
+            return
+        finally:
+            self._prepared.set()
+        self._loop()
+
     def _loop(self) -> None:
         waiting: list[_Call] = []  # submitted, not started: held by an earlier call of their id or by capacity
         active: list[tuple[Job, _Call]] = []

@@ -89,7 +89,11 @@ class LlamaCppEngine:
         self.stats = self.stepper.stats  # passes = llama.cpp decode calls
         self.prefix_stats = self.stepper.slots.stats
         self.n_vocab = self.stepper.n_vocab
-        self.batcher: InflightBatcher[_Job] = InflightBatcher(self.stepper, max_sequences, name="llamacpp")
+        # Warmed up on the batcher's thread: OpenMP keeps a thread team per thread that starts parallel
+        # work, and a first decode on the loading thread left every later step about 15% slower
+        # (docs/engines.md, "Warm-up at load").
+        self.batcher: InflightBatcher[_Job] = InflightBatcher(self.stepper, max_sequences, name="llamacpp",
+                                                              prepare=self.stepper.warm_up)
 
     def generate(self, request: EngineRequest) -> EngineResult:
         return result_or_raise(self.batcher.run([request])[0])
@@ -147,7 +151,6 @@ class LlamaCppStepper:
         self._ctx = LlamaContext(model=self._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = self._model.n_vocab()
-        self._warm_up()
         self.stats = BatchStats()  # passes = llama.cpp decode calls
 
     # -- Stepper protocol --------------------------------------------------------------------------
@@ -210,10 +213,10 @@ class LlamaCppStepper:
         self._clear(self.slots.drop(request_id))
 
     # -- internals ---------------------------------------------------------------------------------
-    def _warm_up(self, tokens: int = WARM_UP_TOKENS) -> None:
+    def warm_up(self, tokens: int = WARM_UP_TOKENS) -> None:
         """Decode a few tokens at load and forget them, as llama-server does before it serves. The
         weights are mapped, not read, at load: without this the first request's first step paged them
-        in (docs/engines.md, "Warm-up at load")."""
+        in (docs/engines.md, "Warm-up at load"). LlamaCppEngine runs it on the thread that steps."""
         batch = self._batch.batch
         n = min(tokens, self.n_batch)
         for j in range(n):
