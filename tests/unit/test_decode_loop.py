@@ -15,8 +15,8 @@ from minions.decoding.penalties import NO_PENALTIES, Penalties
 from minions.decoding.sampling import SamplingParams, log_prob
 from minions.engines.torch_engine import TorchEngine
 from minions.errors import InvalidRequest
-from minions.speculation.mode import OFF, Speculation, SpeculationMode
 from minions.settings import DEFAULTS
+from minions.speculation.mode import OFF, Speculation, SpeculationMode
 from minions.speculation.length_stats import SharedLengthStats
 from minions.speculation.rounds import DecodeStats
 from tiny_models import hf_greedy, next_logits
@@ -346,10 +346,10 @@ def test_lookup_drafts_are_verified_only_where_their_own_chances_pay(client, eng
 
 
 def test_lookup_drafts_are_asked_whole_and_cut_by_their_chances(client, engines, tiny_llm):
-    """The length policy drafts at most 8 tokens (its longest candidate), but a lookup that sends its tokens' chances is
-    asked for the request's max_draft_tokens: its chances, not the policy's average, cut each draft
-    (a long copy is worth more of its tokens). A request that fixed its draft length asks that many
-    (fewer near its end)."""
+    """The length policy drafts at most 8 tokens (its longest candidate), but a lookup that sends its
+    tokens' chances is asked for the request's max_draft_tokens: its chances, not the policy's average,
+    cut each draft (a long copy is worth more of its tokens). A request that fixed its draft length
+    asks that many (fewer near its end)."""
     prompt = PROMPTS[2]
     want = hf_greedy(tiny_llm, prompt, 14)
     asked = lambda: max(r.request_output_len for m, r in client.calls if m == "ngram" and not r.stop)  # noqa: E731

@@ -1,6 +1,7 @@
 """speculation.watch: the probe schedule's back-off and where a repeating tail skips it, a found
 draft aligned to what the stream made meanwhile, and the watch's probes (one at a time, a found draft
-stops the stream, a late one is cancelled). `asyncio.sleep(0)` lets a probe task take its next step; no time passes."""
+stops the stream, a late one is cancelled). `asyncio.sleep(0)` lets a probe task take its next step;
+no time passes."""
 
 from __future__ import annotations
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np

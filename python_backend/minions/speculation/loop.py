@@ -157,13 +157,13 @@ class _Decode:
         nothing, when a streaming LLM would be asked to verify no draft at all (the next plan streams)."""
         progress, services = self.progress, self.services
         t0 = time.perf_counter()
+        asked = self._asked(plan.k)
         if self.found is not None:
             (proposal, pipelined), self.found = (self.found, False), None
         else:
-            proposal, pipelined = (await self.source.draft(progress.sequence, self._asked(plan.k), progress.index,
-                                                           progress.emitted)
+            proposal, pipelined = (await self.source.draft(progress.sequence, asked, progress.index, progress.emitted)
                                    if self.source else (Proposal(), False))
-        proposal.cut(min(self._asked(plan.k), progress.remaining - 1))
+        proposal.cut(min(asked, progress.remaining - 1))
         self._cut_to_worth(proposal, plan.batch, len(progress.sequence))
         draft = proposal.draft
         t1 = time.perf_counter()
