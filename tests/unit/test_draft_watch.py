@@ -9,6 +9,7 @@ import asyncio
 
 import numpy as np
 
+from minions.engines.ngram_engine import ngram_draft
 from minions.speculation.drafters import Proposal
 from minions.speculation.watch import DraftWatch, ProbeSchedule, TailRepeats, aligned
 
@@ -57,6 +58,19 @@ def test_tail_repeats_when_the_last_n_tokens_occurred_earlier_as_the_sequence_gr
     sequence += [9]
     assert repeats.at_end(sequence), "(9, 9, 9) overlaps its earlier occurrence"
     assert not TailRepeats(3).at_end([7, 7, 7])
+
+
+def test_tail_repeats_says_what_prompt_lookup_says_of_the_same_tail():
+    """The same rule as `ngram_draft(sequence, 1, n, n)`, the lookup drafters' match: a tail of n tokens
+    with an earlier occurrence that has a continuation. Checked at every length of random sequences."""
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3):
+        for _ in range(20):
+            tokens = [int(t) for t in rng.integers(0, 4, size=40)]
+            repeats = TailRepeats(n)
+            for end in range(1, len(tokens) + 1):
+                prefix = tokens[:end]
+                assert repeats.at_end(prefix) == bool(ngram_draft(prefix, 1, n, n)), (n, prefix)
 
 
 def test_a_repeating_tail_brings_the_probe_min_gap_after_the_last_one_whatever_the_back_off():

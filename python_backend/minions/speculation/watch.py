@@ -63,8 +63,9 @@ class ProbeSchedule:
 
 
 class TailRepeats:
-    """Whether a sequence's last `n` tokens occurred earlier in it: where prompt lookup finds a match.
-    The n-grams seen are indexed as the sequence grows (each once), so a check costs the new tokens."""
+    """Whether a sequence's last `n` tokens occurred earlier in it: where prompt lookup finds a match
+    (the rule of `ngram_draft(sequence, 1, n, n)`, checked against it in test_draft_watch). The n-grams
+    seen are indexed as the sequence grows (each once), so a check costs the new tokens, not a scan."""
 
     def __init__(self, n: int) -> None:
         self.n = n
