@@ -103,3 +103,20 @@ def test_the_llm_stub_killed_mid_stream_is_reloaded(llm_server, plain):
     assert generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(**PARAMS)).text == plain
     assert generate_grpc(server.grpc_url, "minions", PROMPT,
                          GenerationParams(**{**PARAMS, "speculation": "vote"})).text == plain
+
+
+def test_the_llm_stub_killed_before_any_request_is_reloaded_without_one(tmp_path):
+    """The orchestrator watches its models from load on, not from its first request: an LLM whose stub
+    dies before anyone has sent a request is loaded again all the same, and the first request is served
+    (it was refused before: the watch started with it)."""
+    with TritonProcess(ROOT / "deploy.yaml", log_path=tmp_path / "tritonserver.log", build=tmp_path / "build",
+                       triton_args=KILLED_STUBS_EXIT_TIMEOUT) as server:
+        wait_until(lambda: _llm_ready(server) == 1.0, 30, "minions_llm_ready == 1 with no request sent", interval=0.1)
+        victim = server.stubs()["llm_0_0"].pid
+        os.kill(victim, signal.SIGKILL)
+        assert metric_above(server.metrics_url, "minions_llm_reloads", 0, timeout=60, outcome="success") > 0, \
+            "the dead LLM's model was not loaded again"
+        wait_until(lambda: _llm_ready(server) == 1.0, 30, "minions_llm_ready == 1 after the reload", interval=0.1)
+        assert server.stubs()["llm_0_0"].pid != victim
+        assert generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(**PARAMS)).text
+    assert server.proc.returncode in (0, 1), f"tritonserver had to be killed:\n{server.log_text()[-3000:]}"

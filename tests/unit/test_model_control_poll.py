@@ -1,6 +1,7 @@
 """minions.triton.model_control.ModelControl.poll: a model that Triton calls READY with no live stub process
 has died and is loaded again, unless Triton no longer calls it READY once the stubs were looked at (an
-operator's unload ends the stub between the index read and the look at /proc)."""
+operator's unload ends the stub between the index read and the look at /proc); a new engine model found
+READY joins as an SSM, Minions' own or TensorRT-LLM's, and no other model does."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ class _Repository:
     """Triton's repository service: each RepositoryIndex call answers the next of `indexes`
     ({model: state}), the last one from then on; loads are recorded."""
 
-    def __init__(self, *indexes: dict[str, str]) -> None:
+    def __init__(self, *indexes: dict[str, str], configs: dict[str, SimpleNamespace] | None = None) -> None:
         self.indexes = list(indexes)
         self.loads: list[str] = []
+        self.configs = configs or {}
 
     async def RepositoryIndex(self, request):
         states = self.indexes.pop(0) if len(self.indexes) > 1 else self.indexes[0]
@@ -27,6 +29,9 @@ class _Repository:
 
     async def RepositoryModelLoad(self, request):
         self.loads.append(request.model_name)
+
+    async def ModelConfig(self, request):
+        return SimpleNamespace(config=self.configs[request.name])
 
 
 class _Client:
@@ -64,3 +69,40 @@ def test_a_model_unloaded_while_its_stubs_were_looked_at_is_not_reloaded(tmp_pat
                                {"llm": "READY", "ssm": "UNLOADING"}))
     assert client.failed == ["llm"]
     assert client.repository.loads == ["llm"]
+
+
+def _config(backend: str, decoupled: bool, **parameters: str) -> SimpleNamespace:
+    return SimpleNamespace(backend=backend, parameters=parameters,
+                           model_transaction_policy=SimpleNamespace(decoupled=decoupled))
+
+
+def test_a_new_engine_model_joins_as_an_ssm_tensorrt_llm_s_own_as_a_native_one(tmp_path, monkeypatch):
+    """As the orchestrator's join does, the test's adds the SSM to the services and a native one to the
+    client's native models; the native SSM, which has no Python stub, is then not taken for dead."""
+    monkeypatch.setattr(model_control, "SWEEP_DELAYS_S", ())
+    repository = _Repository({"llm": "READY", "trt_draft": "READY", "ssm_new": "READY", "preprocessing": "READY"},
+                             configs={"trt_draft": _config("tensorrtllm", True),
+                                      "ssm_new": _config("python", True, engine="ngram"),
+                                      "preprocessing": _config("python", False)})
+    client = _Client(repository)
+    services = Services(ssms=(), llm="llm")
+    joined = []
+
+    def on_join(name: str, decoupled: bool, native: bool) -> None:
+        joined.append((name, decoupled, native))
+        services.add_ssm(name)
+        if native:
+            client.native_models = client.native_models | {name}
+
+    control = ModelControl(client, tmp_path, services, MetricTally(), 1.0, reload=True, on_join=on_join)
+
+    async def poll_twice():
+        for _ in range(2):
+            await control.poll()
+            await asyncio.gather(*control._reloading.values())
+
+    asyncio.run(poll_twice())
+    assert joined == [("trt_draft", True, True), ("ssm_new", True, False)]
+    assert services.ssms == ("trt_draft", "ssm_new")
+    assert "trt_draft" not in client.failed and "trt_draft" not in repository.loads
+    assert "ssm_new" in repository.loads, "a Python engine model with no live stub is loaded again"

@@ -41,6 +41,9 @@ DEAD_STUB = "is not healthy"
 
 SWEEP_DELAYS_S = (1.0, 2.0, 4.0, 8.0)
 
+TRTLLM_BACKEND = "tensorrtllm"
+"""The `backend` of TensorRT-LLM's own engine models in config.pbtxt (tensorrtllm_backend's `tensorrt_llm`)."""
+
 PROBE_ID = "minions-health-probe"
 """The sequence the LLM probe stops: none has this id, so a live stub answers at once and keeps nothing."""
 
@@ -59,10 +62,11 @@ def mark_modified(repository: Path, model: str) -> None:
 class ModelControl:
     def __init__(self, client: TritonEngineClient, repository: Path, services: Services,
                  tally: MetricTally, poll_interval_s: float, reload: bool,
-                 on_join: Callable[[str, bool], None] | None = None) -> None:
+                 on_join: Callable[[str, bool, bool], None] | None = None) -> None:
         """The models watched are `services.llm` and `services.ssms`, the served ones. `on_join(name,
-        decoupled)`: a new SSM model was found READY in the repository (`_discover`); it must add the SSM
-        to `services`."""
+        decoupled, native)`: a new SSM model was found READY in the repository (`_discover`; native: served
+        by TensorRT-LLM's own backend); it must add the SSM to `services`, and a native one to the
+        client's `native_models` (which are not watched as stubs)."""
         self.client = client
         self.repository = repository
         self.llm = services.llm
@@ -86,13 +90,30 @@ class ModelControl:
         return self.services.ssms
 
     async def watch(self) -> None:
-        """Follow the SSM models' readiness while the orchestrator is loaded (a task on its event loop)."""
+        """Follow the models' readiness while the orchestrator is loaded (a task on its event loop, from
+        load on)."""
+        await self._listening()
         while True:
             try:
                 await self.poll()
             except Exception as exc:  # the server is starting or stopping: the next poll tries again
                 log.debug("could not read the model repository's index: %s", exc)
             await asyncio.sleep(self.poll_interval_s)
+
+    async def _listening(self) -> None:
+        """Wait until tritonserver accepts connections on its gRPC port (it opens it once its startup models
+        are loaded): a gRPC channel that tried before backs off its reconnects, and a request sent in that
+        back-off fails at once with `failed to connect to all addresses`."""
+        host, _, port = self.client.url.rpartition(":")
+        while True:
+            try:
+                _, writer = await asyncio.open_connection(host, int(port))
+            except OSError:
+                await asyncio.sleep(self.poll_interval_s)
+                continue
+            writer.close()
+            await writer.wait_closed()
+            return
 
     async def _states(self) -> dict[str, tuple[str, str]]:
         """Each model of the repository's (state, reason), as Triton's index says now."""
@@ -132,10 +153,11 @@ class ModelControl:
                 self.ssm_failed(model, failure)
 
     async def _discover(self, states: dict[str, tuple[str, str]]) -> None:
-        """A READY model the orchestrator does not know yet that is a Minions engine model (its config
-        has the `engine` parameter that the renderer writes) is a new SSM: it joins the served ones, for
-        `vote`, `bandit` and `single:<name>` from the next request on. One unloaded later is skipped as
-        any SSM that is not ready. TensorRT-LLM models (no `engine` parameter) join only by a restart."""
+        """A READY model the orchestrator does not know yet that is an engine model is a new SSM: one of
+        Minions' (its config has the `engine` parameter that the renderer writes) or TensorRT-LLM's own
+        (`backend: "tensorrtllm"`, as tensorrtllm_backend's `tensorrt_llm` model). It joins the served
+        ones, for `vote`, `bandit` and `single:<name>` from the next request on. One unloaded later is
+        skipped as any SSM that is not ready. Any other model (a BLS, pre- or postprocessing) is not."""
         if self.on_join is None:
             return
         for name, (state, _) in states.items():
@@ -146,11 +168,13 @@ class ModelControl:
             except Exception as exc:  # unloaded since the index was read: the next poll looks again
                 log.debug("could not read %s's config: %s", name, exc)
                 continue
-            if "engine" not in reply.config.parameters:
+            native = reply.config.backend == TRTLLM_BACKEND
+            if "engine" not in reply.config.parameters and not native:
                 self._not_ssms.add(name)
                 continue
-            log.info("SSM %s joined: an engine model loaded into the repository; requests draft with it", name)
-            self.on_join(name, reply.config.model_transaction_policy.decoupled)
+            log.info("SSM %s joined: %s engine model loaded into the repository; requests draft with it", name,
+                     "a TensorRT-LLM" if native else "an")
+            self.on_join(name, reply.config.model_transaction_policy.decoupled, native)
 
     def _watched(self, model: str, ready: bool) -> bool:
         """Whether to watch the model now: ready, not being loaded again, and a Python stub (TensorRT-LLM's

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from contextlib import aclosing
@@ -42,6 +43,10 @@ CANCEL_CHECK_INTERVAL_S = 0.25
 """How often a request asks Triton whether its client cancelled, whatever it is waiting for: the
 question is a round trip to tritonserver that spins on the cores the engines need, too dear to ask
 for every streamed token or every 50 ms (docs/engines.md, the per-token hop)."""
+
+
+FINALIZE_TIMEOUT_S = 5.0
+"""How long an unload waits for the requests' tasks to end once cancelled, and then for the loop's thread."""
 
 
 class RequestCancelled(Exception):
@@ -99,31 +104,46 @@ class TritonPythonModel:
                                    self.metrics.tally, self.settings.model_poll_interval_s, self.settings.ssm_reload,
                                    self._join)
         self.tasks: set[asyncio.Task] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        """The stub's event loop, which runs every task (set by the first execute)."""
+        # The model's own event loop, in a thread of its own from load on, runs every task: the repository
+        # watch starts at load, not at the first request, and execute is synchronous. An async execute ran
+        # on the stub's loop, whose bookkeeping of such coroutines races with their end in Triton 2.51
+        # (`Cannot remove future from background; KeyError`, triton-inference-server/server#8537).
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"{self.name}-loop", daemon=True)
+        self._thread.start()
+        self._spawn(self.metrics.flush_every(METRICS_FLUSH_INTERVAL_S))
+        self._spawn(self.models.watch())
         log.info("%s: ready (llm=%s, ssms=%s, default speculation %s)", self.name, self.settings.llm_model_name,
                  ",".join(self.settings.ssm_model_names), self.settings.default_speculation)
 
-    def _join(self, ssm: str, decoupled: bool) -> None:
-        """A new SSM model (ModelControl found it READY): requests name it, vote and bandit draft with it."""
+    def _join(self, ssm: str, decoupled: bool, native: bool) -> None:
+        """A new SSM model (ModelControl found it READY): requests name it, vote and bandit draft with it.
+        A native one (TensorRT-LLM's own) is called with tensorrt_llm's inputs only and keeps no sequence."""
         names, decoupled_names = (*self.settings.ssm_model_names, ssm), self.settings.decoupled_model_names
+        native_names = self.settings.trtllm_model_names
         if decoupled:
             decoupled_names = (*decoupled_names, ssm)
-        self.settings = replace(self.settings, ssm_model_names=names, decoupled_model_names=decoupled_names)
+        if native:
+            native_names = (*native_names, ssm)
+        self.settings = replace(self.settings, ssm_model_names=names, decoupled_model_names=decoupled_names,
+                                trtllm_model_names=native_names)
         self.client.decoupled_models = frozenset(decoupled_names)
+        self.client.native_models = frozenset(native_names)
         self.services.add_ssm(ssm)
 
-    async def execute(self, requests):
-        loop = asyncio.get_running_loop()
-        if self._loop is None:  # the stub's event loop runs from the first execute on
-            self._loop = loop
-            self.tasks.add(loop.create_task(self.metrics.flush_every(METRICS_FLUSH_INTERVAL_S)))
-            self.tasks.add(loop.create_task(self.models.watch()))
+    def execute(self, requests):
         for request in requests:
-            task = loop.create_task(self._serve(request))
+            self._spawn(self._serve(request))
+        return None
+
+    def _spawn(self, coroutine) -> None:
+        """Run a coroutine as a task on the model's loop (from any thread); finalize cancels what runs."""
+        def start() -> None:
+            task = self._loop.create_task(coroutine)
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
-        return None
+
+        self._loop.call_soon_threadsafe(start)
 
     async def _serve(self, request) -> None:
         perf = RequestPerf(time.time_ns(), block_tokens=self.settings.kv_chunk_tokens)
@@ -224,9 +244,20 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in arrays.items()])
 
     def finalize(self) -> None:
-        # finalize runs on the stub's main thread, the tasks on the event loop's: cancel them there.
-        if self._loop is not None and not self._loop.is_closed():
-            for task in list(self.tasks):
-                self._loop.call_soon_threadsafe(task.cancel)
+        # finalize runs on the stub's main thread, the tasks on the loop's: cancel them there, let them
+        # end (a request's task answers its client), then stop the loop.
+        async def cancel_all() -> None:
+            tasks = [task for task in self.tasks if not task.done()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=FINALIZE_TIMEOUT_S)
+
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_all(), self._loop).result(FINALIZE_TIMEOUT_S + 1)
+        except Exception as exc:  # a task that does not end in time is left to the process's exit
+            log.warning("%s: not every task ended at unload: %r", self.name, exc)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(FINALIZE_TIMEOUT_S)
         release_metrics(self.metrics)
         log.info("%s: unloaded", self.name)
