@@ -244,8 +244,9 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, a) for n, a in arrays.items()])
 
     def finalize(self) -> None:
-        # finalize runs on the stub's main thread, the tasks on the loop's: cancel them there, let them
-        # end (a request's task answers its client), then stop the loop.
+        # finalize runs on the stub's main thread, the tasks on the loop's: cancel them there, wait for
+        # them to end, then stop the loop. (Triton unloads a model once its requests are answered, so
+        # what runs here is the repository watch and the metrics flush.)
         async def cancel_all() -> None:
             tasks = [task for task in self.tasks if not task.done()]
             for task in tasks:
