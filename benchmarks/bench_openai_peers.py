@@ -6,8 +6,9 @@ completions from the chat prompt sets) against each system in turn: llama-server
 deployment computes with, Minions `off` and Minions' default, each on a fresh server (so that no system
 finds a cell's prompts in a cache filled by another cell), at each user count. Prints, per cell, output
 tokens/s, TTFT p50/p99, ITL p50 and requests, and Minions' ratios to llama-server's: throughput over
-llama-server's, TTFT over llama-server's. Locust runs on the same cores as the server under test, for
-every system alike. Writes peers_openai.md/.json and each run's Locust files under --out.
+llama-server's, TTFT over llama-server's; `others`, the CPU cores processes outside the benchmark used
+meanwhile (read a cell only where it is near 0). Locust runs on the same cores as the server under test,
+for every system alike. Writes peers_openai.md/.json and each run's Locust files under --out.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tests.support.openai_frontend import openai_frontend
 from tests.support.triton_process import ROOT, TritonProcess
 
 from .peers import ggufs
+from .peers.foreign_cpu import ForeignCpu
 from .peers.llama_server import LlamaServer, ServerConfig
 from .peers.llama_server_build import llama_server
 
@@ -35,15 +37,16 @@ SYSTEMS = (LLAMA, "minions-off", "minions-default")
 @contextmanager
 def minions_openai(deploy: str, log_dir: Path, label: str):
     """tritonserver with the deployment and the OpenAI frontend beside it, as `make serve` runs them:
-    the frontend's /v1 URL."""
+    the frontend's /v1 URL, the model's name and tritonserver's pid."""
     with TritonProcess(deploy, log_path=log_dir / f"tritonserver-{label}.log") as triton:
         model = OrchestratorSettings.from_yaml(load_deployment(deploy).orchestrator).model_name
         with openai_frontend(triton, log_dir / f"frontend-{label}.log", model) as url:
-            yield url, model
+            yield url, model, triton.proc.pid
 
 
 def run_cell(args: argparse.Namespace, system: str, users: int, out: Path) -> dict:
-    """One system at one user count on a fresh server: loadtest.run's summary."""
+    """One system at one user count on a fresh server: loadtest.run's summary, with `foreign_cores`, the
+    CPU cores processes outside the benchmark used meanwhile (peers/foreign_cpu.py)."""
     cell_out = out / f"{system}-u{users}"
     cell_out.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
@@ -53,20 +56,21 @@ def run_cell(args: argparse.Namespace, system: str, users: int, out: Path) -> di
             server = stack.enter_context(LlamaServer(llama_server(), ServerConfig(LLAMA, ggufs.llm_gguf(dep)),
                                                      args.threads, max(args.users), max_context,
                                                      cell_out / "llama-server.log"))
-            url, model, speculation = f"{server.url}/v1", "unused", ""
+            url, model, speculation, server_pid = f"{server.url}/v1", "unused", "", server.proc.pid
         else:
-            url, model = stack.enter_context(minions_openai(args.deploy, cell_out, system))
+            url, model, server_pid = stack.enter_context(minions_openai(args.deploy, cell_out, system))
             speculation = "off" if system == "minions-off" else ""
-        loadtest(["--protocols", "openai", "--openai-host", url, "--openai-model", model, "--users", str(users),
-                  "--spawn-rate", str(users), "--time", str(args.time), "--max-tokens", str(args.max_tokens),
-                  "--speculation", speculation, "--out", str(cell_out)])
-    return json.loads((cell_out / "summary.json").read_text())
+        with ForeignCpu({server_pid}) as foreign:
+            loadtest(["--protocols", "openai", "--openai-host", url, "--openai-model", model, "--users", str(users),
+                      "--spawn-rate", str(users), "--time", str(args.time), "--max-tokens", str(args.max_tokens),
+                      "--speculation", speculation, "--out", str(cell_out)])
+    return json.loads((cell_out / "summary.json").read_text()) | {"foreign_cores": foreign.cores}
 
 
 def row(system: str, users: int, s: dict, reference: dict | None) -> dict:
     r = {"system": system, "users": users, "requests": s["succeeded"], "failed": s["failed"],
          "tok_s": s["output_tokens_per_s"], "ttft_p50": s["ttft_ms"]["p50"], "ttft_p99": s["ttft_ms"]["p99"],
-         "itl_p50": s["itl_ms"]["p50"]}
+         "itl_p50": s["itl_ms"]["p50"], "others": s.get("foreign_cores")}
     if reference is not None and system != LLAMA:
         r["tok_s_ratio"] = r["tok_s"] / reference["tok_s"] if reference["tok_s"] else None
         r["ttft_p50_ratio"] = r["ttft_p50"] / reference["ttft_p50"] if reference["ttft_p50"] else None
@@ -79,13 +83,14 @@ def format_rows(rows: list[dict]) -> str:
         return "" if v is None else format(v, fmt)
 
     lines = ["| system | users | requests | tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | tok/s vs llama | "
-             "TTFT p50 vs llama | TTFT p99 vs llama |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "TTFT p50 vs llama | TTFT p99 vs llama | others |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         failed = f" ({r['failed']} failed)" if r["failed"] else ""
         lines.append(f"| {r['system']} | {r['users']} | {r['requests']}{failed}"
                      f" | {num(r['tok_s'], '.1f')} | {num(r['ttft_p50'], '.0f')} | {num(r['ttft_p99'], '.0f')} | "
                      f"{num(r['itl_p50'], '.1f')} | {num(r.get('tok_s_ratio'), '.2f')} | "
-                     f"{num(r.get('ttft_p50_ratio'), '.2f')} | {num(r.get('ttft_p99_ratio'), '.2f')} |")
+                     f"{num(r.get('ttft_p50_ratio'), '.2f')} | {num(r.get('ttft_p99_ratio'), '.2f')} | "
+                     f"{num(r.get('others'), '.2f')} |")
     return "\n".join(lines)
 
 
