@@ -1,74 +1,147 @@
 """What Triton and the orchestrator add to a plain token: Minions `off` streamed through the real
-server against the same llama.cpp engine stepping alone in process, one stream, same prompts and settings.
+server against the same llama.cpp engine streaming alone in process, at 1, 8 and 16 streams, same
+prompts, lengths and settings.
 
-`off` is one streaming engine call (the engine model sends its tokens over gRPC as they are made, at
-most every `stream_interval_ms`; the orchestrator forwards each response), so the server's cost per
-token is what those hops take beyond the engine's own step.
+`off` is one streaming engine call per request (the engine model sends its tokens over gRPC as they
+are made, at most every stream interval; the orchestrator forwards each response), so the server's
+cost per token is what those hops take beyond the engine's own steps. In process, the same engine's
+in-flight batcher streams the same requests (same output lengths, same stream interval as the
+orchestrator would ask for at that load), answered on its own thread: everything but the hops.
 
-    python -m benchmarks.bench_stream_overhead [--deploy deploy.yaml] [--prompts 6] [--max-tokens 128]
+The server stays up while the engine runs alone (idle: it polls its repository once a second), and
+each group of streams runs through the server and alone one right after the other, the order
+alternating, so that a machine whose speed drifts by 10-30% within minutes (2-core cloud VMs) drifts
+in both. The figure is the median over groups of their inter-token times' ratio.
+
+    python -m benchmarks.bench_stream_overhead [--deploy deploy.yaml] [--streams 1 8 16] [--groups 6]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from client.api import GenerationParams, generate_grpc
-from minions.decoding.engine_call import EngineRequest
+from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.deploy.artifacts import tokenizer_dir_for
 from minions.deploy.config import load_deployment
-from minions.deploy.render import engine_settings
+from minions.deploy.render import engine_settings, orchestrator_settings
+from minions.engines.api import result_or_raise
 from minions.engines.factory import build_engine
-from minions.settings import DEFAULTS
+from minions.speculation.services import Services
 from minions.text.datasets import mixed_prompts
 from minions.text.prompt import encode_prompt
 from tests.support.triton_process import ROOT, TritonProcess
 
-
-def served_ms_per_token(deploy: Path, prompts: list[str], max_tokens: int) -> tuple[float, list[int]]:
-    """Median inter-token time of `off` streamed through the server; the output lengths."""
-    with TritonProcess(deploy) as server:
-        params = GenerationParams(max_tokens=max_tokens, chat=True, speculation="off", temperature=0.0)
-        generate_grpc(server.grpc_url, "minions", prompts[0], params)  # warm
-        itls, lengths = [], []
-        for prompt in prompts:
-            out = generate_grpc(server.grpc_url, "minions", prompt, params, stream=True)
-            itls.append((out.latency_s - out.ttft_s) / max(out.num_output_tokens - 1, 1))
-            lengths.append(out.num_output_tokens)
-    return 1000 * statistics.median(itls), lengths
+PROMPT_OFFSET = 40
+"""Past the prompts other benchmarks warm up with."""
 
 
-def engine_ms_per_token(deploy: Path, prompts: list[str], lengths: list[int]) -> float:
-    """Median per-token time of the same engine generating the same lengths alone, in process."""
-    from transformers import AutoTokenizer
+def mean_itl_ms(samples: list[tuple[int, float]]) -> float:
+    """Mean inter-token time (ms) over streams, each (tokens, seconds from its first token to its last);
+    streams of one token say nothing."""
+    itls = [seconds / (tokens - 1) for tokens, seconds in samples if tokens > 1]
+    return 1000 * statistics.mean(itls) if itls else float("nan")
 
-    dep = load_deployment(deploy)
-    engine = build_engine(engine_settings(dep.llm, dep, DEFAULTS))
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir_for(dep.llm["source"], dep))
-    times = []
-    for i, (prompt, n) in enumerate(zip(prompts, lengths)):
-        ids = encode_prompt(tokenizer, prompt, chat=True)
-        engine.generate(EngineRequest(f"w{i}", list(ids), 1))  # prefill, not timed
-        start = time.perf_counter()
-        engine.generate(EngineRequest(f"w{i}", list(ids) + [tokenizer.eos_token_id or 0], max(n - 1, 1)))
-        times.append((time.perf_counter() - start) / max(n - 1, 1))
-        engine.release(f"w{i}")
-    return 1000 * statistics.median(times)
+
+def served(url: str, model: str, prompts: list[str], max_tokens: int) -> tuple[float, list[int]]:
+    """`off` for every prompt at once through the server: the mean inter-token time and each output's length."""
+    params = GenerationParams(max_tokens=max_tokens, chat=True, speculation="off", temperature=0.0)
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        outs = list(pool.map(lambda p: generate_grpc(url, model, p, params, stream=True), prompts))
+    return (mean_itl_ms([(o.num_output_tokens, o.latency_s - (o.ttft_s or 0.0)) for o in outs]),
+            [o.num_output_tokens for o in outs])
+
+
+def alone(engine, prompts: list[list[int]], lengths: list[int], interval_s: float, tag: str) -> float:
+    """The same outputs streamed by the engine's in-flight batcher in process, all at once: the mean
+    inter-token time. No end token: each stream makes exactly its served length."""
+    lock, done = threading.Lock(), threading.Semaphore(0)
+    arrivals: dict[int, list[tuple[float, int]]] = {i: [] for i in range(len(prompts))}
+
+    def answer_for(i: int):
+        def answer(value: EngineResult | Exception) -> None:
+            if isinstance(value, Exception):
+                raise value
+            with lock:
+                if value.tokens:
+                    arrivals[i].append((time.perf_counter(), len(value.tokens)))
+            if value.final:
+                done.release()
+        return answer
+
+    calls = [(EngineRequest(f"{tag}-{i}", list(ids), n, streaming=True, stream_interval_s=interval_s,
+                            exclude_input_in_output=True), answer_for(i))
+             for i, (ids, n) in enumerate(zip(prompts, lengths))]
+    engine.batcher.submit(calls)
+    for _ in calls:
+        done.acquire()
+    for request, _ in calls:
+        engine.release(request.request_id)
+    samples = []
+    for seen in arrivals.values():
+        tokens = sum(n for _, n in seen)
+        samples.append((tokens, seen[-1][0] - seen[0][0]) if seen else (0, 0.0))
+    return mean_itl_ms(samples)
+
+
+def output_lengths(engine, prompts: list[list[int]], max_tokens: int, end_id: int | None, tag: str) -> list[int]:
+    """How many tokens greedy decoding makes for each prompt (up to end_id), all in one batch."""
+    requests = [EngineRequest(f"{tag}-dry{i}", list(ids), max_tokens, end_id=end_id, ends_sequence=True)
+                for i, ids in enumerate(prompts)]
+    return [len(result_or_raise(result).tokens) for result in engine.generate_batch(requests)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deploy", type=Path, default=ROOT / "deploy.yaml")
-    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 8, 16])
+    parser.add_argument("--groups", type=int, default=6, help="groups of streams per stream count")
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
-    prompts = mixed_prompts(args.prompts, offset=40)  # past the prompts other benches warm with
-    served, lengths = served_ms_per_token(args.deploy, prompts, args.max_tokens)
-    alone = engine_ms_per_token(args.deploy, prompts, lengths)
-    print(f"off through Triton and the orchestrator: {served:.2f} ms/token; the engine alone: {alone:.2f} ms/token; "
-          f"overhead {served - alone:+.2f} ms/token ({served / alone - 1:+.1%})")
+    from transformers import AutoTokenizer
+
+    dep = load_deployment(args.deploy)
+    orchestrator = orchestrator_settings(dep)
+    services = Services.from_settings(orchestrator, load=lambda: 1)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir_for(dep.llm["source"], dep))
+    engine = build_engine(engine_settings(dep.llm, dep, orchestrator))
+    offset = PROMPT_OFFSET
+    rows = []
+    with TritonProcess(args.deploy) as server:
+        url, model = server.grpc_url, orchestrator.model_name
+        served(url, model, mixed_prompts(1), args.max_tokens)  # first calls pay one-off costs
+        for streams in args.streams:
+            interval = services.stream_interval_s(orchestrator.llm_stream_interval_ms / 1000, streams)
+            ratios, through, by_itself = [], [], []
+            for group in range(args.groups):
+                prompts = mixed_prompts(streams, offset=offset)
+                offset += streams
+                ids = [encode_prompt(tokenizer, p, chat=True) for p in prompts]
+                tag = f"s{streams}g{group}"
+                if group % 2 == 0:
+                    s, lengths = served(url, model, prompts, args.max_tokens)
+                    a = alone(engine, ids, lengths, interval, tag)
+                else:  # alone first: the served lengths come from a dry run of the engine (greedy: the same)
+                    lengths = output_lengths(engine, ids, args.max_tokens, tokenizer.eos_token_id, tag)
+                    a = alone(engine, ids, lengths, interval, tag)
+                    s, _ = served(url, model, prompts, args.max_tokens)
+                ratios.append(s / a)
+                through.append(s)
+                by_itself.append(a)
+                print(f"{streams} streams, group {group + 1}: through the server {s:.2f} ms/token, alone {a:.2f} "
+                      f"({s / a - 1:+.1%})", flush=True)
+            rows.append((streams, interval, statistics.median(through), statistics.median(by_itself),
+                         statistics.median(ratios)))
+    print("\n| streams | stream interval | through the server ms/token | engine alone ms/token | overhead |")
+    print("|---:|---:|---:|---:|---:|")
+    for streams, interval, s, a, ratio in rows:
+        print(f"| {streams} | {1000 * interval:.0f} ms | {s:.2f} | {a:.2f} | {ratio - 1:+.1%} |")
+    print("\n(medians over groups; overhead: the median of the groups' ratios, not the ratio of the medians)")
 
 
 if __name__ == "__main__":
