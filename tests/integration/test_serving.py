@@ -12,6 +12,7 @@ import pytest
 
 from client.__main__ import main as cli_main
 from client.api import GenerationParams, generate_grpc, generate_http
+from minions.speculation.watch import PROBE_OUTCOMES
 from tests.integration.helpers import COPY_PROMPT, NearTies, http_post, metric_above, metric_value
 
 PROMPT = "Name three primary colors."
@@ -105,6 +106,17 @@ def test_metrics_count_drafts_and_accepted_tokens_per_ssm(torch_server):
     assert drafted > 0 and 0 < accepted <= drafted
     assert value("minions_spec_decode_num_accepted_tokens_per_pos", ssm="ssm_q4", position="0") > 0
     assert metric_above(server.metrics_url, "minions_requests", outcome="success") >= 1
+
+
+def test_metrics_count_the_probes_of_a_plain_stream(server):
+    """A `vote` request on chat decodes mostly plainly, streamed while its lookup drafters are probed
+    now and then (watch.py): each probe is counted by how it ended."""
+    before = metric_value(server.metrics_url, "minions_probes")
+    generate_grpc(server.grpc_url, "minions", "Write a short story about a lighthouse keeper and a storm.",
+                  GenerationParams(max_tokens=64, chat=True, speculation="vote"))
+    assert metric_above(server.metrics_url, "minions_probes", before) > before
+    outcomes = {o: metric_value(server.metrics_url, "minions_probes", outcome=o) for o in PROBE_OUTCOMES}
+    assert sum(outcomes.values()) == metric_value(server.metrics_url, "minions_probes"), outcomes
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

@@ -207,3 +207,27 @@ def test_without_a_stop_a_found_draft_waits_for_the_stream_s_own_end():
         found = await watch.settle([1, 2, 3])
         assert found is not None and found.draft == [4, 5, 6]
     asyncio.run(run())
+
+
+def test_each_probe_s_outcome_is_told_once_as_it_ends():
+    """Too short a draft is `empty`, one at least min_draft long `found`, one cancelled by the stream's
+    own end `cancelled`; a probe still running has told nothing."""
+    async def run():
+        outcomes: list[str] = []
+        drafters = Drafters([[5], [6, 7, 8], [9, 9, 9]])
+        drafters.release.set()
+        watch = DraftWatch(ProbeSchedule(1, 1), 3, drafters.ask, drafters.stop, on_end=outcomes.append)
+        watch.arrived([1], 1, allowed=True)
+        await asyncio.sleep(0)
+        assert outcomes == ["empty"]
+        watch.arrived([1, 2], 1, allowed=True)
+        await asyncio.sleep(0)
+        assert outcomes == ["empty", "found"]
+        assert await watch.settle([1, 2, 6]) is not None
+        drafters.release.clear()
+        watch.arrived([1, 2, 6, 7], 1, allowed=True)
+        await asyncio.sleep(0)
+        assert outcomes == ["empty", "found"], "still drafting"
+        assert await watch.settle([1, 2, 6, 7, 8]) is None
+        assert outcomes == ["empty", "found", "cancelled"]
+    asyncio.run(run())

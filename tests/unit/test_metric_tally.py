@@ -64,6 +64,14 @@ def test_requests_and_latest_weights():
     assert gauges == {series("minions_ssm_weight", ssm="ssm_a"): 0.7}
 
 
+def test_probes_are_counted_by_outcome():
+    tally = MetricTally()
+    for outcome in ("empty", "empty", "found"):
+        tally.observe_probe(outcome)
+    counters, _, _ = tally.drain()
+    assert counters == {series("minions_probes", outcome="empty"): 2, series("minions_probes", outcome="found"): 1}
+
+
 def test_latencies_are_observed_per_request_as_vllms_histograms():
     tally = MetricTally()
     tally.observe_latency("vote", 0.12, 0.03, 1.5)

@@ -64,8 +64,9 @@ def test_plain_decoding_the_selector_chose_is_one_stream_when_probes_find_nothin
     n = 14  # the LLM's 15th token repeats a bigram of its own: from there on a probe could find a draft
     expected = reference(llm, distinct)[:n]
     assert not any(ngram_draft(distinct + expected[:i], 8, 3, 2) for i in range(n + 1)), "prompt lookup drafts"
+    outcomes: list[str] = []
     plan = make_plan(distinct, n, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
-                     num_draft_tokens=None, length_stats=stats, probe_min_gap=1)
+                     num_draft_tokens=None, length_stats=stats, probe_min_gap=1, on_probe=outcomes.append)
     tokens, _, rounds = decode(client, plan)
     assert tokens == expected
     llm_calls = [call for model, call in client.calls if model == "llm" and not call.stop]
@@ -73,6 +74,7 @@ def test_plain_decoding_the_selector_chose_is_one_stream_when_probes_find_nothin
     assert all(r.drafted == 0 for r in rounds)
     probes = [call for model, call in client.calls if model == "ngram" and len(call.input_ids) > len(distinct) + 1]
     assert probes, "the stream was probed"
+    assert len(outcomes) == len(probes) and "found" not in outcomes, "each probe's outcome is told once"
 
 
 def test_closing_a_request_mid_stream_ends_the_generation_and_its_sequence(client, llm):
@@ -110,8 +112,10 @@ def test_a_probe_s_draft_stops_the_stream_and_is_verified(client, llm):
     verified: a probe that finds one stops the plain stream (a `stop` while it runs, the stream's
     tokens kept), and only drafts at least `probe_min_draft` long are verified."""
     stats = SharedLengthStats(LengthPolicy(candidates=(0,)))
+    outcomes: list[str] = []
     plan = make_plan(REPEATING, N, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
-                     num_draft_tokens=None, length_stats=stats, probe_tokens=6, probe_min_draft=3, probe_min_gap=1)
+                     num_draft_tokens=None, length_stats=stats, probe_tokens=6, probe_min_draft=3, probe_min_gap=1,
+                     on_probe=outcomes.append)
     tokens, stats_, _ = decode(client, plan)
     assert tokens == reference(llm, REPEATING)
     verified = [call for model, call in client.calls if model == "llm" and call.draft]
@@ -119,6 +123,7 @@ def test_a_probe_s_draft_stops_the_stream_and_is_verified(client, llm):
     assert stats_.accepted_tokens > 0
     streams = [call for model, call in client.calls if model == "llm" and call.streaming]
     assert len(streams) >= 2, "a probe's draft ended a stream, and plain decoding went on in a new one"
+    assert len(streams) - 1 <= outcomes.count("found") <= len(streams), "every stream but the last ended for a draft"
     assert ("llm", "req") in client.released[:-1], "the stream was stopped before the request ended"
 
 

@@ -76,6 +76,10 @@ class MetricTally:
             for pos in range(r.accepted):
                 self.add("minions_spec_decode_num_accepted_tokens_per_pos", 1, ssm=ssm, position=str(pos))
 
+    def observe_probe(self, outcome: str) -> None:
+        """A plain stream's probe of its drafters ended so (watch.PROBE_OUTCOMES)."""
+        self.add("minions_probes", 1, outcome=outcome)
+
     def observe_request(self, mode: str, outcome: str, seconds: float = 0.0) -> None:
         self.add("minions_requests", 1, speculation=mode, outcome=outcome)
         if seconds:

@@ -70,6 +70,9 @@ class Services:
     probe_repeat_tokens: int = DEFAULTS.probe_repeat_tokens
     stream_max_responses_per_s: float = DEFAULTS.llm_stream_max_responses_per_s
     """The LLM's streamed responses, all streams together, a second at most (stream_interval_s)."""
+    on_probe: Callable[[str], None] = lambda outcome: None
+    """Told how each probe of a plain stream ended (watch.py's PROBE_OUTCOMES): the orchestrator
+    counts them for its metrics."""
 
     def __post_init__(self) -> None:
         self.length_stats.probe_min_draft = self.probe_min_draft  # the probes' gate measures drafts this long

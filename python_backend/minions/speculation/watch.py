@@ -27,6 +27,10 @@ from dataclasses import dataclass, field
 
 from minions.speculation.drafters import Proposal
 
+PROBE_OUTCOMES = ("found", "empty", "cancelled")
+"""How a probe ends: a draft worth verifying (the stream is stopped for it), nothing at least
+`min_draft` tokens long, or cancelled unanswered (its stream ended on its own, or the request did)."""
+
 
 @dataclass
 class ProbeSchedule:
@@ -97,14 +101,16 @@ class DraftWatch:
     """One request's probes over its plain streams (one probe at a time)."""
 
     def __init__(self, schedule: ProbeSchedule, min_draft: int, ask: Callable[[list[int]], Awaitable[Proposal]],
-                 stop: Callable[[], Awaitable[None]] | None, repeats: TailRepeats | None = None) -> None:
+                 stop: Callable[[], Awaitable[None]] | None, repeats: TailRepeats | None = None,
+                 on_end: Callable[[str], None] = lambda outcome: None) -> None:
         """`stop` ends the running stream (None: the LLM cannot be stopped mid-stream; a found draft
         then waits for the stream's own end, a plain stretch). `repeats`: a probe comes without the
-        back-off where the sequence's tail repeats (None: by the schedule alone)."""
+        back-off where the sequence's tail repeats (None: by the schedule alone). `on_end` is told
+        each probe's outcome (one of PROBE_OUTCOMES) as it ends."""
         self.schedule = schedule
         self.repeats = repeats
         self.min_draft = min_draft
-        self._ask, self._stop = ask, stop
+        self._ask, self._stop, self._on_end = ask, stop, on_end
         self._task: asyncio.Task[Proposal | None] | None = None
         self._asked_at = 0
         """Length of the sequence the running probe drafts from."""
@@ -131,9 +137,15 @@ class DraftWatch:
                 and self.repeats.at_end(sequence))
 
     async def _probe(self, sequence: list[int]) -> Proposal | None:
-        proposal = await self._ask(sequence)
+        try:
+            proposal = await self._ask(sequence)
+        except asyncio.CancelledError:
+            self._on_end("cancelled")
+            raise
         if len(proposal.draft) < self.min_draft:
+            self._on_end("empty")
             return None
+        self._on_end("found")
         if self._stop is not None:
             self._stopping = True
             await self._stop()

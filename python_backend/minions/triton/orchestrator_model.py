@@ -100,6 +100,7 @@ class TritonPythonModel:
         self.admission = Admission(self.settings.active_requests_limit, self.settings.kv_budget_tokens,
                                    self.settings.kv_chunk_tokens, self.settings.max_queued_requests)
         self.services = Services.from_settings(self.settings, load=lambda: self.admission.running)
+        self.services.on_probe = self.metrics.tally.observe_probe
         self.models = ModelControl(self.client, Path(args["model_repository"]).parent, self.services,
                                    self.metrics.tally, self.settings.model_poll_interval_s, self.settings.ssm_reload,
                                    self._join)
