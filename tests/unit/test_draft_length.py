@@ -392,3 +392,42 @@ def test_a_request_whose_drafts_are_all_priced_out_still_learns_that_it_copies()
                                          ([5, 1, 7], 1)])
 def test_a_drafts_outcome_is_known_once_the_text_passed_it_or_left_it(seen, right):
     assert draft_outcome(seen, [5, 6, 7]) == right
+
+
+def test_one_slow_draft_does_not_price_drafting_out_for_good():
+    """A request's plain stream is one choice and many rounds, none of which measures drafting: after
+    one draft that waited 2 s (an SSM stub being reloaded) every request decoded plainly and drafted
+    nothing that could correct the estimate, for the server's life (seen served: `vote` at `off`'s speed
+    for a whole run). The estimate is forgotten after `cost_memory_rounds` rounds without a measure."""
+    world = World(0.95, draft_per_token=0.001, seed=12)
+    shared = SharedLengthStats()
+    world.run(DraftLengthSelector(shared, 16), 1, 100)
+    assert world.best(1) > 0 and shared.draft_estimate(1, False) < 0.002
+    shared.observe(1, False, 4, 4, 2.0, world.verify_seconds(1, 4))  # 0.5 s a token, once
+    chosen = []
+    for _ in range(2 * shared.policy.cost_memory_rounds // 64):
+        request = DraftLengthSelector(shared, 16)
+        request.choose(1)
+        s = request.choose(1)  # its first choice after round 1 (the prompt's prefill)
+        chosen.append(s)
+        if s == 0:  # the rest of the request streams plainly: 64 rounds, no drafting measured
+            for _ in range(64):
+                shared.observe(1, False, 0, 0, None, world.verify_seconds(1, 0))
+        else:
+            world.run(request, 1, 64)
+    assert chosen[0] == 0, "the slow draft priced drafting out"
+    assert chosen[-1] > 0 and shared.draft_estimate(1, False) < 0.002, chosen
+    assert shared.probe_draft_estimate(1, False) < 0.002
+
+
+def test_a_drafting_cost_forgotten_starts_again_from_the_next_measure():
+    shared = SharedLengthStats(LengthPolicy(cost_memory_rounds=10))
+    shared.observe(1, False, 4, 4, 0.4, 0.05)
+    assert shared.draft_estimate(1, False) == pytest.approx(0.1)
+    for _ in range(10):
+        shared.observe(1, False, 0, 0, None, 0.02)
+    assert shared.draft_estimate(1, False) == pytest.approx(0.1), "remembered for 10 rounds"
+    shared.observe(1, False, 0, 0, None, 0.02)
+    assert shared.draft_estimate(1, False) == 0.0 and shared.probe_draft_estimate(1, False) == 0.0
+    shared.observe(1, False, 4, 4, 0.004, 0.05)
+    assert shared.draft_estimate(1, False) == pytest.approx(0.001), "not averaged with the forgotten 0.1"

@@ -148,3 +148,21 @@ def test_a_stream_started_under_load_asks_for_fewer_responses(client, llm, load,
                                             load=lambda: load, stream_max_responses_per_s=80.0))
     assert tokens == reference(llm, PROMPTS[0])
     assert client.calls[0][1].streaming and client.calls[0][1].stream_interval_s == pytest.approx(interval)
+
+
+def test_drafting_priced_out_by_one_slow_draft_comes_back_once_forgotten(llm):
+    """A request that finds drafting too dear streams its whole output plainly from one choice, and its
+    probes are gated on the same price: nothing measures drafting again. One draft that waited 100 ms a
+    token (an SSM stalled) left every later request at `off`'s speed; the price is forgotten after
+    `cost_memory_rounds` rounds, and the next request drafts again."""
+    stats = SharedLengthStats(LengthPolicy(cost_memory_rounds=N))
+    stats.observe(1, False, 4, 4, 0.4, 0.03, ("ngram",))
+    drafted = []
+    for _ in range(2):
+        client = InProcessClient({"llm": llm, "ngram": NgramEngine(max_ngram=3, min_ngram=2)})
+        plan = make_plan(REPEATING, N, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
+                         num_draft_tokens=None, length_stats=stats, confident_ssms=frozenset({"ngram"}))
+        tokens, decoded, _ = decode(client, plan)
+        assert tokens == reference(llm, REPEATING)
+        drafted.append(decoded.draft_tokens)
+    assert drafted[0] == 0 and drafted[1] > 0, drafted

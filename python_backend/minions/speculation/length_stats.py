@@ -177,6 +177,49 @@ class LengthPolicy:
     global_decay: float = 0.98
     prior_weight: float = 0.5
     prior_acceptance: float = 0.5
+    cost_memory_rounds: int = 512
+    """A drafting cost that no round of any request has measured for this many rounds is forgotten
+    (`DraftCosts`): one slow draft (an SSM that stalled, a stub being reloaded) priced drafting out
+    for good, since a request that does not draft measures nothing."""
+
+
+DraftKey = tuple[tuple[str, ...], bool, int]
+"""(the SSMs a request drafts with, whether its drafts are pipelined, the load bucket)."""
+
+
+class DraftCosts:
+    """Drafting seconds per token per `DraftKey`, each an average over the rounds that measured it,
+    and forgotten once `memory_rounds` rounds have passed without one: a request whose drafting looks
+    too dear decodes plainly and drafts nothing, so an estimate that one outlier set would never be
+    measured again. Forgotten, it is unknown (0, drafting taken as free) until the next draft measures it."""
+
+    def __init__(self, memory_rounds: int) -> None:
+        self.memory_rounds = memory_rounds
+        self.table: dict[DraftKey, Ema] = {}
+        self.measured_at: dict[DraftKey, int] = {}
+        """The round (SharedLengthStats.rounds) of each key's latest measure."""
+
+    def __bool__(self) -> bool:
+        return bool(self.table)
+
+    def add(self, key: DraftKey, per_token: float, weight: float, sample_weight: float, now: int) -> None:
+        """A round's measure at round `now`; a forgotten key's average starts again from it."""
+        if key not in self.table or not self._remembered(key, now):
+            self.table[key] = Ema(weight)
+        self.table[key].add(per_token, sample_weight)
+        self.measured_at[key] = now
+
+    def _remembered(self, key: DraftKey, now: int) -> bool:
+        return now - self.measured_at[key] <= self.memory_rounds
+
+    def nearest(self, batch: int, pipelined: bool, drafters: tuple[str, ...], now: int) -> float:
+        """The value at the load bucket nearest `batch` among the drafters' measured within memory (0
+        when there is none)."""
+        buckets = {b for (d, p, b) in self.measured_at
+                   if (d, p) == (drafters, pipelined) and self._remembered((d, p, b), now)}
+        for bucket in buckets_by_nearness(buckets, batch):
+            return self.table[drafters, pipelined, bucket].value or 0.0
+        return 0.0
 
 
 class SharedLengthStats:
@@ -191,14 +234,16 @@ class SharedLengthStats:
         self.acceptances: dict[tuple[str, ...], AcceptanceModel] = {}
         """The acceptance a_j per set of SSMs a request drafts with (the 0.5B's drafts are not the
         lookups'): t(b, s) is the LLM's, whoever drafted, but what is accepted depends on the drafters."""
-        self.draft_per_token: dict[tuple[tuple[str, ...], bool, int], Ema] = {}
+        self.rounds = 0
+        """Rounds observed, of every request: the clock the drafting costs' memory counts in."""
+        self.draft_per_token = DraftCosts(self.policy.cost_memory_rounds)
         """Per (drafters, pipelined, load bucket): the drafting seconds per token that requests waited
         for. Apart per set of SSMs a request drafts with: a request that names a model SSM (Qwen's 0.5B:
         18 ms a token) priced the lookups' drafts of every later request at its own, which closed their
         probes for good (no probe, no new sample). Apart for pipelined requests, whose early drafts
         hide most of drafting: one estimate for both would price a pipelined request's drafting at what
         a plain one waits for."""
-        self.probe_draft_per_token: dict[tuple[tuple[str, ...], bool, int], Ema] = {}
+        self.probe_draft_per_token = DraftCosts(self.policy.cost_memory_rounds)
         """The same from drafts of at least `probe_min_draft` tokens, what a probe must find: the cost
         the probes are gated on (`probe_draft_estimate`). A lookup call costs about 2.5 ms whatever its
         length, so rounds of 1-token drafts (a request whose selector explores s = 1 from 0) put its
@@ -240,6 +285,7 @@ class SharedLengthStats:
         A pass whose mean work is longer than the longest candidate holds prompts' prefills: no choice
         of length makes it, so it is not put in t, where a few such far points would set the slope of
         the least-squares line by their leverage alone."""
+        self.rounds += 1
         length = self.batch_length(default=drafted)
         if length <= max(self.policy.candidates):
             self.verify.observe(batch, length, verify_seconds)
@@ -249,18 +295,18 @@ class SharedLengthStats:
                 weight = self.verify.weight
                 key, per_token = (drafters, pipelined, load_bucket(batch)), draft_seconds / drafted
                 sample_weight = server_weight(weight, batch)
-                self.draft_per_token.setdefault(key, Ema(weight)).add(per_token, sample_weight)
+                self.draft_per_token.add(key, per_token, weight, sample_weight, self.rounds)
                 if drafted >= self.probe_min_draft:
-                    self.probe_draft_per_token.setdefault(key, Ema(weight)).add(per_token, sample_weight)
+                    self.probe_draft_per_token.add(key, per_token, weight, sample_weight, self.rounds)
 
     def draft_estimate(self, batch: int, pipelined: bool, drafters: tuple[str, ...] = ()) -> float:
         """Drafting seconds per token with these SSMs at this load, from the nearest measured load (0
-        before any)."""
-        return _nearest(self.draft_per_token, batch, pipelined, drafters)
+        before any, or once forgotten)."""
+        return self.draft_per_token.nearest(batch, pipelined, drafters, self.rounds)
 
     def probe_draft_estimate(self, batch: int, pipelined: bool, drafters: tuple[str, ...] = ()) -> float:
         """`draft_estimate` over drafts as long as a probe's must be (0 before any)."""
-        return _nearest(self.probe_draft_per_token, batch, pipelined, drafters)
+        return self.probe_draft_per_token.nearest(batch, pipelined, drafters, self.rounds)
 
     def global_rates(self, n: int, drafters: tuple[str, ...] = ()) -> list[float]:
         """Server-wide a_0 .. a_{n-1}. Each position's counts are blended with the rate of the position
@@ -274,11 +320,3 @@ class SharedLengthStats:
             rates.append(prior)
         return rates
 
-
-def _nearest(table: dict[tuple[tuple[str, ...], bool, int], Ema], batch: int, pipelined: bool,
-             drafters: tuple[str, ...]) -> float:
-    """The value at the load bucket nearest `batch` among the drafters' (0 when there is none)."""
-    buckets = {b for d, p, b in table if (d, p) == (drafters, pipelined)}
-    for bucket in buckets_by_nearness(buckets, batch):
-        return table[drafters, pipelined, bucket].value or 0.0
-    return 0.0
