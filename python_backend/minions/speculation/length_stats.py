@@ -305,7 +305,7 @@ class SharedLengthStats:
         return self.draft_per_token.nearest(batch, pipelined, drafters, self.rounds)
 
     def probe_draft_estimate(self, batch: int, pipelined: bool, drafters: tuple[str, ...] = ()) -> float:
-        """`draft_estimate` over drafts as long as a probe's must be (0 before any)."""
+        """`draft_estimate` over drafts as long as a probe's must be (0 before any, or once forgotten)."""
         return self.probe_draft_per_token.nearest(batch, pipelined, drafters, self.rounds)
 
     def global_rates(self, n: int, drafters: tuple[str, ...] = ()) -> list[float]:
