@@ -13,6 +13,7 @@ from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.decoding.sampling import SamplingParams, target_probs
 from minions.speculation.bandit import Ucb1
 from minions.speculation.health import SsmHealth
+from minions.speculation.length_stats import SharedLengthStats
 from minions.speculation.mode import Speculation, SpeculationMode
 from minions.speculation.weights import SsmWeights
 from tiny_models import VOCAB, hf_greedy, next_logits
@@ -248,3 +249,17 @@ def test_a_slow_ssm_never_has_two_calls_in_flight_for_one_request(engines, tiny_
     assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 16)
     assert client.most_in_flight == 1
     assert 0 < client.started < len([r for r in rounds if r.drafts or r.failed]), "rounds went on without the busy SSM"
+
+
+def test_a_round_that_waited_for_a_late_ssm_is_not_a_measure_of_drafting(engines, tiny_llm):
+    """Such a round's drafting time is the vote's deadline, not what drafting costs: taken as a sample,
+    one stalled or dying SSM priced drafting out for every request after (docs/adaptive-draft-length.md).
+    Rounds whose SSMs all answered in time still measure it."""
+    stats = SharedLengthStats()
+    client = LateClient(engines, "other")
+    _, rounds = decode_late(client, vote_plan(PROMPTS[1], 12, num_draft_tokens=2, vote_deadline_s=0.05,
+                                              vote_explore_every=1, length_stats=stats))
+    drafted = [r for r in rounds if r.drafted]
+    in_time = [r for r in drafted[1:] if not r.failed]  # (a request's first draft is never a measure)
+    assert in_time and len(in_time) < len(drafted) - 1, "some rounds waited for the late SSM, some did not"
+    assert stats.draft_per_token.table[ALL, False, 1].count == len(in_time)

@@ -200,7 +200,10 @@ class _Decode:
         control = proposal.control_seconds + (
             self.drafter.observe(proposal, emitted, draft_seconds, t2 - t1) if self.drafter and plan.k > 0 else 0.0)
         early_discarded = self.source is not None and self.source.wasted(emitted)
-        last = self._observe(emitted, plan.batch, len(draft), accepted, draft_seconds, t2 - t1)
+        # A round that waited for an SSM which failed or missed the vote's deadline measured the wait,
+        # not drafting: as a sample it priced drafting out (docs/adaptive-draft-length.md).
+        measured = None if proposal.failed else draft_seconds
+        last = self._observe(emitted, plan.batch, len(draft), accepted, measured, t2 - t1)
         if self.watch is not None:
             self.watch.schedule.verified(len(draft), accepted)
         yield Round(tokens=emitted, ssm=proposal.chosen if draft else None, drafted=len(draft), accepted=accepted,
