@@ -22,10 +22,8 @@ import argparse
 import statistics
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from client.api import GenerationParams, generate_grpc
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.deploy.artifacts import tokenizer_dir_for
 from minions.deploy.config import load_deployment
@@ -37,29 +35,26 @@ from minions.text.datasets import mixed_prompts
 from minions.text.prompt import encode_prompt
 from tests.support.triton_process import ROOT, TritonProcess
 
+from .bench_peers import MINIONS_OFF, minions_request
+from .peers.streams import Cell, Sample, run_cell
+
 PROMPT_OFFSET = 40
 """Past the prompts other benchmarks warm up with."""
 
 
-def mean_itl_ms(samples: list[tuple[int, float]]) -> float:
-    """Mean inter-token time (ms) over streams, each (tokens, seconds from its first token to its last);
-    streams of one token say nothing."""
-    itls = [seconds / (tokens - 1) for tokens, seconds in samples if tokens > 1]
-    return 1000 * statistics.mean(itls) if itls else float("nan")
-
-
 def served(url: str, model: str, prompts: list[str], max_tokens: int) -> tuple[float, list[int]]:
-    """`off` for every prompt at once through the server: the mean inter-token time and each output's length."""
-    params = GenerationParams(max_tokens=max_tokens, chat=True, speculation="off", temperature=0.0)
-    with ThreadPoolExecutor(len(prompts)) as pool:
-        outs = list(pool.map(lambda p: generate_grpc(url, model, p, params, stream=True), prompts))
-    return (mean_itl_ms([(o.num_output_tokens, o.latency_s - (o.ttft_s or 0.0)) for o in outs]),
-            [o.num_output_tokens for o in outs])
+    """`off` for every prompt at once through the server, as `make bench-peers` sends it: the mean
+    inter-token time (ms) and each output's length."""
+    cell = run_cell(MINIONS_OFF, "chat", minions_request(url, model, "off", max_tokens), prompts, len(prompts))
+    if cell.errors:
+        raise RuntimeError(f"requests through the server failed: {cell.errors}")
+    return cell.row()["itl_ms"], [cell.samples[i].tokens for i in range(len(prompts))]
 
 
 def alone(engine, prompts: list[list[int]], lengths: list[int], interval_s: float, tag: str) -> float:
     """The same outputs streamed by the engine's in-flight batcher in process, all at once: the mean
-    inter-token time. No end token: each stream makes exactly its served length."""
+    inter-token time (ms), each stream's as a served request's (peers/streams.py). No end token: each
+    stream makes exactly its served length."""
     lock, done = threading.Lock(), threading.Semaphore(0)
     arrivals: dict[int, list[tuple[float, int]]] = {i: [] for i in range(len(prompts))}
 
@@ -77,16 +72,17 @@ def alone(engine, prompts: list[list[int]], lengths: list[int], interval_s: floa
     calls = [(EngineRequest(f"{tag}-{i}", list(ids), n, streaming=True, stream_interval_s=interval_s,
                             exclude_input_in_output=True), answer_for(i))
              for i, (ids, n) in enumerate(zip(prompts, lengths))]
+    start = time.perf_counter()
     engine.batcher.submit(calls)
     for _ in calls:
         done.acquire()
     for request, _ in calls:
         engine.release(request.request_id)
-    samples = []
-    for seen in arrivals.values():
-        tokens = sum(n for _, n in seen)
-        samples.append((tokens, seen[-1][0] - seen[0][0]) if seen else (0, 0.0))
-    return mean_itl_ms(samples)
+    cell = Cell("engine alone", "chat", len(prompts))
+    for i, seen in arrivals.items():
+        if seen:
+            cell.samples[i] = Sample("", sum(n for _, n in seen), seen[0][0] - start, seen[-1][0] - start)
+    return cell.row()["itl_ms"]
 
 
 def output_lengths(engine, prompts: list[list[int]], max_tokens: int, end_id: int | None, tag: str) -> list[int]:
