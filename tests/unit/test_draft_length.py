@@ -394,40 +394,80 @@ def test_a_drafts_outcome_is_known_once_the_text_passed_it_or_left_it(seen, righ
     assert draft_outcome(seen, [5, 6, 7]) == right
 
 
-def test_one_slow_draft_does_not_price_drafting_out_for_good():
-    """A request's plain stream is one choice and many rounds, none of which measures drafting: after
-    one draft that waited 2 s (an SSM stub being reloaded) every request decoded plainly and drafted
-    nothing that could correct the estimate, for the server's life (seen served: `vote` at `off`'s speed
-    for a whole run). The estimate is forgotten after `cost_memory_rounds` rounds without a measure."""
+def first_choices(shared: SharedLengthStats, world: World, requests: int) -> list[int]:
+    """Each of `requests` requests' first draft length after its prompt's round, then 64 rounds of it:
+    a request that chose 0 streams plainly, and no round of it measures drafting."""
+    chosen = []
+    for _ in range(requests):
+        request = DraftLengthSelector(shared, 16)
+        request.choose(1)
+        s = request.choose(1)
+        chosen.append(s)
+        if s == 0:
+            for _ in range(64):
+                shared.observe(1, False, 0, 0, None, world.verify_seconds(1, 0))
+        else:
+            world.run(request, 1, 64)
+    return chosen
+
+
+def test_one_slow_draft_does_not_price_drafting_out():
+    """After one draft that waited 2 s (an SSM stub being reloaded), averaged in as it was, every
+    request decoded plainly and drafted nothing that could correct the estimate, until the memory
+    forgot it (seen served, before the memory: `vote` at `off`'s speed for a whole run). One sample
+    moves a known cost by at most `cost_outlier_factor` times it."""
     world = World(0.95, draft_per_token=0.001, seed=12)
     shared = SharedLengthStats()
     world.run(DraftLengthSelector(shared, 16), 1, 100)
     assert world.best(1) > 0 and shared.draft_estimate(1, False) < 0.002
     shared.observe(1, False, 4, 4, 2.0, world.verify_seconds(1, 4))  # 0.5 s a token, once
-    chosen = []
-    for _ in range(2 * shared.policy.cost_memory_rounds // 64):
-        request = DraftLengthSelector(shared, 16)
-        request.choose(1)
-        s = request.choose(1)  # its first choice after round 1 (the prompt's prefill)
-        chosen.append(s)
-        if s == 0:  # the rest of the request streams plainly: 64 rounds, no drafting measured
-            for _ in range(64):
-                shared.observe(1, False, 0, 0, None, world.verify_seconds(1, 0))
-        else:
-            world.run(request, 1, 64)
-    assert chosen[0] == 0, "the slow draft priced drafting out"
+    assert shared.draft_estimate(1, False) < 0.004
+    assert first_choices(shared, world, 1)[0] > 0
+
+
+def test_a_stall_that_priced_drafting_out_is_forgotten():
+    """A stall of many rounds (every draft waiting 0.5 s a token) does price drafting out, as it should
+    while it lasts; with no round measuring drafting since, the estimate is forgotten after
+    `cost_memory_rounds` rounds and requests draft again."""
+    world = World(0.95, draft_per_token=0.001, seed=12)
+    shared = SharedLengthStats()
+    world.run(DraftLengthSelector(shared, 16), 1, 100)
+    for _ in range(20):
+        shared.observe(1, False, 4, 4, 2.0, world.verify_seconds(1, 4))
+    chosen = first_choices(shared, world, 2 * shared.policy.cost_memory_rounds // 64)
+    assert chosen[0] == 0, "the stall priced drafting out"
     assert chosen[-1] > 0 and shared.draft_estimate(1, False) < 0.002, chosen
     assert shared.probe_draft_estimate(1, False) < 0.002
 
 
-def test_a_drafting_cost_forgotten_starts_again_from_the_next_measure():
+def test_a_drafting_costs_first_sample_alone_does_not_set_it():
+    """The median of the first `cost_seed_samples` measures: a first draft that stalled is one of them."""
+    shared = SharedLengthStats()
+    shared.observe(1, False, 4, 4, 2.0, 0.05)
+    assert shared.draft_estimate(1, False) == 0.0, "unknown after one measure"
+    shared.observe(1, False, 4, 4, 0.004, 0.05)
+    shared.observe(1, False, 4, 4, 0.006, 0.05)
+    assert shared.draft_estimate(1, False) == pytest.approx(0.0015)
+
+
+def test_a_drafting_cost_at_another_load_stands_in_until_this_loads_is_known():
+    shared = SharedLengthStats()
+    for _ in range(3):
+        shared.observe(1, False, 4, 4, 0.004, 0.05)
+    shared.observe(8, False, 4, 4, 0.4, 0.05)
+    assert shared.draft_estimate(8, False) == pytest.approx(0.001)
+
+
+def test_a_drafting_cost_forgotten_starts_again_from_the_next_measures():
     shared = SharedLengthStats(LengthPolicy(cost_memory_rounds=10))
-    shared.observe(1, False, 4, 4, 0.4, 0.05)
+    for _ in range(3):
+        shared.observe(1, False, 4, 4, 0.4, 0.05)
     assert shared.draft_estimate(1, False) == pytest.approx(0.1)
     for _ in range(10):
         shared.observe(1, False, 0, 0, None, 0.02)
     assert shared.draft_estimate(1, False) == pytest.approx(0.1), "remembered for 10 rounds"
     shared.observe(1, False, 0, 0, None, 0.02)
     assert shared.draft_estimate(1, False) == 0.0 and shared.probe_draft_estimate(1, False) == 0.0
-    shared.observe(1, False, 4, 4, 0.004, 0.05)
+    for _ in range(3):
+        shared.observe(1, False, 4, 4, 0.004, 0.05)
     assert shared.draft_estimate(1, False) == pytest.approx(0.001), "not averaged with the forgotten 0.1"

@@ -10,6 +10,9 @@ from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
 from minions.speculation.services import Services
 
+SEEDS = LengthPolicy().cost_seed_samples
+"""Measures before a drafting cost is known."""
+
 
 def services(streams: bool = True, load: int = 1, **kw) -> Services:
     return Services(ssms=("ssm",), llm_streams=streams, load=lambda: load, **kw)
@@ -111,12 +114,14 @@ def test_a_model_ssms_slow_and_rejected_drafts_do_not_close_the_lookup_drafters_
     made the lookups' next requests pick 1-token drafts."""
     svc = services(load=1)
     lookups, model = ("ssm_ngram", "ssm_suffix"), ("ssm_qwen05",)
-    FixedLength(4, svc.length_stats, drafters=model).observe(1, 4, 1, 0.072, 0.3)
+    for _ in range(SEEDS):  # enough measures to be known
+        FixedLength(4, svc.length_stats, drafters=model).observe(1, 4, 1, 0.072, 0.3)
     assert not svc.probe_pays(FixedLength(0, svc.length_stats, drafters=model), 1)
     prior = svc.length_stats.global_rates(4)  # nothing measured
     assert svc.length_stats.global_rates(4, lookups) == prior != svc.length_stats.global_rates(4, model)
     assert svc.probe_pays(FixedLength(0, svc.length_stats, drafters=lookups), 1)
-    FixedLength(8, svc.length_stats, drafters=lookups).observe(1, 8, 8, 0.0026, 0.3)
+    for _ in range(SEEDS):
+        FixedLength(8, svc.length_stats, drafters=lookups).observe(1, 8, 8, 0.0026, 0.3)
     assert svc.probe_pays(FixedLength(0, svc.length_stats, drafters=lookups), 1)
 
 
@@ -130,8 +135,10 @@ def test_short_drafts_cost_per_token_does_not_close_the_probes():
         FixedLength(1, svc.length_stats, drafters=lookups).observe(1, 1, 0, 0.0025, 0.1)
     assert svc.length_stats.draft_estimate(1, False, lookups) > svc.probe_max_draft_cost_s
     assert svc.probe_pays(FixedLength(0, svc.length_stats, drafters=lookups), 1)
-    FixedLength(8, svc.length_stats, drafters=lookups).observe(1, 8, 8, 0.0030, 0.3)
+    for _ in range(SEEDS):
+        FixedLength(8, svc.length_stats, drafters=lookups).observe(1, 8, 8, 0.0030, 0.3)
     assert svc.probe_pays(FixedLength(0, svc.length_stats, drafters=lookups), 1)
     model = ("ssm_q4",)
-    FixedLength(4, svc.length_stats, drafters=model).observe(1, 4, 2, 0.024, 0.3)
+    for _ in range(SEEDS):
+        FixedLength(4, svc.length_stats, drafters=model).observe(1, 4, 2, 0.024, 0.3)
     assert not svc.probe_pays(FixedLength(0, svc.length_stats, drafters=model), 1)

@@ -150,13 +150,14 @@ def test_a_stream_started_under_load_asks_for_fewer_responses(client, llm, load,
     assert client.calls[0][1].streaming and client.calls[0][1].stream_interval_s == pytest.approx(interval)
 
 
-def test_drafting_priced_out_by_one_slow_draft_comes_back_once_forgotten(llm):
+def test_drafting_priced_out_by_a_stall_comes_back_once_forgotten(llm):
     """A request that finds drafting too dear streams its whole output plainly from one choice, and its
-    probes are gated on the same price: nothing measures drafting again. One draft that waited 100 ms a
+    probes are gated on the same price: nothing measures drafting again. Drafts that waited 100 ms a
     token (an SSM stalled) left every later request at `off`'s speed; the price is forgotten after
     `cost_memory_rounds` rounds, and the next request drafts again."""
     stats = SharedLengthStats(LengthPolicy(cost_memory_rounds=N))
-    stats.observe(1, False, 4, 4, 0.4, 0.03, ("ngram",))
+    for _ in range(stats.policy.cost_seed_samples):
+        stats.observe(1, False, 4, 4, 0.4, 0.03, ("ngram",))
     drafted = []
     for _ in range(2):
         client = InProcessClient({"llm": llm, "ngram": NgramEngine(max_ngram=3, min_ngram=2)})

@@ -181,42 +181,79 @@ class LengthPolicy:
     """A drafting cost that no round of any request has measured for this many rounds is forgotten
     (`DraftCosts`): one slow draft (an SSM that stalled, a stub being reloaded) priced drafting out
     for good, since a request that does not draft measures nothing."""
+    cost_seed_samples: int = 3
+    """A drafting cost is unknown (taken as free) until this many rounds measured it, then starts from
+    their median: its first sample alone, taken as it was, could be one stalled draft (`RobustCost`)."""
+    cost_outlier_factor: float = 4.0
+    cost_outlier_floor_s: float = 0.001
+    """A sample moves a known drafting cost as if it were at most `cost_outlier_factor` times the
+    cost (at least the floor's seconds a token, so that a cost near 0 can rise) and at least a
+    `cost_outlier_factor`th of it: one draft that waited 100 times the usual, averaged in as it was,
+    priced drafting out until the memory forgot it; a lasting change still moves it by that factor's
+    share every round."""
 
 
 DraftKey = tuple[tuple[str, ...], bool, int]
 """(the SSMs a request drafts with, whether its drafts are pipelined, the load bucket)."""
 
 
-class DraftCosts:
-    """Drafting seconds per token per `DraftKey`, each an average over the rounds that measured it,
-    and forgotten once `memory_rounds` rounds have passed without one: a request whose drafting looks
-    too dear decodes plainly and drafts nothing, so an estimate that one outlier set would never be
-    measured again. Forgotten, it is unknown (0, drafting taken as free) until the next draft measures it."""
+@dataclass
+class RobustCost:
+    """One drafting cost per token, robust to outliers: unknown (None) until `seed_samples` measures,
+    then their median, then an exponential average of samples clipped to within `outlier_factor` of
+    it (see `LengthPolicy.cost_outlier_factor`)."""
 
-    def __init__(self, memory_rounds: int) -> None:
-        self.memory_rounds = memory_rounds
-        self.table: dict[DraftKey, Ema] = {}
+    seed_samples: int
+    outlier_factor: float
+    floor: float
+    value: float | None = None
+    count: int = 0
+    seeds: list[float] = field(default_factory=list)
+
+    def add(self, x: float, weight: float) -> None:
+        self.count += 1
+        if self.value is None:
+            self.seeds.append(x)
+            if len(self.seeds) >= self.seed_samples:
+                self.value = float(np.median(self.seeds))
+            return
+        high = self.outlier_factor * max(self.value, self.floor)
+        x = min(max(x, self.value / self.outlier_factor), high)
+        self.value += weight * (x - self.value)
+
+
+class DraftCosts:
+    """Drafting seconds per token per `DraftKey`, each a `RobustCost` over the rounds that measured it,
+    and forgotten once `cost_memory_rounds` rounds have passed without one: a request whose drafting
+    looks too dear decodes plainly and drafts nothing, so an estimate too high would never be measured
+    again. Forgotten, it is unknown (0, drafting taken as free) until the next measures set it."""
+
+    def __init__(self, policy: LengthPolicy) -> None:
+        self.policy = policy
+        self.table: dict[DraftKey, RobustCost] = {}
         self.measured_at: dict[DraftKey, int] = {}
         """The round (SharedLengthStats.rounds) of each key's latest measure."""
 
     def __bool__(self) -> bool:
         return bool(self.table)
 
-    def add(self, key: DraftKey, per_token: float, weight: float, sample_weight: float, now: int) -> None:
-        """A round's measure at round `now`; a forgotten key's average starts again from it."""
+    def add(self, key: DraftKey, per_token: float, sample_weight: float, now: int) -> None:
+        """A round's measure at round `now`; a forgotten key's average starts again from the next ones."""
         if key not in self.table or not self._remembered(key, now):
-            self.table[key] = Ema(weight)
+            policy = self.policy
+            self.table[key] = RobustCost(policy.cost_seed_samples, policy.cost_outlier_factor,
+                                         policy.cost_outlier_floor_s)
         self.table[key].add(per_token, sample_weight)
         self.measured_at[key] = now
 
     def _remembered(self, key: DraftKey, now: int) -> bool:
-        return now - self.measured_at[key] <= self.memory_rounds
+        return now - self.measured_at[key] <= self.policy.cost_memory_rounds
 
     def nearest(self, batch: int, pipelined: bool, drafters: tuple[str, ...], now: int) -> float:
-        """The value at the load bucket nearest `batch` among the drafters' measured within memory (0
-        when there is none)."""
-        buckets = {b for (d, p, b) in self.measured_at
-                   if (d, p) == (drafters, pipelined) and self._remembered((d, p, b), now)}
+        """The value at the load bucket nearest `batch` among the drafters' known and measured within
+        memory (0 when there is none)."""
+        buckets = {b for (d, p, b), cost in self.table.items()
+                   if (d, p) == (drafters, pipelined) and cost.value is not None and self._remembered((d, p, b), now)}
         for bucket in buckets_by_nearness(buckets, batch):
             return self.table[drafters, pipelined, bucket].value or 0.0
         return 0.0
@@ -236,14 +273,14 @@ class SharedLengthStats:
         lookups'): t(b, s) is the LLM's, whoever drafted, but what is accepted depends on the drafters."""
         self.rounds = 0
         """Rounds observed, of every request: the clock the drafting costs' memory counts in."""
-        self.draft_per_token = DraftCosts(self.policy.cost_memory_rounds)
+        self.draft_per_token = DraftCosts(self.policy)
         """Per (drafters, pipelined, load bucket): the drafting seconds per token that requests waited
         for. Apart per set of SSMs a request drafts with: a request that names a model SSM (Qwen's 0.5B:
         18 ms a token) priced the lookups' drafts of every later request at its own, which closed their
         probes for good (no probe, no new sample). Apart for pipelined requests, whose early drafts
         hide most of drafting: one estimate for both would price a pipelined request's drafting at what
         a plain one waits for."""
-        self.probe_draft_per_token = DraftCosts(self.policy.cost_memory_rounds)
+        self.probe_draft_per_token = DraftCosts(self.policy)
         """The same from drafts of at least `probe_min_draft` tokens, what a probe must find: the cost
         the probes are gated on (`probe_draft_estimate`). A lookup call costs about 2.5 ms whatever its
         length, so rounds of 1-token drafts (a request whose selector explores s = 1 from 0) put its
@@ -292,12 +329,11 @@ class SharedLengthStats:
         if drafted > 0:
             self.acceptance_of(drafters).observe(drafted, accepted)
             if draft_seconds is not None:
-                weight = self.verify.weight
                 key, per_token = (drafters, pipelined, load_bucket(batch)), draft_seconds / drafted
-                sample_weight = server_weight(weight, batch)
-                self.draft_per_token.add(key, per_token, weight, sample_weight, self.rounds)
+                sample_weight = server_weight(self.verify.weight, batch)
+                self.draft_per_token.add(key, per_token, sample_weight, self.rounds)
                 if drafted >= self.probe_min_draft:
-                    self.probe_draft_per_token.add(key, per_token, weight, sample_weight, self.rounds)
+                    self.probe_draft_per_token.add(key, per_token, sample_weight, self.rounds)
 
     def draft_estimate(self, batch: int, pipelined: bool, drafters: tuple[str, ...] = ()) -> float:
         """Drafting seconds per token with these SSMs at this load, from the nearest measured load (0
