@@ -1,8 +1,15 @@
 """What an LLM step costs, in process (no Triton): plain decoding at 1 and b sequences, and
-verifying a draft of k tokens relative to one plain step, for each weight encoding and thread count.
+verifying a draft of k tokens relative to one plain step, for each weight encoding and thread count;
+and whether a verification keeps the engine's own greedy tokens.
 
 Speculation pays only where verifying k tokens costs much less than k plain steps; this prints that
-ratio for the engine the default deployment serves, and picks its encoding (docs/engines.md).
+ratio for the engine the default deployment serves, and picks its encoding (docs/engines.md). Served,
+an encoding keeps greedy decoding's tokens only where a step's result does not depend on what else it
+computes: llama.cpp only (`own_greedy_kept`), on the chat prompts of tests/integration, `plain same`
+counts outputs of the engine as served (a prefix cache: the chat template's system prompt is a hit)
+equal to one computed from scratch a token a step, and `drafts kept` the verifications of that
+output, OWN_DRAFT tokens at a time, that accepted every token. Each miss is a place where Minions'
+output would leave the LLM's own greedy decoding.
 
     python -m benchmarks.bench_engine_costs [--encodings Q4_1 F16] [--threads 1 2]
     python -m benchmarks.bench_engine_costs --engine torch --device cuda --dtypes bfloat16 float32
@@ -11,6 +18,7 @@ ratio for the engine the default deployment serves, and picks its encoding (docs
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Iterator
@@ -28,6 +36,7 @@ from minions.settings import EngineSettings
 
 CONTEXT = 200
 VERIFY_LENGTHS = (1, 2, 4, 8, 16)
+OWN_TOKENS, OWN_DRAFT = 64, 16
 
 
 def prompt(seed: int) -> list[int]:
@@ -61,23 +70,57 @@ def verify_ms(engine: Engine, k: int, repeats: int = 12) -> float:
     return 1000 * statistics.median(times)
 
 
-def llamacpp_engines(args: argparse.Namespace, cache: Path) -> Iterator[tuple[str, Engine]]:
-    """llama.cpp on the SmolLM2 GGUF, per weight encoding and thread count."""
+def chat_prompts(dep: Deployment) -> list[list[int]]:
+    """The greedy-equality test prompts, in SmolLM2's chat template."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir_for("smollm2", dep))
+    texts = json.loads((ROOT / "tests/integration/prompts.json").read_text())["greedy_equality"]
+    chats = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                           add_generation_prompt=True) for text in texts]
+    return [tokenizer.encode(chat, add_special_tokens=False) for chat in chats]
+
+
+def own_greedy_kept(engine: Engine, reference: Engine, prompts: list[list[int]]) -> tuple[int, int, int]:
+    """(outputs equal to the reference's, verifications that accepted all of the reference's tokens,
+    verifications). The reference computes each prompt's greedy continuation from scratch, one token
+    a step; `engine` (its prefix cache on, as served: the chat template's system prompt is a hit)
+    decodes it plainly, then verifies drafts of its next OWN_DRAFT tokens from every OWN_DRAFT-th
+    position."""
+    same = kept = total = 0
+    for prompt in prompts:
+        own = reference.generate(EngineRequest("own", prompt, OWN_TOKENS)).tokens
+        reference.release("own")
+        same += engine.generate(EngineRequest("own", prompt, OWN_TOKENS)).tokens == own
+        engine.release("own")
+        for start in range(0, len(own) - OWN_DRAFT, OWN_DRAFT):
+            draft = own[start : start + OWN_DRAFT]
+            result = engine.generate(EngineRequest("own", prompt + own[:start], OWN_DRAFT + 1, draft=draft))
+            engine.release("own")
+            kept += result.tokens[:OWN_DRAFT] == draft
+            total += 1
+    return same, kept, total
+
+
+def llamacpp_engines(args: argparse.Namespace, cache: Path) -> Iterator[tuple[str, Engine, Engine | None]]:
+    """llama.cpp on the SmolLM2 GGUF, per weight encoding and thread count, each with a reference of
+    one sequence and no prefix cache (own_greedy_kept)."""
     shipped = smollm2_gguf()
     for encoding in args.encodings:
         path = shipped if encoding.upper() == "Q4_1" else repacked_gguf(shipped, encoding, cache)
         for threads in args.threads:
-            yield f"{encoding} {threads}t", LlamaCppEngine(str(path), num_threads=threads,
-                                                          max_sequences=max(args.batch, 2), n_ctx=512)
+            yield (f"{encoding} {threads}t",
+                   LlamaCppEngine(str(path), num_threads=threads, max_sequences=max(args.batch, 2), n_ctx=512),
+                   LlamaCppEngine(str(path), num_threads=threads, max_sequences=1, n_ctx=512, prefix_caching=False))
 
 
-def torch_engines(args: argparse.Namespace, dep: Deployment) -> Iterator[tuple[str, Engine]]:
+def torch_engines(args: argparse.Namespace, dep: Deployment) -> Iterator[tuple[str, Engine, Engine | None]]:
     """The torch engine on SmolLM2 (dequantised from its GGUF), per dtype, on `--device`."""
     path = str(hf_dir_for("smollm2", dep))
     for dtype in args.dtypes:
         settings = EngineSettings(engine="torch", model_path=path, device=args.device, dtype=dtype,
                                   num_threads=args.threads[0], max_sequences=max(args.batch, 2), max_context=512)
-        yield f"{dtype} {args.device}", build_engine(settings)
+        yield f"{dtype} {args.device}", build_engine(settings), None
 
 
 def main() -> None:
@@ -91,13 +134,20 @@ def main() -> None:
     args = parser.parse_args()
     dep = load_deployment(ROOT / "deploy.yaml")
     engines = llamacpp_engines(args, dep.cache_dir) if args.engine == "llamacpp" else torch_engines(args, dep)
+    prompts = chat_prompts(dep)
     print(f"{'engine':16} {'1 seq ms/tok':>12} {f'{args.batch} seq ms/tok':>12} "
-          + " ".join(f"{f'verify {k}':>9}" for k in VERIFY_LENGTHS))
-    for label, engine in engines:
+          + " ".join(f"{f'verify {k}':>9}" for k in VERIFY_LENGTHS) + f" {'plain same':>11} {'drafts kept':>11}")
+    for label, engine, reference in engines:
         one = plain_ms_per_token(engine, 1)
         many = plain_ms_per_token(engine, args.batch)
         ratios = [verify_ms(engine, k) / one for k in VERIFY_LENGTHS]
-        print(f"{label:16} {one:>12.2f} {many:>12.2f} " + " ".join(f"{r:>8.2f}x" for r in ratios), flush=True)
+        exact = ""
+        if reference is not None:
+            same, kept, total = own_greedy_kept(engine, reference, prompts)
+            exact = f" {f'{same}/{len(prompts)}':>11} {f'{kept}/{total}':>11}"
+            reference.close()
+        print(f"{label:16} {one:>12.2f} {many:>12.2f} " + " ".join(f"{r:>8.2f}x" for r in ratios) + exact,
+              flush=True)
         if hasattr(engine, "close"):
             engine.close()
 
