@@ -17,11 +17,9 @@ import urllib.request
 
 import pytest
 import tritonclient.grpc as grpcclient
-import yaml
 
 from client.api import GenerationParams, MinionsClientError, generate_grpc
-from minions.settings import DEFAULTS
-from tests.integration.helpers import metric_above, metric_value, wait_until
+from tests.integration.helpers import kill_between_responses, metric_above, metric_value, wait_until
 from tests.support.triton_process import KILLED_STUBS_EXIT_TIMEOUT, ROOT, TritonProcess
 
 PROMPT = "Explain in a few sentences why the sky is blue."
@@ -30,14 +28,6 @@ LONG = GenerationParams(max_tokens=1000, min_tokens=1000, chat=True, speculation
 """A stream that is still running when its LLM stub is killed."""
 WELL_BEFORE_STALL_S = 20.0
 """Within this a refused or broken request has its answer: well before the engine stall timeout (60 s)."""
-STREAM_INTERVAL_MS = yaml.safe_load((ROOT / "deploy.yaml").read_text())["orchestrator"].get(
-    "llm_stream_interval_ms", DEFAULTS.llm_stream_interval_ms)
-BETWEEN_RESPONSES_S = STREAM_INTERVAL_MS / 2000
-"""When the LLM's stub is killed after a chunk reached the client: half the LLM's stream interval, while
-it computes. Killed as the chunk arrived, it could still be handing that response over (python_backend's
-ResponseSendDecoupled waits on a mutex the stub holds), and tritonserver 2.51 then aborts itself with
-`boost::interprocess::lock_exception` (2 of about 8 CI runs; docs/operations.md): a fault of Triton's
-Python backend, not what this test is about."""
 
 
 @pytest.fixture(scope="module")
@@ -94,16 +84,17 @@ def test_the_llm_stub_killed_mid_stream_is_reloaded(llm_server, plain):
     reloads = metric_value(server.metrics_url, "minions_llm_reloads", outcome="success")
     victim = server.stubs()["llm_0_0"].pid
     chunks: list[str] = []
-    kill = threading.Timer(BETWEEN_RESPONSES_S, os.kill, (victim, signal.SIGKILL))
+    kills: list[threading.Timer] = []
 
     def kill_after_second_chunk(chunk: str) -> None:
         chunks.append(chunk)
         if len(chunks) == 2:
-            kill.start()
+            kills.append(kill_between_responses(victim))
 
     start = time.monotonic()
     with pytest.raises(MinionsClientError) as broken:
         generate_grpc(server.grpc_url, "minions", PROMPT, LONG, on_text=kill_after_second_chunk, timeout_s=60)
+    [kill] = kills
     kill.join()
     assert time.monotonic() - start < WELL_BEFORE_STALL_S, "the stream waited on the dead stub"
     assert "died" in str(broken.value), broken.value

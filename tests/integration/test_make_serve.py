@@ -18,7 +18,7 @@ import yaml
 from minions.deploy.server import EXTRA_ARGS_ENV, free_ports, server_env
 from minions.triton.stubs import live_stub_pids
 from minions.triton.shm import sweep_orphaned_shm
-from tests.integration.helpers import http_ok, wait_until
+from tests.integration.helpers import http_ok, kill_between_responses, wait_until
 from tests.support.triton_process import KILLED_STUBS_EXIT_TIMEOUT, ROOT
 
 
@@ -98,10 +98,11 @@ def test_an_openai_generation_under_way_when_the_orchestrator_dies_ends_with_503
         stream = api.completions.create(model="minions", prompt="Count: 1, 2, 3,", max_tokens=1000,
                                         temperature=0, stream=True, extra_body={"min_tokens": 1000})
         assert next(stream).choices  # under way
-        os.kill(victim, signal.SIGKILL)
+        kill = kill_between_responses(victim)
         with pytest.raises(openai.APIError) as ended:
             for _ in stream:
                 pass
+        kill.join()
         assert "orchestrator's process died" in str(ended.value)
         wait_until(lambda: "minions: model loaded again" in log_path.read_text(errors="replace"), 60,
                    "the orchestrator's model loaded again", interval=0.2)
