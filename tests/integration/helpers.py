@@ -26,15 +26,21 @@ STREAM_INTERVAL_S = yaml.safe_load((ROOT / "deploy.yaml").read_text())["orchestr
 
 
 def kill_between_responses(pid: int) -> threading.Timer:
-    """SIGKILL a stub that streams responses half a stream interval from now (started; join it): while it
-    computes. Killed as one of its chunks reached the client, it could still be handing that response
-    over (python_backend's ResponseSendDecoupled waits on a mutex the stub holds), and tritonserver
-    2.51 then aborts itself with `boost::interprocess::lock_exception` (2 of about 8 CI runs of
-    test_llm_fault.py; docs/operations.md): a fault of Triton's Python backend, not what the tests that
-    kill stubs are about."""
-    kill = threading.Timer(STREAM_INTERVAL_S / 2, os.kill, (pid, signal.SIGKILL))
-    kill.start()
-    return kill
+    """SIGKILL a stub half the deployment's stream interval from now (started; join it). A stub killed
+    as its response reaches the client may still be handing that response over (python_backend's
+    ResponseSendDecoupled waits on a mutex the stub holds), and tritonserver 2.51 then aborts itself
+    with `boost::interprocess::lock_exception` (docs/operations.md): seen twice in about eight CI runs
+    killing the LLM's stub as a chunk arrived, once killing the idle orchestrator's stub just after
+    its last response. A fault of Triton's Python backend, not what the tests that kill stubs are
+    about: they kill a stub that computes, or waits, between responses."""
+    def kill() -> None:
+        os.kill(pid, signal.SIGKILL)
+        timer.killed_at = time.monotonic()
+
+    timer = threading.Timer(STREAM_INTERVAL_S / 2, kill)
+    timer.killed_at = None  # time.monotonic() once killed
+    timer.start()
+    return timer
 
 
 COPY_PROMPT = ("Copy this Python code exactly:\n```python\ndef add(a, b):\n    return a + b\n\n"

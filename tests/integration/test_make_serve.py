@@ -5,7 +5,6 @@ the OpenAI generations it was serving end with 503 instead of hanging."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -79,7 +78,7 @@ def test_serve_loads_the_orchestrator_again_when_its_stub_dies(tmp_path):
         before = _completion(base)
         model_dir = build / "model_repository" / "minions"
         [victim] = live_stub_pids(model_dir)
-        os.kill(victim, signal.SIGKILL)
+        kill_between_responses(victim).join()  # not as it hands its last response over
         wait_until(lambda: "minions: model loaded again" in log_path.read_text(errors="replace"), 60,
                    "the orchestrator's model loaded again", interval=0.2)
         assert "minions: its stub has died" in log_path.read_text(errors="replace")
