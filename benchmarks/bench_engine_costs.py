@@ -18,7 +18,6 @@ output would leave the LLM's own greedy decoding.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Iterator
@@ -27,12 +26,14 @@ from pathlib import Path
 import numpy as np
 
 from minions.decoding.engine_call import EngineRequest
-from minions.deploy.artifacts import hf_dir_for, repacked_gguf, smollm2_gguf
+from minions.deploy.artifacts import hf_dir_for, repacked_gguf, smollm2_gguf, tokenizer_dir_for
 from minions.deploy.config import ROOT, Deployment, load_deployment
 from minions.engines.api import Engine
 from minions.engines.factory import build_engine
 from minions.engines.llamacpp_engine import LlamaCppEngine
 from minions.settings import EngineSettings
+from minions.text.prompt import encode_prompt
+from tests.integration.helpers import kept_prompts
 
 CONTEXT = 200
 VERIFY_LENGTHS = (1, 2, 4, 8, 16)
@@ -71,14 +72,11 @@ def verify_ms(engine: Engine, k: int, repeats: int = 12) -> float:
 
 
 def chat_prompts(dep: Deployment) -> list[list[int]]:
-    """The greedy-equality test prompts, in SmolLM2's chat template."""
+    """The greedy-equality test prompts, encoded as the orchestrator encodes a chat request."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir_for("smollm2", dep))
-    texts = json.loads((ROOT / "tests/integration/prompts.json").read_text())["greedy_equality"]
-    chats = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                           add_generation_prompt=True) for text in texts]
-    return [tokenizer.encode(chat, add_special_tokens=False) for chat in chats]
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir_for("smollm2", dep))
+    return [encode_prompt(tokenizer, text, chat=True) for text in kept_prompts("greedy_equality")]
 
 
 def own_greedy_kept(engine: Engine, reference: Engine, prompts: list[list[int]]) -> tuple[int, int, int]:
