@@ -15,13 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-import yaml
 
-from minions.settings import DEFAULTS
+from minions.deploy.config import load_deployment
+from minions.deploy.render import orchestrator_settings
 from tests.support.triton_process import ROOT, TritonProcess
 
-STREAM_INTERVAL_S = yaml.safe_load((ROOT / "deploy.yaml").read_text())["orchestrator"].get(
-    "llm_stream_interval_ms", DEFAULTS.llm_stream_interval_ms) / 1000
+STREAM_INTERVAL_S = orchestrator_settings(load_deployment(ROOT / "deploy.yaml")).llm_stream_interval_ms / 1000
 """How often a stream of the default deployment sends its tokens."""
 
 
@@ -41,6 +40,27 @@ def kill_between_responses(pid: int) -> threading.Timer:
     timer.killed_at = None  # time.monotonic() once killed
     timer.start()
     return timer
+
+
+class KillAfterChunk:
+    """A stream's `on_text` callback that notes each chunk's arrival and, after the `n`-th, kills `pid`
+    between responses (`kill_between_responses`)."""
+
+    def __init__(self, pid: int, n: int) -> None:
+        self.pid, self.n = pid, n
+        self.arrivals: list[float] = []
+        self.kill: threading.Timer | None = None
+
+    def __call__(self, chunk: str) -> None:
+        self.arrivals.append(time.monotonic())
+        if len(self.arrivals) == self.n:
+            self.kill = kill_between_responses(self.pid)
+
+    def join(self) -> threading.Timer:
+        """The kill, once done; fails if the stream ended before its `n`-th chunk."""
+        assert self.kill is not None, f"the stream ended after {len(self.arrivals)} chunks, before the kill"
+        self.kill.join()
+        return self.kill
 
 
 COPY_PROMPT = ("Copy this Python code exactly:\n```python\ndef add(a, b):\n    return a + b\n\n"

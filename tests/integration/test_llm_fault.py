@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import threading
 import time
 import urllib.request
 
@@ -19,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from client.api import GenerationParams, MinionsClientError, generate_grpc
-from tests.integration.helpers import kill_between_responses, metric_above, metric_value, wait_until
+from tests.integration.helpers import KillAfterChunk, metric_above, metric_value, wait_until
 from tests.support.triton_process import KILLED_STUBS_EXIT_TIMEOUT, ROOT, TritonProcess
 
 PROMPT = "Explain in a few sentences why the sky is blue."
@@ -83,19 +82,12 @@ def test_the_llm_stub_killed_mid_stream_is_reloaded(llm_server, plain):
     server = llm_server
     reloads = metric_value(server.metrics_url, "minions_llm_reloads", outcome="success")
     victim = server.stubs()["llm_0_0"].pid
-    chunks: list[str] = []
-    kills: list[threading.Timer] = []
-
-    def kill_after_second_chunk(chunk: str) -> None:
-        chunks.append(chunk)
-        if len(chunks) == 2:
-            kills.append(kill_between_responses(victim))
+    killer = KillAfterChunk(victim, 2)
 
     start = time.monotonic()
     with pytest.raises(MinionsClientError) as broken:
-        generate_grpc(server.grpc_url, "minions", PROMPT, LONG, on_text=kill_after_second_chunk, timeout_s=60)
-    [kill] = kills
-    kill.join()
+        generate_grpc(server.grpc_url, "minions", PROMPT, LONG, on_text=killer, timeout_s=60)
+    killer.join()
     assert time.monotonic() - start < WELL_BEFORE_STALL_S, "the stream waited on the dead stub"
     assert "died" in str(broken.value), broken.value
     assert "its stub has died" in server.log_text()

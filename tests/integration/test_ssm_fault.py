@@ -10,8 +10,6 @@ a llama.cpp model with a stub of its own), since it breaks one of its models on 
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import pytest
 from client.api import GenerationParams, generate_grpc
 from minions.triton.model_control import DEAD_STUB
 from minions.triton.shm import mapped_shm_regions
-from tests.integration.helpers import kill_between_responses, metric_above, metric_value, wait_until
+from tests.integration.helpers import KillAfterChunk, metric_above, metric_value, wait_until
 from tests.support.triton_process import KILLED_STUBS_EXIT_TIMEOUT, ROOT, TritonProcess
 
 PROMPT = "Explain in a few sentences why the sky is blue."
@@ -84,24 +82,16 @@ def test_ssm_killed_mid_stream_then_reloaded(doomed_server, plain, speculation):
     _assert_clean(server)
     victim = _victim_pid(server)
     reloads = metric_value(server.metrics_url, "minions_ssm_reloads", ssm=VICTIM, outcome="success")
-    chunks: list[str] = []
-    arrivals: list[float] = []
-    kills: list[threading.Timer] = []
-
-    def kill_after_second_chunk(chunk: str) -> None:
-        chunks.append(chunk)
-        arrivals.append(time.monotonic())
-        if len(chunks) == 2:  # the first round is plain decoding; the second already drafted
-            kills.append(kill_between_responses(victim))
+    killer = KillAfterChunk(victim, 2)  # the first round is plain decoding; the second already drafted
 
     # A fixed draft length: every round asks the SSMs (an adaptive one may settle on s = 0 first).
     log_start = len(server.log_text())
     out = generate_grpc(server.grpc_url, "minions", PROMPT,
                         GenerationParams(speculation=speculation, num_draft_tokens=4, **PARAMS),
-                        on_text=kill_after_second_chunk, timeout_s=60)
-    [kill] = kills
-    kill.join()
-    assert kill.killed_at is not None and arrivals[-1] > kill.killed_at, "the request went on streaming after the kill"
+                        on_text=killer, timeout_s=60)
+    kill = killer.join()
+    assert kill.killed_at is not None and killer.arrivals[-1] > kill.killed_at, \
+        "the request went on streaming after the kill"
     assert out.text == plain
 
     # A dead SSM costs failed calls, not waits: the request's calls to it after the kill (its drafts,
