@@ -5,6 +5,11 @@ class InvalidRequest(ValueError):
     """The request is malformed or out of bounds; the message says what to change."""
 
 
+class RequestCancelled(Exception):
+    """The request's client has gone (Triton reports it cancelled): its work ends, and nothing is sent
+    but the FINAL flag that closes its stream."""
+
+
 class ServerBusy(RuntimeError):
     """The server is at capacity and its wait queue is full (Triton's UNAVAILABLE); retry later."""
 

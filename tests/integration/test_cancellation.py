@@ -8,13 +8,16 @@ processes every step is slower. Cancellation while a request waits on an SSM is 
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from client.api import GenerationParams, MinionsClientError, generate_grpc, generate_http
-from tests.integration.helpers import metric_value, wait_until
+from tests.integration.helpers import grpc_tensors, metric_value, wait_until
 
 LONG_PROMPT = "Write a very long story about a dragon."
 LONG = GenerationParams(max_tokens=600, chat=True, speculation="single:ssm_suffix")
@@ -89,3 +92,38 @@ def test_a_client_that_stops_waiting_cancels_its_request_with_a_clear_error(serv
         _assert_work_stopped(server, tokens, cancelled_before, reached_model=False)
     assert generate_grpc(server.grpc_url, "minions", "Say hi.", GenerationParams(max_tokens=4, chat=True)).num_output_tokens > 0
 
+
+
+ENGINE_CANCELLED = "cancelled by its client"
+"""The engine model's log line for a request whose client has gone."""
+
+
+def test_a_tensorrt_llm_client_that_closes_its_stream_ends_its_llm_generation(server):
+    """A client streaming from the `llm` engine model itself (tensorrt_llm's interface) that closes its
+    gRPC stream mid-generation cancels its request: the engine stops decoding it instead of going on to
+    its request_output_len (for no one, and holding the model's unload until then). A killed
+    orchestrator's stream to the LLM closes the same way (test_make_serve)."""
+    ids, length = [504, 3575, 282, 4649, 314], 1000
+    tokens, logged = _llm_tokens(server), server.log_text().count(ENGINE_CANCELLED)
+    responses, three = [], threading.Event()
+
+    def received(result, error) -> None:
+        responses.append(error or result)
+        if len(responses) == 3:
+            three.set()
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=received)
+    try:
+        client.async_stream_infer("llm", grpc_tensors({
+            "input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
+            "request_output_len": np.array([[length]], np.int32), "streaming": np.array([[True]], bool)}))
+        assert three.wait(60), responses
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    assert not any(isinstance(r, Exception) for r in responses[:3]), responses  # then the client's CANCELLED
+    wait_until(lambda: server.log_text().count(ENGINE_CANCELLED) > logged, timeout=30,
+               what="the llm's request cancelled")
+    _assert_work_stopped(server, tokens, 0, reached_model=False)
+    assert _llm_tokens(server) - tokens < len(ids) + length, "the generation ran to its end"

@@ -123,6 +123,32 @@ def test_a_whole_request_releases_its_id_as_it_is_answered_and_the_next_of_its_i
         ("start", "x", 1), ("done", "x", 1), ("release", "x"), ("start", "x", 2), ("done", "x", 2), ("release", "x")]
 
 
+def test_a_cancelled_call_ends_before_the_next_step_and_releases_its_id(stepper, batcher):
+    """A running call cancelled at step 3 steps no more, is answered RequestCancelled and its id is
+    released; the call beside it runs on; a call of that id held behind it is cancelled unstarted."""
+    running, held = call("gone", 100), call("gone", 5, tag=7)
+
+    def cancel_at(step: int) -> None:
+        if step == 3:
+            batcher.cancel([running, held])
+
+    stepper.on_step = cancel_at
+    results = batcher.run([running, call("other", 6), held])
+    assert [type(r).__name__ for r in results] == ["RequestCancelled", "EngineResult", "RequestCancelled"]
+    assert results[1].tokens == [6]
+    assert sum("gone" in step for step in stepper.steps) == 3
+    assert [e for e in stepper.events if e[1] == "gone"] == [("start", "gone", 0), ("release", "gone")]
+
+
+def test_a_cancellation_that_comes_after_the_answer_leaves_the_id_s_next_call_alone(stepper, batcher):
+    """Cancellations match calls, not ids: a client that reuses a request id is not cancelled by the
+    late cancellation of its earlier call."""
+    (first,) = batcher.run([earlier := call("x", 2)])
+    batcher.cancel([earlier])
+    (second,) = batcher.run([call("x", 3)])
+    assert first.tokens == [2] and second.tokens == [3]
+
+
 def test_no_more_calls_step_at_once_than_the_capacity_and_all_are_answered(stepper):
     batcher = InflightBatcher(stepper, capacity=2)
     try:

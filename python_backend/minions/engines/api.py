@@ -78,9 +78,12 @@ class BatchEngine(Engine, Protocol):
 @runtime_checkable
 class InflightEngine(BatchEngine, Protocol):
     """An engine that batches in flight, for a decoupled model: `submit` returns at once and each call's
-    answer comes from the engine's thread when done; `close` stops that thread."""
+    answer comes from the engine's thread when done; `cancel` ends submitted calls early (their client
+    has gone), answered with RequestCancelled; `close` stops that thread."""
 
     def submit(self, calls: list[tuple[EngineRequest, Answer]]) -> None: ...
+
+    def cancel(self, requests: list[EngineRequest]) -> None: ...
 
     def close(self) -> None: ...
 

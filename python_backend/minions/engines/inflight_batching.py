@@ -20,6 +20,9 @@ The rules the scheduler keeps (the `Stepper` does the arithmetic):
   as TensorRT-LLM's and vLLM's `stream_interval` coalesce them;
 - at most `capacity` sequences step at once; more wait for a place, in order;
 - a step that fails fails the sequences in it (their state is dropped, not kept) and no others;
+- a cancelled call (its client has gone) ends before the next step with RequestCancelled: a running
+  one releases its id's state (kept as a prefix where the engine caches them), a waiting one never
+  starts; a call answered before its cancellation is taken in is left as it was;
 - every submitted call gets exactly one final answer: its result or its exception.
 """
 
@@ -36,6 +39,7 @@ import numpy as np
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.engines.api import Answer
+from minions.errors import RequestCancelled
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,7 @@ class InflightBatcher(Generic[Job]):
         self._cond = threading.Condition()
         self._closed = False
         self._stopping: set[str] = set()  # ids whose streaming call a waiting stop ends (batcher's thread only)
+        self._cancelled: list[EngineRequest] = []  # submitted calls to end, by identity (under _cond)
         self._prepared = threading.Event()
         self._prepare_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(prepare,), name=f"{name}-inflight", daemon=True)
@@ -105,6 +110,13 @@ class InflightBatcher(Generic[Job]):
             if self._closed:
                 raise RuntimeError("the in-flight batcher is closed")
             self._queue.extend(_Call(r, a) for r, a in calls)
+            self._cond.notify()
+
+    def cancel(self, requests: list[EngineRequest]) -> None:
+        """End these submitted calls before the next step (their client has gone): each is answered
+        with RequestCancelled unless it was answered already."""
+        with self._cond:
+            self._cancelled.extend(requests)
             self._cond.notify()
 
     def run(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
@@ -158,10 +170,33 @@ class InflightBatcher(Generic[Job]):
                     return
                 waiting.extend(self._queue)
                 self._queue.clear()
+                cancelled, self._cancelled = self._cancelled, []
+            if cancelled:
+                waiting, active = self._end_cancelled(cancelled, waiting, active)
             # With nothing active, every waiting call starts or is answered, so this never spins.
             waiting = self._admit(waiting, active)
             if active:
                 active = self._step(active)
+
+    def _end_cancelled(self, cancelled: list[EngineRequest], waiting: list[_Call],
+                       active: list[tuple[Job, _Call]]) -> tuple[list[_Call], list[tuple[Job, _Call]]]:
+        """Answer the cancelled calls still held with RequestCancelled; a running one's id is released.
+        Matched by identity: a request id may come again in a later call, which must not end."""
+        ended = {id(request) for request in cancelled}
+        still_waiting = []
+        for call in waiting:
+            if id(call.request) in ended:
+                self._answer(call, RequestCancelled("its client has gone"))
+            else:
+                still_waiting.append(call)
+        still_active = []
+        for job, call in active:
+            if id(call.request) in ended:
+                self._answer(call, RequestCancelled("its client has gone"))
+                self._release(call.request.request_id)
+            else:
+                still_active.append((job, call))
+        return still_waiting, still_active
 
     def _admit(self, waiting: list[_Call], active: list[tuple[Job, _Call]]) -> list[_Call]:
         """Start what may start now; the rest keeps its order."""

@@ -105,6 +105,10 @@ class LlamaCppEngine:
         """Queue calls and return at once; each answer comes from the batcher's thread when done."""
         self.batcher.submit(calls)
 
+    def cancel(self, requests: list[EngineRequest]) -> None:
+        """End submitted calls before the next step (their client has gone)."""
+        self.batcher.cancel(requests)
+
     def release(self, request_id: str) -> None:
         """Free the sequence's slot, after any call of it still queued or running."""
         result_or_raise(self.batcher.run([EngineRequest.release(request_id)])[0])

@@ -27,6 +27,12 @@ def input_arrays(request) -> dict[str, np.ndarray]:
     return {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
 
 
+CANCEL_CHECK_INTERVAL_S = 0.25
+"""How often a request under way asks Triton whether its client cancelled: the question is a round trip
+to tritonserver that spins on the cores the engines need, too dear to ask for every streamed token or
+every 50 ms (docs/engines.md, the per-token hop)."""
+
+
 def error(message: str, code=None):
     return pb_utils.TritonError(message, code if code is not None else pb_utils.TritonError.INTERNAL)
 

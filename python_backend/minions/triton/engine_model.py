@@ -31,8 +31,8 @@ from minions.errors import InvalidRequest
 from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
 from minions.settings import EngineSettings
 
-from .common import (error, input_arrays, model_config, release_metrics, series_labels, setup_logging,
-                     string_parameters)
+from .common import (CANCEL_CHECK_INTERVAL_S, error, input_arrays, model_config, release_metrics, series_labels,
+                     setup_logging, string_parameters)
 
 log = logging.getLogger("minions.engine")
 
@@ -144,6 +144,7 @@ class TritonPythonModel:
             for r in engine_requests:  # a whole request: the engine ends its sequence with its last answer
                 r.ends_sequence = ends
             collect = _Collector(self, request, sender, engine_requests)
+            self.outbox.watch(collect)
             calls.extend((r, collect.answer_for(i)) for i, r in enumerate(engine_requests))
         if calls:
             try:
@@ -239,16 +240,30 @@ class _Outbox:
     """Sends an in-flight engine's responses from a thread of its own, in the order they are queued, so
     that the engine's thread goes back to stepping at once instead of building and handing each
     response to Triton between two decode steps (a streamed token each step). It also exports the
-    engine's gauges (`observe`): every METRICS_FLUSH_INTERVAL_S while it sends, and once when it falls quiet."""
+    engine's gauges (`observe`): every METRICS_FLUSH_INTERVAL_S while it sends, and once when it falls
+    quiet. And it asks Triton every CANCEL_CHECK_INTERVAL_S whether the client of a request under way
+    has gone (a gRPC stream closed, a dead orchestrator's among them): that request's calls then end
+    (`_Collector.cancel`) instead of decoding on for no one and holding the model's unload."""
 
     def __init__(self, name: str, observe: Callable[[], None]) -> None:
         self._observe = observe
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._live: set[_Collector] = set()
+        """Requests not answered FINAL yet (the outbox's thread only)."""
         self._thread = threading.Thread(target=self._loop, name=f"{name}-outbox", daemon=True)
         self._thread.start()
 
     def put(self, send: Callable[[], None]) -> None:
         self._queue.put(send)
+
+    def watch(self, collector: _Collector) -> None:
+        """Ask about `collector`'s request until it is answered; called before its calls are submitted,
+        so queued before any of their answers."""
+        self._queue.put(_Watch(collector))
+
+    def answered(self, collector: _Collector) -> None:
+        """On the outbox's thread: `collector` sent its FINAL response."""
+        self._live.discard(collector)
 
     def close(self) -> None:
         """Send what is queued, then stop."""
@@ -256,24 +271,49 @@ class _Outbox:
         self._thread.join()
 
     def _loop(self) -> None:
-        observed_at, pending = 0.0, False  # pending: responses went out since the gauges were exported
+        observed_at = sent_at = checked_at = 0.0
+        pending = False  # responses went out since the gauges were exported
         while True:
+            now = time.monotonic()
+            due = [t for t, wanted in ((sent_at + METRICS_FLUSH_INTERVAL_S, pending),
+                                       (checked_at + CANCEL_CHECK_INTERVAL_S, bool(self._live))) if wanted]
             try:
-                send = self._queue.get(timeout=METRICS_FLUSH_INTERVAL_S if pending else None)
+                item = self._queue.get(timeout=max(0.0, min(due) - now) if due else None)
             except queue.Empty:
-                send = _QUIET
-            if send is None:
+                item = _QUIET
+            if item is None:
                 return
-            if send is not _QUIET:
-                _logged(send, "sending a response")  # a closed stream must not stop the others' responses
-                pending = True
-            if pending and (send is _QUIET or time.monotonic() - observed_at >= METRICS_FLUSH_INTERVAL_S):
+            now = time.monotonic()
+            if isinstance(item, _Watch):
+                self._live.add(item.collector)
+            elif item is not _QUIET:
+                _logged(item, "sending a response")  # a closed stream must not stop the others' responses
+                pending, sent_at = True, now
+            if self._live and now - checked_at >= CANCEL_CHECK_INTERVAL_S:
+                _logged(self._end_cancelled, "asking Triton whether clients cancelled")
+                checked_at = now
+            if pending and (now - sent_at >= METRICS_FLUSH_INTERVAL_S or now - observed_at >= METRICS_FLUSH_INTERVAL_S):
                 _logged(self._observe, "exporting the engine's gauges")
-                observed_at, pending = time.monotonic(), False
+                observed_at, pending = now, False
+
+    def _end_cancelled(self) -> None:
+        """Cancel the requests whose client has gone; one question to Triton per request under way for
+        longer than the check interval (a draft or a verification is usually answered sooner)."""
+        old = time.time_ns() - int(CANCEL_CHECK_INTERVAL_S * 1e9)
+        for collector in list(self._live):
+            if not collector.cancelled and collector.arrival_ns <= old and collector.sender.is_cancelled():
+                collector.cancel()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Watch:
+    """What the outbox's loop gets to start asking about a request."""
+
+    collector: _Collector
 
 
 _QUIET = object()
-"""What the outbox's loop gets when nothing was queued for METRICS_FLUSH_INTERVAL_S."""
+"""What the outbox's loop gets when nothing was queued before its next flush or check was due."""
 
 
 def _logged(call: Callable[[], None], what: str) -> None:
@@ -286,7 +326,7 @@ def _logged(call: Callable[[], None], what: str) -> None:
 class _Collector:
     """Gathers the answers to one Triton request's rows (from the engine's thread, through the outbox)
     and sends its response, FINAL, once the last one is in; a streaming row's partial results go out
-    as they come."""
+    as they come. A cancelled request (its client has gone) gets only the FINAL flag."""
 
     def __init__(self, model: TritonPythonModel, request, sender, engine_requests: list) -> None:
         self.model, self.request, self.sender = model, request, sender
@@ -296,6 +336,14 @@ class _Collector:
         self.arrival_ns = time.time_ns()
         self.first_token_ns = 0
         self.generated = [0] * len(engine_requests)
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """On the outbox's thread: the client has gone; the engine ends this request's calls."""
+        self.cancelled = True
+        log.info("%s: request %s cancelled by its client: its %d calls end", self.model.name,
+                 self.engine_requests[0].request_id, len(self.engine_requests))
+        self.model.engine.cancel(self.engine_requests)
 
     def answer_for(self, i: int):
         def answer(result) -> None:
@@ -310,11 +358,16 @@ class _Collector:
             self.generated[i] += len(result.tokens)
         times = CallTimes(self.arrival_ns, self.first_token_ns, now, tuple(self.generated))
         if isinstance(result, EngineResult) and not result.final:
-            self.sender.send(self.model._respond(self.request, self.engine_requests, [result], times))
+            if not self.cancelled:
+                self.sender.send(self.model._respond(self.request, self.engine_requests, [result], times))
             return
         self.results[i] = result
         self.missing -= 1
         if self.missing:
+            return
+        self.model.outbox.answered(self)
+        if self.cancelled:
+            self.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         response = self.model._respond(self.request, self.engine_requests, self.results, times)
         self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from minions.errors import INTERNAL_PREFIX, InvalidRequest, ModelUnavailable, ServerBusy
+from minions.errors import INTERNAL_PREFIX, InvalidRequest, ModelUnavailable, RequestCancelled, ServerBusy
 from minions.serving.admission import Admission
 from minions.serving.flow import RequestPerf, TextStream, admit, decode_request, response_arrays
 from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
@@ -30,7 +30,8 @@ from minions.speculation.decode_request import DecodeRequest
 from minions.speculation.loop import speculative_decode
 from minions.speculation.services import Services
 
-from .common import error, input_arrays, model_config, release_metrics, setup_logging, string_parameters
+from .common import (CANCEL_CHECK_INTERVAL_S, error, input_arrays, model_config, release_metrics, setup_logging,
+                     string_parameters)
 from .engine_client import EngineCallError, TritonEngineClient
 from .metrics import SpeculationMetrics
 from .model_control import ModelControl
@@ -39,18 +40,8 @@ log = logging.getLogger("minions.orchestrator")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-CANCEL_CHECK_INTERVAL_S = 0.25
-"""How often a request asks Triton whether its client cancelled, whatever it is waiting for: the
-question is a round trip to tritonserver that spins on the cores the engines need, too dear to ask
-for every streamed token or every 50 ms (docs/engines.md, the per-token hop)."""
-
-
 FINALIZE_TIMEOUT_S = 5.0
 """How long an unload waits for the requests' tasks to end once cancelled, and then for the loop's thread."""
-
-
-class RequestCancelled(Exception):
-    pass
 
 
 class _Reply:
