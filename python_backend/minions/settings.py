@@ -123,6 +123,16 @@ class EngineSettings(_Settings):
     prompts at many streams slow each step; per sequence, a step is cut into one ubatch per run of
     consecutive sequence ids with equal token counts, so ragged drafts verify in several passes
     (docs/engines.md)."""
+    batch_invariant: bool = False
+    """llama.cpp: a token's logits the same however its step was batched (alone, beside other sequences,
+    in a draft or a prompt chunk), as vLLM's batch-invariant mode, so that verifying a draft keeps
+    exactly the tokens plain decoding would emit. llama.cpp's CPU flash attention sums in another order
+    when a sequence has 64 or more tokens in a step (tiled) or decodes one token alone over 512 or more
+    cells (KV split across threads); both paths need K and V of one type, so the V cache is held in Q8_0
+    beside an F16 K cache, and every step goes row by row. Exact for quantised weights (their matrix
+    products take one row at a time); F16 weights' products still depend on the batch. Needs `kv_unified:
+    false` (in one buffer attention sums over cells in the order they were filled). Long prompts cost
+    more to compute (docs/engines.md)."""
     max_context: int = derived(2048)
     """Set from orchestrator.max_context by the renderer."""
     max_draft_tokens: int = derived(16)
@@ -158,6 +168,12 @@ class EngineSettings(_Settings):
 
     def kv_budget_bytes(self) -> int | None:
         return int(self.kv_budget_mb * 2**20) if self.kv_budget_mb > 0 else None
+
+    def check(self) -> None:
+        """Raise ValueError for settings that contradict each other."""
+        if self.batch_invariant and self.kv_unified:
+            raise ValueError("batch_invariant needs kv_unified: false (in one KV buffer attention sums over "
+                             "cells in the order they were filled)")
 
 
 @dataclass(frozen=True)

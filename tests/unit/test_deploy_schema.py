@@ -141,6 +141,9 @@ def test_an_unknown_key_is_refused_with_the_nearest_known_one(change, expected):
      "known: ssm_ngram, ssm_trt"),
     (lambda raw: raw["orchestrator"].update(default_num_draft_tokens="many"),
      "orchestrator: default_num_draft_tokens must be `adaptive` or a number, got 'many'"),
+    (lambda raw: raw["llm"].update(batch_invariant=True),
+     "llm: batch_invariant needs kv_unified: false (in one KV buffer attention sums over cells in the order they "
+     "were filled)"),
 ])
 def test_values_that_cannot_be_served_are_named(change, expected):
     raw = base()

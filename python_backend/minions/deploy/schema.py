@@ -139,7 +139,16 @@ def _model(entry: Mapping, path: str) -> list[str]:
         keys["source"] = Key(str, required=True)
     if not known:  # its settings are unknown: check only what every entry has
         return _section({k: v for k, v in entry.items() if k in keys}, keys, f"{path}.")
-    return _section(entry, {**settings_keys(settings_class(kind)), **keys, **KIND_KEYS.get(kind, {})}, f"{path}.")
+    keys = {**settings_keys(settings_class(kind)), **keys, **KIND_KEYS.get(kind, {})}
+    found = _section(entry, keys, f"{path}.")
+    if settings_class(kind) is EngineSettings:
+        typed = {k: v for k, v in entry.items() if k in keys and not keys[k].derived and v is not None
+                 and _value_problem(k, v, keys[k]) is None}
+        try:
+            EngineSettings.from_yaml(typed).check()
+        except ValueError as exc:
+            found.append(f"{path}: {exc}")
+    return found
 
 
 def _orchestrator(section: Mapping, ssm_names: tuple[str, ...] | None) -> list[str]:

@@ -37,7 +37,8 @@ def build_engine(settings: EngineSettings) -> Engine:
         return LlamaCppEngine(settings.model_path, settings.num_threads, settings.max_sequences,
                               settings.max_context, settings.draft_min_prob,
                               prefix_caching=settings.prefix_caching,
-                              prefix_cache_ram_mib=settings.prefix_cache_ram_mib, kv_unified=settings.kv_unified)
+                              prefix_cache_ram_mib=settings.prefix_cache_ram_mib, kv_unified=settings.kv_unified,
+                              batch_invariant=settings.batch_invariant)
     if kind == EngineKind.NGRAM:
         from minions.engines.ngram_engine import NgramEngine
 

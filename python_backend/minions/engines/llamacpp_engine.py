@@ -82,9 +82,11 @@ class LlamaCppEngine:
         prefix_caching: bool = True,
         prefix_cache_ram_mib: float = 0,
         kv_unified: bool = True,
+        batch_invariant: bool = False,
     ) -> None:
         self.stepper = LlamaCppStepper(model_path, num_threads, max_sequences, n_ctx, draft_min_prob, n_batch,
-                                       prefix_caching, int(prefix_cache_ram_mib * 2**20), kv_unified)
+                                       prefix_caching, int(prefix_cache_ram_mib * 2**20), kv_unified,
+                                       batch_invariant)
         self.cache = self.stepper.slots.live
         self.stats = self.stepper.stats  # passes = llama.cpp decode calls
         self.prefix_stats = self.stepper.slots.stats
@@ -126,7 +128,8 @@ class LlamaCppStepper:
 
     def __init__(self, model_path: str, num_threads: int, max_sequences: int, n_ctx: int,
                  draft_min_prob: float, n_batch: int, prefix_caching: bool, stored_bytes: int = 0,
-                 kv_unified: bool = True) -> None:
+                 kv_unified: bool = True, batch_invariant: bool = False) -> None:
+        import llama_cpp
         from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
         from llama_cpp._logger import set_verbose
 
@@ -152,6 +155,9 @@ class LlamaCppStepper:
         params.n_ctx = n_ctx * max_sequences  # each sequence is held to n_ctx by the check in start()
         params.n_batch = params.n_ubatch = n_batch
         params.n_threads = params.n_threads_batch = num_threads
+        if batch_invariant:  # EngineSettings.batch_invariant: K and V of two types, so attention goes row by row
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            params.type_k, params.type_v = llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_Q8_0
         self._ctx = LlamaContext(model=self._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = self._model.n_vocab()
