@@ -5,6 +5,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEPLOY ?= deploy.yaml
+# llama.cpp (in llama-cpp-python, and llama-server for bench-peers) is compiled for AVX2, not for the build
+# machine's own instruction set: a virtual CPU can advertise AVX-512 and AMX that it does not run, and every
+# quantised GGUF (the default LLM's Q4_1) then dies with SIGILL (docs/operations.md). For a native build:
+# make venv LLAMA_CMAKE_ARGS=-DGGML_NATIVE=ON (on a fresh .venv).
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
@@ -16,7 +21,7 @@ $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON_SYSTEM) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -r requirements.txt
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --no-cache-dir -r requirements.txt
 	# Make the package importable by Triton's Python stubs, which do not inherit PYTHONPATH.
 	printf '%s\n%s\n' "$(CURDIR)/python_backend" "$(CURDIR)" > $(VENV)/lib/python3.11/site-packages/minions-dev.pth
 	touch $(STAMP)
@@ -50,7 +55,7 @@ bench: $(STAMP)
 
 # Minions against llama.cpp's own llama-server on the same GGUF (builds llama-server once under .cache/peers).
 bench-peers: $(STAMP)
-	$(PY) -m benchmarks.bench_peers --deploy $(DEPLOY)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m benchmarks.bench_peers --deploy $(DEPLOY)
 
 # The GPU acceptance run (docs/benchmarks.md, "GPU check"). Here, with network: `make gpu-bundle` puts the
 # wheels and prompt sets a bare lent GPU machine lacks into .cache/gpu-check/part-*. There, with the parts

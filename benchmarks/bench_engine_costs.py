@@ -21,7 +21,6 @@ import argparse
 import statistics
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 
@@ -100,16 +99,21 @@ def own_greedy_kept(engine: Engine, reference: Engine, prompts: list[list[int]])
     return same, kept, total
 
 
-def llamacpp_engines(args: argparse.Namespace, cache: Path) -> Iterator[tuple[str, Engine, Engine | None]]:
-    """llama.cpp on the SmolLM2 GGUF, per weight encoding and thread count, each with a reference of
-    one sequence and no prefix cache (own_greedy_kept)."""
+def llamacpp_engines(args: argparse.Namespace, dep: Deployment) -> Iterator[tuple[str, Engine, Engine | None]]:
+    """llama.cpp on the SmolLM2 GGUF, per weight encoding and thread count, its KV laid out as the
+    deployment's LLM keeps it (kv_unified, batch_invariant), each with a reference of one sequence and
+    no prefix cache (own_greedy_kept)."""
     shipped = smollm2_gguf()
+    llm = EngineSettings.from_yaml(dep.raw["llm"])
+    layout = {"kv_unified": llm.kv_unified, "batch_invariant": llm.batch_invariant}
     for encoding in args.encodings:
-        path = shipped if encoding.upper() == "Q4_1" else repacked_gguf(shipped, encoding, cache)
+        path = shipped if encoding.upper() == "Q4_1" else repacked_gguf(shipped, encoding, dep.cache_dir)
         for threads in args.threads:
             yield (f"{encoding} {threads}t",
-                   LlamaCppEngine(str(path), num_threads=threads, max_sequences=max(args.batch, 2), n_ctx=512),
-                   LlamaCppEngine(str(path), num_threads=threads, max_sequences=1, n_ctx=512, prefix_caching=False))
+                   LlamaCppEngine(str(path), num_threads=threads, max_sequences=max(args.batch, 2), n_ctx=512,
+                                  **layout),
+                   LlamaCppEngine(str(path), num_threads=threads, max_sequences=1, n_ctx=512, prefix_caching=False,
+                                  **layout))
 
 
 def torch_engines(args: argparse.Namespace, dep: Deployment) -> Iterator[tuple[str, Engine, Engine | None]]:
@@ -131,7 +135,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args()
     dep = load_deployment(ROOT / "deploy.yaml")
-    engines = llamacpp_engines(args, dep.cache_dir) if args.engine == "llamacpp" else torch_engines(args, dep)
+    engines = llamacpp_engines(args, dep) if args.engine == "llamacpp" else torch_engines(args, dep)
     prompts = chat_prompts(dep)
     print(f"{'engine':16} {'1 seq ms/tok':>12} {f'{args.batch} seq ms/tok':>12} "
           + " ".join(f"{f'verify {k}':>9}" for k in VERIFY_LENGTHS) + f" {'plain same':>11} {'drafts kept':>11}")
