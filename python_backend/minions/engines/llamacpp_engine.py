@@ -155,9 +155,9 @@ class LlamaCppStepper:
         params.n_ctx = n_ctx * max_sequences  # each sequence is held to n_ctx by the check in start()
         params.n_batch = params.n_ubatch = n_batch
         params.n_threads = params.n_threads_batch = num_threads
-        if batch_invariant:  # EngineSettings.batch_invariant: K and V of two types, so attention goes row by row
+        if batch_invariant:  # EngineSettings.batch_invariant: K in Q8_0 and V in F16, so attention goes row by row
             params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-            params.type_k, params.type_v = llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_Q8_0
+            params.type_k, params.type_v = llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_F16
         self._ctx = LlamaContext(model=self._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = self._model.n_vocab()
