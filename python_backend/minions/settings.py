@@ -129,8 +129,8 @@ class EngineSettings(_Settings):
     exactly the tokens plain decoding would emit. llama.cpp's CPU flash attention sums in another order
     when a sequence has 64 or more tokens in a step (tiled) or decodes one token alone over 512 or more
     cells (KV split across threads); both paths need K in F16 or F32 and V of K's type, so the K cache is
-    held in Q8_0 beside an F16 V cache, and every step goes row by row. Exact for quantised weights
-    (their matrix products take one row at a time); F16 weights' products still depend on the batch.
+    held in Q8_0 beside an F16 V cache, and every step goes row by row. Exact for Q4_1 weights (their
+    matrix products take one row at a time); F16's and Q4_K's (repacked) products still depend on the batch.
     Needs `kv_unified: false` (in one buffer attention sums over cells in the order they were filled).
     Long prompts cost more to compute (docs/engines.md)."""
     max_context: int = derived(2048)
