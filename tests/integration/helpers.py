@@ -18,6 +18,7 @@ import tritonclient.grpc as grpcclient
 
 from minions.deploy.config import load_deployment
 from minions.deploy.render import orchestrator_settings
+from minions.settings import EngineSettings
 from tests.support.triton_process import ROOT, TritonProcess
 
 STREAM_INTERVAL_S = orchestrator_settings(load_deployment(ROOT / "deploy.yaml")).llm_stream_interval_ms / 1000
@@ -154,16 +155,19 @@ batched-vs-alone logit differences: <= 0.08); a real mistake misses by whole uni
 
 class NearTies:
     """Checks that an output differing from the reference greedy output leaves it at a near tie of
-    the LLM's logits, and prints where: the one allowed difference on a llama.cpp verifier (its
-    many-token steps use other kernels than one-token steps). The engine is loaded on first need."""
+    the LLM's logits, and prints where: the one allowed difference on a llama.cpp verifier whose
+    many-token steps use other kernels than one-token steps. A `batch_invariant` LLM allows none. The
+    engine is loaded on first need."""
 
     def __init__(self, server) -> None:
         self.server = server
         self._checker = None
+        self.exact = EngineSettings.from_yaml(server.deployment.raw["llm"]).batch_invariant
 
     def assert_same_or_near_tie(self, prompt: str, reference: str, other: str, what: str) -> None:
         if other == reference:
             return
+        assert not self.exact, f"{what} left the reference on a batch-invariant LLM:\n{reference!r}\n{other!r}"
         if self._checker is None:
             from tests.support.near_tie import NearTieChecker
 
