@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 
 from client.api import GenerationParams, generate_grpc, generate_http
-from tests.integration.helpers import COPY_PROMPT, metric_above, metric_value
+from tests.integration.helpers import metric_above, metric_value
 
-PROMPT = COPY_PROMPT
+PROMPT = ("Repeat this list exactly, once: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, "
+          "lemon, mango, nectarine, orange, papaya")
+"""An answer that copies its prompt word for word (SmolLM2's Q4_1 rewrites the code of
+helpers.COPY_PROMPT), so that both lookup drafters find what to draft from the answer's first words on."""
 
 
 @pytest.mark.parametrize("mode", ["vote", "bandit", "vote:ssm_suffix,ssm_ngram"])
@@ -50,16 +53,16 @@ def test_sampled_vote_and_bandit_work(server, mode):
     the greedy output, through the sampled path (SSMs' sampled drafts, accept/resample draws)."""
     params = GenerationParams(max_tokens=24, chat=True, temperature=0.8, top_p=0.95, seed=77, speculation=mode,
                               return_perf_metrics=True)
-    out = generate_grpc(server.grpc_url, "minions", COPY_PROMPT, params)
+    out = generate_grpc(server.grpc_url, "minions", PROMPT, params)
     # A sampled end-of-sequence token may end the line early (plain `off` sampling does so for some seeds too).
     assert (out.finish_reason, out.num_output_tokens == 24) in {("length", True), ("stop", False)}
     assert out.text
 
-    greedy = generate_grpc(server.grpc_url, "minions", COPY_PROMPT,
+    greedy = generate_grpc(server.grpc_url, "minions", PROMPT,
                            GenerationParams(max_tokens=24, chat=True, speculation="off"))
     for seed in (77, 78):
         # A fixed draft length: every round drafts (an adaptive one may settle on plain decoding).
-        top_only = generate_grpc(server.grpc_url, "minions", COPY_PROMPT, GenerationParams(
+        top_only = generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(
             max_tokens=24, chat=True, temperature=0.8, top_p=1e-6, seed=seed, speculation=mode, num_draft_tokens=4,
             return_perf_metrics=True))
         assert (top_only.text, top_only.num_output_tokens) == (greedy.text, greedy.num_output_tokens), f"seed {seed}"
