@@ -93,7 +93,6 @@ def test_a_client_that_stops_waiting_cancels_its_request_with_a_clear_error(serv
     assert generate_grpc(server.grpc_url, "minions", "Say hi.", GenerationParams(max_tokens=4, chat=True)).num_output_tokens > 0
 
 
-
 ENGINE_CANCELLED = "cancelled by its client"
 """The engine model's log line for a request whose client has gone."""
 

@@ -142,10 +142,8 @@ def _model(entry: Mapping, path: str) -> list[str]:
     keys = {**settings_keys(settings_class(kind)), **keys, **KIND_KEYS.get(kind, {})}
     found = _section(entry, keys, f"{path}.")
     if settings_class(kind) is EngineSettings:
-        typed = {k: v for k, v in entry.items() if k in keys and not keys[k].derived and v is not None
-                 and _value_problem(k, v, keys[k]) is None}
         try:
-            EngineSettings.from_yaml(typed).check()
+            EngineSettings.from_yaml(_typed(entry, keys)).check()
         except ValueError as exc:
             found.append(f"{path}: {exc}")
     return found
@@ -157,8 +155,7 @@ def _orchestrator(section: Mapping, ssm_names: tuple[str, ...] | None) -> list[s
     the settings' own `check`."""
     keys = {**settings_keys(OrchestratorSettings), **ORCHESTRATOR}
     found = _section(section, keys, "orchestrator.")
-    typed = {k: v for k, v in section.items() if k in keys and not keys[k].derived and v is not None
-             and _value_problem(k, v, keys[k]) is None}
+    typed = _typed(section, keys)
     if SPECULATION in typed and ssm_names is not None:
         try:
             Speculation.parse(str(typed[SPECULATION]), ssm_names)
@@ -169,6 +166,13 @@ def _orchestrator(section: Mapping, ssm_names: tuple[str, ...] | None) -> list[s
     except ValueError as exc:
         found.append(f"orchestrator: {exc}")
     return found
+
+
+def _typed(section: Mapping, keys: Mapping[str, Key]) -> dict:
+    """The section's settings whose values are of the right type (what a settings class can read, so
+    its own checks can run on them); problems with the others are reported by `_section`."""
+    return {k: v for k, v in section.items() if k in keys and not keys[k].derived and v is not None
+            and _value_problem(k, v, keys[k]) is None}
 
 
 def _duplicate_names(models: Mapping[str, Mapping]) -> list[str]:
