@@ -64,9 +64,11 @@ class KillAfterChunk:
         return self.kill
 
 
-COPY_PROMPT = ("Copy this Python code exactly:\n```python\ndef add(a, b):\n    return a + b\n\n"
-               "def subtract(a, b):\n    return a - b\n```")
-"""Copy-heavy: prompt lookup and suffix matching draft on it, and the LLM accepts."""
+COPY_PROMPT = ("Repeat this list exactly, once: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, "
+               "lemon, mango, nectarine, orange, papaya")
+"""Copy-heavy: as a chat, SmolLM2 (its Q4_1 GGUF, and the torch deployment's weights) answers with the
+list word for word, so prompt lookup and suffix matching draft from its first words on and the LLM
+accepts. (It rewrites code it is asked to copy: `def add` became `def add_subtract`.)"""
 
 
 def kept_prompts(name: str) -> list[str]:

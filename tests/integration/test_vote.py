@@ -5,12 +5,7 @@ from __future__ import annotations
 import pytest
 
 from client.api import GenerationParams, generate_grpc, generate_http
-from tests.integration.helpers import metric_above, metric_value
-
-PROMPT = ("Repeat this list exactly, once: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, "
-          "lemon, mango, nectarine, orange, papaya")
-"""An answer that copies its prompt word for word (SmolLM2's Q4_1 rewrites the code of
-helpers.COPY_PROMPT), so that both lookup drafters find what to draft from the answer's first words on."""
+from tests.integration.helpers import COPY_PROMPT, metric_above, metric_value
 
 
 @pytest.mark.parametrize("mode", ["vote", "bandit", "vote:ssm_suffix,ssm_ngram"])
@@ -19,8 +14,9 @@ def test_http_vote_and_bandit_equal_plain_greedy(server, mode, stream):
     """A fixed draft length: every round drafts. An adaptive one may leave a copy unverified where what
     the server has learnt by then prices its drafts out (a CI run: bandit, streamed, nothing drafted)."""
     params = {"max_tokens": 32, "chat": True}
-    plain = generate_http(server.http_url, "minions", PROMPT, GenerationParams(speculation="off", **params), stream=stream)
-    spec = generate_http(server.http_url, "minions", PROMPT,
+    plain = generate_http(server.http_url, "minions", COPY_PROMPT, GenerationParams(speculation="off", **params),
+                          stream=stream)
+    spec = generate_http(server.http_url, "minions", COPY_PROMPT,
                          GenerationParams(speculation=mode, num_draft_tokens=4, return_perf_metrics=True, **params),
                          stream=stream)
     assert (spec.text, spec.num_output_tokens) == (plain.text, plain.num_output_tokens)
@@ -32,7 +28,8 @@ def test_vote_exports_per_ssm_metrics(server):
     so this checks that drafting is counted and that every SSM's weight is exported."""
     ssms = ("ssm_suffix", "ssm_ngram")
     before = sum(metric_value(server.metrics_url, "minions_ssm_drafts", ssm=s) for s in ssms)
-    generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(max_tokens=48, chat=True, speculation="vote"))
+    generate_grpc(server.grpc_url, "minions", COPY_PROMPT,
+                  GenerationParams(max_tokens=48, chat=True, speculation="vote"))
     assert sum(metric_value(server.metrics_url, "minions_ssm_drafts", ssm=s) for s in ssms) > before
     for ssm in ssms:
         assert metric_above(server.metrics_url, "minions_ssm_weight", ssm=ssm) > 0
@@ -53,16 +50,16 @@ def test_sampled_vote_and_bandit_work(server, mode):
     the greedy output, through the sampled path (SSMs' sampled drafts, accept/resample draws)."""
     params = GenerationParams(max_tokens=24, chat=True, temperature=0.8, top_p=0.95, seed=77, speculation=mode,
                               return_perf_metrics=True)
-    out = generate_grpc(server.grpc_url, "minions", PROMPT, params)
+    out = generate_grpc(server.grpc_url, "minions", COPY_PROMPT, params)
     # A sampled end-of-sequence token may end the line early (plain `off` sampling does so for some seeds too).
     assert (out.finish_reason, out.num_output_tokens == 24) in {("length", True), ("stop", False)}
     assert out.text
 
-    greedy = generate_grpc(server.grpc_url, "minions", PROMPT,
+    greedy = generate_grpc(server.grpc_url, "minions", COPY_PROMPT,
                            GenerationParams(max_tokens=24, chat=True, speculation="off"))
     for seed in (77, 78):
         # A fixed draft length: every round drafts (an adaptive one may settle on plain decoding).
-        top_only = generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(
+        top_only = generate_grpc(server.grpc_url, "minions", COPY_PROMPT, GenerationParams(
             max_tokens=24, chat=True, temperature=0.8, top_p=1e-6, seed=seed, speculation=mode, num_draft_tokens=4,
             return_perf_metrics=True))
         assert (top_only.text, top_only.num_output_tokens) == (greedy.text, greedy.num_output_tokens), f"seed {seed}"
