@@ -11,8 +11,10 @@ from minions.engines.api import Engine
 from minions.settings import EngineKind, EngineSettings
 
 
-def build_engine(settings: EngineSettings) -> Engine:
-    """The engine `settings.engine` names (an EngineKind other than tensorrtllm), built from `settings`."""
+def build_engine(settings: EngineSettings, step_lock_path: str | None = None) -> Engine:
+    """The engine `settings.engine` names (an EngineKind other than tensorrtllm), built from `settings`.
+    `step_lock_path`: a file the model's instances share, whose lock a llama.cpp engine holds for each
+    step (engines/step_lock.py)."""
     kind = settings.engine
     if kind in (EngineKind.TORCH, EngineKind.DISTILLED):
         import torch
@@ -38,7 +40,7 @@ def build_engine(settings: EngineSettings) -> Engine:
                               settings.max_context, settings.draft_min_prob,
                               prefix_caching=settings.prefix_caching,
                               prefix_cache_ram_mib=settings.prefix_cache_ram_mib, kv_unified=settings.kv_unified,
-                              batch_invariant=settings.batch_invariant)
+                              batch_invariant=settings.batch_invariant, step_lock_path=step_lock_path)
     if kind == EngineKind.NGRAM:
         from minions.engines.ngram_engine import NgramEngine
 

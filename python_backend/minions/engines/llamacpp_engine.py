@@ -25,6 +25,7 @@ Measured on this machine with one thread, 200-token contexts: 8.5 ms/token at 8 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ from minions.engines.api import WARM_UP_TOKENS, Answer, BatchStats, result_or_ra
 from minions.engines.inflight_batching import InflightBatcher
 from minions.engines.prefix_cache import PrefixCache, SlotChoice
 from minions.engines.sequence_cache import CachedSequence
+from minions.engines.step_lock import StepLock, step_slots
 from minions.errors import InvalidRequest
 
 @dataclass
@@ -83,10 +85,14 @@ class LlamaCppEngine:
         prefix_cache_ram_mib: float = 0,
         kv_unified: bool = True,
         batch_invariant: bool = False,
+        step_lock_path: str | None = None,
     ) -> None:
+        """`step_lock_path`: a file every instance of the model shares (step_lock.py), so that a reload's
+        old and new instance take turns step by step instead of computing at once."""
+        self.step_lock = StepLock(step_lock_path, step_slots(num_threads)) if step_lock_path else None
         self.stepper = LlamaCppStepper(model_path, num_threads, max_sequences, n_ctx, draft_min_prob, n_batch,
                                        prefix_caching, int(prefix_cache_ram_mib * 2**20), kv_unified,
-                                       batch_invariant)
+                                       batch_invariant, self.step_lock)
         self.cache = self.stepper.slots.live
         self.stats = self.stepper.stats  # passes = llama.cpp decode calls
         self.prefix_stats = self.stepper.slots.stats
@@ -117,6 +123,8 @@ class LlamaCppEngine:
 
     def close(self) -> None:
         self.batcher.close()
+        if self.step_lock is not None:
+            self.step_lock.close()
 
     def cached_bytes(self) -> None:
         """Unknown: llama.cpp allocates one KV buffer for every slot at load."""
@@ -128,7 +136,7 @@ class LlamaCppStepper:
 
     def __init__(self, model_path: str, num_threads: int, max_sequences: int, n_ctx: int,
                  draft_min_prob: float, n_batch: int, prefix_caching: bool, stored_bytes: int = 0,
-                 kv_unified: bool = True, batch_invariant: bool = False) -> None:
+                 kv_unified: bool = True, batch_invariant: bool = False, step_lock: StepLock | None = None) -> None:
         import llama_cpp
         from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
         from llama_cpp._logger import set_verbose
@@ -162,6 +170,7 @@ class LlamaCppStepper:
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = self._model.n_vocab()
         self.stats = BatchStats()  # passes = llama.cpp decode calls
+        self._step_lock = step_lock if step_lock is not None else contextlib.nullcontext()
 
     # -- Stepper protocol --------------------------------------------------------------------------
     def start(self, request: EngineRequest) -> _Job:
@@ -236,7 +245,8 @@ class LlamaCppStepper:
             batch.n_seq_id[j] = 1
             batch.logits[j] = j == n - 1
         batch.n_tokens = n
-        self._ctx.decode(self._batch)
+        with self._step_lock:
+            self._ctx.decode(self._batch)
         self._ctx.kv_cache_clear()
 
     def _close_gaps(self, jobs: list[_Job]) -> None:
@@ -288,7 +298,8 @@ class LlamaCppStepper:
                 batch.n_seq_id[j] = 1
                 batch.logits[j] = wanted
             batch.n_tokens = len(chunk)
-            self._ctx.decode(self._batch)
+            with self._step_lock:
+                self._ctx.decode(self._batch)
             self.stats.passes += 1
             self.stats.sequences += len({id(job) for job, _, _, _ in chunk})
             self.stats.tokens += len(chunk)

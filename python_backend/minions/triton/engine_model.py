@@ -26,6 +26,7 @@ import triton_python_backend_utils as pb_utils
 from minions.decoding.engine_call import KEEP_SEQUENCE_PARAMETER, STREAM_INTERVAL_PARAMETER, EngineResult
 from minions.engines.api import BatchEngine, BatchStats, InflightEngine, MeteredEngine, PrefixCachingEngine
 from minions.engines.factory import build_engine
+from minions.engines.step_lock import step_lock_path
 from minions.engines.tensors import CallTimes, encode_engine_outputs, parse_engine_inputs
 from minions.errors import InvalidRequest
 from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
@@ -44,7 +45,7 @@ class TritonPythonModel:
         self.name = args["model_name"]
         settings = EngineSettings.from_params(string_parameters(config))
         start = time.perf_counter()
-        self.engine = build_engine(settings)
+        self.engine = build_engine(settings, step_lock_path(args["model_repository"]))
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         if self.decoupled and not isinstance(self.engine, InflightEngine):
             raise pb_utils.TritonModelException(f"{self.name}: engine {settings.engine!r} cannot serve "
