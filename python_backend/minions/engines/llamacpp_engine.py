@@ -245,9 +245,14 @@ class LlamaCppStepper:
             batch.n_seq_id[j] = 1
             batch.logits[j] = j == n - 1
         batch.n_tokens = n
+        self._run_batch()
+        self._ctx.kv_cache_clear()
+
+    def _run_batch(self) -> None:
+        """Decode the batch as filled, holding the model's step lock (engines/step_lock.py): every
+        llama.cpp decode of this context goes through here."""
         with self._step_lock:
             self._ctx.decode(self._batch)
-        self._ctx.kv_cache_clear()
 
     def _close_gaps(self, jobs: list[_Job]) -> None:
         """With a KV stream per slot, llama.cpp runs a step in one ubatch per run of consecutive slots:
@@ -298,8 +303,7 @@ class LlamaCppStepper:
                 batch.n_seq_id[j] = 1
                 batch.logits[j] = wanted
             batch.n_tokens = len(chunk)
-            with self._step_lock:
-                self._ctx.decode(self._batch)
+            self._run_batch()
             self.stats.passes += 1
             self.stats.sequences += len({id(job) for job, _, _, _ in chunk})
             self.stats.tokens += len(chunk)

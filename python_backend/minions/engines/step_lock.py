@@ -4,9 +4,8 @@ files the model's instances share, one held for each llama.cpp decode call.
 A reload through the repository API runs the model's old instance (finishing its requests) beside
 the new one (taking the new requests). Each runs llama.cpp with as many threads as the deployment
 gave the model, usually every core; computing at once, their threads outnumber the cores, and
-llama.cpp's threads, which wait for each other at every operation of a step, crawl: on the 2-core
-CI machine requests under way across a reload took 54 to 193 s for 62 to 256 tokens, against 2 to 10
-s (docs/operations.md, "A reload while requests run"). Taking turns step by step, each step runs at
+llama.cpp's threads, which wait for each other at every operation of a step, crawl (measured in
+docs/operations.md, "A reload while requests run"). Taking turns step by step, each step runs at
 full speed. There are as many slots (files) as the cores hold the model's thread count, so the
 instances of an `instance_count` above 1 on a machine with room for them still step together. A
 process that dies holding a slot releases it with its file descriptor.
