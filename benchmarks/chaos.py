@@ -34,9 +34,11 @@ loads the model itself, as an operator would, so the run goes on. The server run
 it: tritonserver, with `make serve`'s watchdog of the orchestrator's stub (deploy/watchdog.py) and the
 OpenAI frontend beside it.
 
-It fails (exit 1, one line per problem) on a hung or incomplete request, a tritonserver exit or a
-crash in its log ("Signal (", "Fatal Python error"), a stub left dead beyond `--recovery-s`, a
-reload that failed, no request served after a fault within its deadline, shared-memory regions of
+It fails (exit 1, one line per problem) on a hung or incomplete request, a request that took more
+than `--slow-s` to end however it ended (a crawl is not a hang: its stream is never silent), a
+tritonserver exit or a crash in its log ("Signal (", "Fatal Python error"), a stub left dead beyond
+`--recovery-s`, a reload that failed, no request sent after a fault served within `--slow-s` of it
+(the tool still waits up to its deadline, so that the run goes on), shared-memory regions of
 the server's stubs in /dev/shm that no live process maps once the load has stopped, regions left
 once tritonserver has stopped (but a killed stub's: Triton 2.51 holds a dead stub's instance, and
 its region, until it exits, and leaves it to the launcher's sweep), a stub still running after
@@ -198,6 +200,21 @@ def leaked_regions(ours: Iterable[str], present: Iterable[str], mapped: Iterable
     return sorted(set(ours) & set(present) - set(mapped))
 
 
+def slow_requests(results: Iterable[RequestResult], slow_s: float) -> list[RequestResult]:
+    """The requests that ended more than `slow_s` after they were sent, however they ended (hung and
+    orphaned requests are counted as such)."""
+    return [r for r in results if r.outcome not in (HUNG, ORPHANED) and r.end - r.start > slow_s]
+
+
+def duration_figures(results: Iterable[RequestResult]) -> dict[str, float | None]:
+    """Median, 99th percentile and longest time from sending to the final response of served requests."""
+    seconds = sorted(r.end - r.start for r in results if r.outcome == SERVED)
+    if not seconds:
+        return {"p50_s": None, "p99_s": None, "max_s": None}
+    return {"p50_s": round(seconds[len(seconds) // 2], 2), "p99_s": round(seconds[int(0.99 * (len(seconds) - 1))], 2),
+            "max_s": round(seconds[-1], 2)}
+
+
 def crash_lines(log_text: str) -> list[str]:
     return [line.strip() for line in log_text.splitlines() if any(m in line for m in CRASH_MARKS)]
 
@@ -211,6 +228,10 @@ def problems(report: dict) -> list[str]:
         if outcomes.get(outcome):
             examples = "; ".join(report["requests"]["examples"].get(outcome, [])[:2])
             out.append(f"{outcomes[outcome]} request(s) {what}: {examples}")
+    slow, slow_s = report["requests"]["slow"], report["settings"]["slow_s"]
+    if slow:
+        out.append(f"{len(slow)} request(s) took more than {slow_s:g} s to end (the longest "
+                   f"{max(x['seconds'] for x in slow):.1f} s): " + "; ".join(x["what"] for x in slow[:2]))
     if report["requests"]["total"] == 0:
         out.append("no request was made")
     if report["server"]["exited_during_run"] is not None:
@@ -227,6 +248,9 @@ def problems(report: dict) -> list[str]:
         if not f["error"] and f.get("served_again_s", 0) is None:
             out.append(f"{f['kind']} {f['model']} at {f['t']:.0f} s: no request sent after it was served within "
                        f"{report['settings']['hang_s'] + report['settings']['recovery_s']:g} s")
+        elif not f["error"] and f["recovered_s"] is not None and f.get("served_again_s", 0) > slow_s:
+            out.append(f"{f['kind']} {f['model']} at {f['t']:.0f} s: a request sent after it was served only "
+                       f"{f['served_again_s']:.1f} s after it (more than {slow_s:g} s)")
     out += [f"shared memory leaked (no live process maps it) once the load stopped: {r}"
             for r in report["shm"]["leaked"]]
     out += [f"shared memory left in /dev/shm after the stop: {r}" for r in report["shm"]["left_after_stop"]]
@@ -574,6 +598,9 @@ class Settings:
     users: int = 4
     max_tokens: int = 64
     hang_s: float = 120.0
+    slow_s: float = 60.0
+    """A request that takes longer to end fails the run, as does a fault after which no request is served
+    this soon: the default deployment serves the run's requests in under 10 s on 2 cores."""
     recovery_s: float = 90.0
     min_gap_s: float = 10.0
     max_gap_s: float = 40.0
@@ -597,7 +624,7 @@ def window_outcomes(results: list[RequestResult], start: float, end: float,
             "sent_during": dict(Counter(r.outcome for r in results if start <= r.start <= end))}
 
 
-def summarize_requests(results: list[RequestResult], stuck: list[int]) -> dict:
+def summarize_requests(results: list[RequestResult], stuck: list[int], slow_s: float) -> dict:
     outcomes = Counter(r.outcome for r in results)
     outcomes[HUNG] += len(stuck)
     examples: dict[str, list[str]] = {}
@@ -609,7 +636,11 @@ def summarize_requests(results: list[RequestResult], stuck: list[int]) -> dict:
             errors[re.sub(r"\d+", "N", r.detail[:160])] += 1
     for worker in stuck:
         examples.setdefault(HUNG, []).append(f"user {worker}'s request never returned")
+    slow = [{"seconds": round(r.end - r.start, 1),
+             "what": f"[{r.protocol} {r.speculation} at {r.start:.0f} s] {r.outcome} after {r.end - r.start:.1f} s, "
+                     f"{r.tokens} tokens"} for r in slow_requests(results, slow_s)]
     return {"total": len(results) + len(stuck), "outcomes": {o: outcomes.get(o, 0) for o in OUTCOMES},
+            "served_seconds": duration_figures(results), "slow": slow,
             "by_mode": {f"{p} {m}": dict(Counter(r.outcome for r in results if (r.protocol, r.speculation) == (p, m)))
                         for p in PROTOCOLS for m in MODES},
             "tokens": sum(r.tokens for r in results), "examples": examples,
@@ -697,7 +728,7 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
     duration = time.monotonic() - t0
     report = {
         "settings": {**asdict(s), "faults": list(kinds)}, "stamp": stamp, "duration_s": round(duration, 1),
-        "requests": summarize_requests(results, stuck),
+        "requests": summarize_requests(results, stuck, s.slow_s),
         "faults": faults,
         "faults_by_kind": dict(Counter(f["kind"] for f in faults)),
         "recoveries": {"count": len(recoveries), "not_recovered": sum(f["recovered_s"] is None and not f["error"]
@@ -761,6 +792,9 @@ def format_summary(report: dict) -> str:
         f"requests: {r['total']} ({o[SERVED]} served, {o[REFUSED]} refused, {o[FAILED]} failed with an error, "
         f"{o[INCOMPLETE]} incomplete, {o[HUNG]} hung, {o[ORPHANED]} orphaned by Triton: gRPC/HTTP requests under "
         f"way on a killed orchestrator stub, which no server process can answer); {r['tokens']} tokens",
+        f"served in (sent to final response): median {_s(r['served_seconds']['p50_s'])}, p99 "
+        f"{_s(r['served_seconds']['p99_s'])}, longest {_s(r['served_seconds']['max_s'])}; "
+        f"{len(r['slow'])} request(s) took more than {s['slow_s']:g} s",
         "by protocol: " + "; ".join(
             f"{p} " + ", ".join(f"{n} {o}" for o, n in sorted(_by_protocol(r["by_mode"], p).items()))
             for p in PROTOCOLS),
@@ -812,6 +846,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("-u", "--users", type=int, default=d.users, help="concurrent client streams")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="output tokens per request")
     p.add_argument("--hang-s", type=float, default=d.hang_s, help="a request silent this long is hung")
+    p.add_argument("--slow-s", type=float, default=d.slow_s,
+                   help="a request taking longer to end, or a fault after which none is served this soon, "
+                   "fails the run")
     p.add_argument("--recovery-s", type=float, default=d.recovery_s, help="a stub dead this long is not recovered")
     p.add_argument("--min-gap-s", type=float, default=d.min_gap_s, help="shortest wait between faults")
     p.add_argument("--max-gap-s", type=float, default=d.max_gap_s, help="longest wait between faults")
@@ -831,9 +868,10 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         p.error(str(exc))
     if not 0 <= a.min_gap_s <= a.max_gap_s:
         p.error("need 0 <= --min-gap-s <= --max-gap-s")
-    return Settings(a.deploy, a.minutes, a.seed, faults, a.users, a.max_tokens, a.hang_s, a.recovery_s, a.min_gap_s,
-                    a.max_gap_s, a.sample_s, a.warmup_min, a.growth_mib, d.leak_wait_s, a.datasets, d.prompts, a.out,
-                    a.exit_timeout_s)
+    return Settings(deploy=a.deploy, minutes=a.minutes, seed=a.seed, faults=faults, users=a.users,
+                    max_tokens=a.max_tokens, hang_s=a.hang_s, slow_s=a.slow_s, recovery_s=a.recovery_s,
+                    min_gap_s=a.min_gap_s, max_gap_s=a.max_gap_s, sample_s=a.sample_s, warmup_min=a.warmup_min,
+                    growth_mib=a.growth_mib, datasets=a.datasets, out=a.out, exit_timeout_s=a.exit_timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:

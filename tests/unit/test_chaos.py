@@ -13,8 +13,9 @@ import openai
 import pytest
 
 from benchmarks.chaos import (FAILED, FAULT_KINDS, HUNG, INCOMPLETE, ORPHANED, OUTCOMES, REFUSED, SERVED,
-                              RequestResult, classify, crash_lines, fault_deck, fault_schedule, leaked_regions,
-                              memory_trend, orphaned, parse_faults, problems, window_outcomes)
+                              RequestResult, classify, crash_lines, duration_figures, fault_deck, fault_schedule,
+                              leaked_regions, memory_trend, orphaned, parse_faults, problems, slow_requests,
+                              window_outcomes)
 from client.api import Completion, MinionsClientError, SilentStreamError
 from minions.errors import ServerBusy
 from minions.frontend.orphans import ORPHANED as ORPHAN_MESSAGE
@@ -183,9 +184,9 @@ def test_crash_lines_are_signals_and_fatal_python_errors():
 # -- the verdict -------------------------------------------------------------------------------------
 def clean_report(**changes) -> dict:
     report = {
-        "settings": {"recovery_s": 90, "hang_s": 120},
+        "settings": {"recovery_s": 90, "hang_s": 120, "slow_s": 60},
         "requests": {"total": 10, "outcomes": dict.fromkeys(OUTCOMES, 0) | {SERVED: 8, REFUSED: 1, FAILED: 1},
-                     "examples": {}},
+                     "examples": {}, "slow": []},
         "server": {"exited_during_run": None, "crash_lines": [], "exit_code": 1},
         "faults": [{"kind": "ssm_kill", "model": "ssm_ngram", "t": 12.0, "recovered_s": 4.2, "error": None,
                     "restored": None, "served_again_s": 1.5}],
@@ -225,6 +226,12 @@ def test_a_clean_run_has_no_problem():
     ({"faults": [{"kind": "minions_kill", "model": "minions", "t": 30.0, "recovered_s": 5.0, "error": None,
                   "restored": None, "served_again_s": None}]},
      "minions_kill minions at 30 s: no request sent after it was served within 210 s"),
+    ({"faults": [{"kind": "reload", "model": "llm", "t": 30.0, "recovered_s": 8.9, "error": None,
+                  "restored": None, "served_again_s": 76.2}]},
+     "reload llm at 30 s: a request sent after it was served only 76.2 s after it (more than 60 s)"),
+    ({"requests__slow": [{"seconds": 72.3, "what": "[grpc vote at 410 s] served after 72.3 s, 64 tokens"},
+                         {"seconds": 196.0, "what": "[http off at 400 s] failed after 196.0 s, 12 tokens"}]},
+     "2 request(s) took more than 60 s to end (the longest 196.0 s): [grpc vote at 410 s] served after 72.3 s"),
     ({"shm__leaked": ["r2"]}, "shared memory leaked (no live process maps it) once the load stopped: r2"),
     ({"shm__left_after_stop": ["r3"]}, "shared memory left in /dev/shm after the stop: r3"),
     ({"stubs_after_stop": ["llm (pid 7)"]}, "stub still running after tritonserver exited: llm (pid 7)"),
@@ -233,6 +240,25 @@ def test_a_clean_run_has_no_problem():
 def test_each_problem_fails_the_run_with_one_line(change, expected):
     found = problems(clean_report(**change))
     assert len(found) == 1 and expected in found[0], found
+
+
+def test_a_request_is_slow_by_its_time_to_end_however_it_ended_but_hung_ones_are_counted_as_hung():
+    def req(start, end, outcome):
+        return RequestResult(0, "http", "off", start, end, outcome, "")
+
+    fast, crawled, failed_late = req(0, 9, SERVED), req(10, 80, SERVED), req(20, 90.5, FAILED)
+    hung, orphaned_ = req(0, 130, HUNG), req(5, 135, ORPHANED)
+    results = [fast, crawled, failed_late, hung, orphaned_, req(30, 90, REFUSED)]  # exactly 60 s: not slow
+    assert slow_requests(results, 60.0) == [crawled, failed_late]
+
+
+def test_served_durations_are_the_served_requests_median_99th_percentile_and_longest():
+    def served(seconds):
+        return RequestResult(0, "grpc", "vote", 100.0, 100.0 + seconds, SERVED, "stop")
+
+    results = [served(float(s)) for s in range(1, 101)] + [RequestResult(0, "grpc", "off", 0, 500, FAILED, "x")]
+    assert duration_figures(results) == {"p50_s": 51.0, "p99_s": 99.0, "max_s": 100.0}
+    assert duration_figures([]) == {"p50_s": None, "p99_s": None, "max_s": None}
 
 
 def test_requests_around_a_fault_are_those_under_way_at_it_and_those_sent_during_it():
