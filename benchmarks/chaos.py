@@ -868,6 +868,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         p.error(str(exc))
     if not 0 <= a.min_gap_s <= a.max_gap_s:
         p.error("need 0 <= --min-gap-s <= --max-gap-s")
+    if a.slow_s <= 0:
+        p.error("need --slow-s > 0")
     return Settings(deploy=a.deploy, minutes=a.minutes, seed=a.seed, faults=faults, users=a.users,
                     max_tokens=a.max_tokens, hang_s=a.hang_s, slow_s=a.slow_s, recovery_s=a.recovery_s,
                     min_gap_s=a.min_gap_s, max_gap_s=a.max_gap_s, sample_s=a.sample_s, warmup_min=a.warmup_min,

@@ -14,8 +14,8 @@ import pytest
 
 from benchmarks.chaos import (FAILED, FAULT_KINDS, HUNG, INCOMPLETE, ORPHANED, OUTCOMES, REFUSED, SERVED,
                               RequestResult, classify, crash_lines, duration_figures, fault_deck, fault_schedule,
-                              leaked_regions, memory_trend, orphaned, parse_faults, problems, slow_requests,
-                              window_outcomes)
+                              Settings, leaked_regions, memory_trend, orphaned, parse_args, parse_faults, problems,
+                              slow_requests, window_outcomes)
 from client.api import Completion, MinionsClientError, SilentStreamError
 from minions.errors import ServerBusy
 from minions.frontend.orphans import ORPHANED as ORPHAN_MESSAGE
@@ -259,6 +259,13 @@ def test_served_durations_are_the_served_requests_median_99th_percentile_and_lon
     results = [served(float(s)) for s in range(1, 101)] + [RequestResult(0, "grpc", "off", 0, 500, FAILED, "x")]
     assert duration_figures(results) == {"p50_s": 51.0, "p99_s": 99.0, "max_s": 100.0}
     assert duration_figures([]) == {"p50_s": None, "p99_s": None, "max_s": None}
+
+
+def test_the_command_line_gives_every_setting_its_default_and_takes_a_slow_limit():
+    assert parse_args([]) == Settings()
+    assert parse_args(["--slow-s", "30", "--hang-s", "90"]) == Settings(slow_s=30.0, hang_s=90.0)
+    with pytest.raises(SystemExit):
+        parse_args(["--slow-s", "0"])
 
 
 def test_requests_around_a_fault_are_those_under_way_at_it_and_those_sent_during_it():
