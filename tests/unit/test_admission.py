@@ -73,38 +73,3 @@ def test_beyond_a_full_queue_a_request_is_refused_at_once():
         assert admission.running == 0 and admission.waiting == 0
 
     asyncio.run(scenario())
-
-
-def test_an_answered_request_stops_counting_as_decoding_but_keeps_its_room_until_released():
-    async def scenario():
-        admission = Admission(max_sequences=1, capacity_tokens=100)
-        first = await admission.reserve(60)
-        assert (admission.running, admission.decoding) == (1, 1)
-        first.answered()
-        first.answered()  # once only
-        assert (admission.running, admission.decoding, admission.in_use) == (1, 0, 60)
-        assert not admission.fits_now(10), "its engines still hold its state: no room yet"
-        second = asyncio.ensure_future(admission.reserve(60))
-        await asyncio.sleep(0)
-        assert not second.done()
-        first.release()
-        reservation = await second
-        assert (admission.running, admission.decoding, admission.in_use) == (1, 1, 60)
-        reservation.release()  # released unanswered (an error, a cancellation): no longer decoding either
-        assert (admission.running, admission.decoding, admission.in_use) == (0, 0, 0)
-
-    asyncio.run(scenario())
-
-
-def test_a_waiter_cancelled_as_it_was_admitted_leaves_nothing_counted():
-    async def scenario():
-        admission = Admission(max_sequences=1)
-        first = await admission.reserve(10)
-        waiter = asyncio.ensure_future(admission.reserve(10))
-        await asyncio.sleep(0)
-        first.release()  # admits the waiter: its future is resolved, its task not yet resumed
-        waiter.cancel()
-        await asyncio.gather(waiter, return_exceptions=True)
-        assert (admission.running, admission.decoding, admission.in_use) == (0, 0, 0)
-
-    asyncio.run(scenario())

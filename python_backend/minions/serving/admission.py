@@ -7,11 +7,6 @@ room waits, first come first served. Nothing is dropped, unless the wait queue i
 request is refused at once (ServerBusy, Triton's UNAVAILABLE), and a request that could never fit is
 refused with an error that says why. Plain asyncio; a reservation is released in a `finally` clause,
 so a cancelled request gives back what it held.
-
-`decoding` is the load the speculation policies read: the admitted requests whose final response has
-not been sent. A request holds its room until its engines have freed its state (after that response),
-but the LLM no longer computes for it: a client that sends its next request on the last one's answer
-must find one request decoding, not two.
 """
 
 from __future__ import annotations
@@ -27,17 +22,9 @@ from minions.errors import InvalidRequest, ServerBusy
 class Reservation:
     tokens: int
     admission: Admission | None
-    decoding: bool = True
-
-    def answered(self) -> None:
-        """The request's final response is sent: it stops counting as decoding (it keeps its room)."""
-        if self.decoding and self.admission is not None:
-            self.admission.decoding -= 1
-        self.decoding = False
 
     def release(self) -> None:
         if self.admission is not None:
-            self.answered()
             self.admission._give_back(self.tokens)
             self.admission = None
 
@@ -52,9 +39,6 @@ class Admission:
         self.chunk = max(1, chunk)
         self.max_queued = max_queued
         self.running = 0
-        """Requests admitted and not yet released."""
-        self.decoding = 0
-        """Of those, the ones whose final response has not been sent (module docstring)."""
         self.in_use = 0
         self.peak = 0
         self._queue: deque[tuple[int, asyncio.Future]] = deque()
@@ -97,13 +81,12 @@ class Admission:
                 self._queue.remove(entry)
                 self._admit()  # a later, smaller request may fit now
             elif waiter.done() and not waiter.cancelled():
-                Reservation(need, self).release()
+                self._give_back(need)
             raise
         return Reservation(need, self)
 
     def _take(self, need: int) -> None:
         self.running += 1
-        self.decoding += 1
         self.in_use += need
         self.peak = max(self.peak, self.in_use)
 
