@@ -76,6 +76,7 @@ import yaml
 
 from client.api import Completion, GenerationParams, MinionsClientError, SilentStreamError, generate_grpc, generate_http
 from loadtest.records import GRPC_TRANSPORT_FAILURES, UNAVAILABLE_STATUSES
+from loadtest.summary import percentiles
 from minions.deploy.config import load_deployment
 from minions.deploy.watchdog import WATCH_INTERVAL_S, StubWatchdog
 from minions.settings import EngineKind
@@ -207,12 +208,15 @@ def slow_requests(results: Iterable[RequestResult], slow_s: float) -> list[Reque
 
 
 def duration_figures(results: Iterable[RequestResult]) -> dict[str, float | None]:
-    """Median, 99th percentile and longest time from sending to the final response of served requests."""
-    seconds = sorted(r.end - r.start for r in results if r.outcome == SERVED)
-    if not seconds:
-        return {"p50_s": None, "p99_s": None, "max_s": None}
-    return {"p50_s": round(seconds[len(seconds) // 2], 2), "p99_s": round(seconds[int(0.99 * (len(seconds) - 1))], 2),
-            "max_s": round(seconds[-1], 2)}
+    """Median, 99th percentile (loadtest.summary.percentiles) and longest time from sending to the final
+    response of served requests."""
+    seconds = [r.end - r.start for r in results if r.outcome == SERVED]
+    pct = percentiles(seconds)
+    return {"p50_s": _round(pct["p50"]), "p99_s": _round(pct["p99"]), "max_s": _round(max(seconds, default=None))}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
 
 
 def crash_lines(log_text: str) -> list[str]:
