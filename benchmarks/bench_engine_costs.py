@@ -18,9 +18,10 @@ output would leave the LLM's own greedy decoding.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -33,6 +34,9 @@ from minions.engines.llamacpp_engine import LlamaCppEngine
 from minions.settings import EngineSettings
 from minions.text.prompt import encode_prompt
 from tests.integration.helpers import kept_prompts
+
+Reference = Callable[[], Engine]
+"""Makes an engine that computes a prompt's greedy continuation from scratch (own_greedy_kept)."""
 
 CONTEXT = 200
 VERIFY_LENGTHS = (1, 2, 4, 8, 16)
@@ -99,10 +103,12 @@ def own_greedy_kept(engine: Engine, reference: Engine, prompts: list[list[int]])
     return same, kept, total
 
 
-def llamacpp_engines(args: argparse.Namespace, dep: Deployment) -> Iterator[tuple[str, Engine, Engine | None]]:
+def llamacpp_engines(args: argparse.Namespace, dep: Deployment) -> Iterator[tuple[str, Engine, Reference | None]]:
     """llama.cpp on the SmolLM2 GGUF, per weight encoding and thread count, its KV laid out as the
     deployment's LLM keeps it (kv_unified, batch_invariant), each with a reference of one sequence and
-    no prefix cache (own_greedy_kept)."""
+    no prefix cache (own_greedy_kept), made only once the costs are timed: an engine warms up on its
+    own thread as it loads, and a reference made beside the engine warmed up during its first timings
+    (docs/engines.md, "What a step costs")."""
     shipped = smollm2_gguf()
     llm = EngineSettings.from_yaml(dep.raw["llm"])
     layout = {"kv_unified": llm.kv_unified, "batch_invariant": llm.batch_invariant}
@@ -112,11 +118,11 @@ def llamacpp_engines(args: argparse.Namespace, dep: Deployment) -> Iterator[tupl
             yield (f"{encoding} {threads}t",
                    LlamaCppEngine(str(path), num_threads=threads, max_sequences=max(args.batch, 2), n_ctx=512,
                                   **layout),
-                   LlamaCppEngine(str(path), num_threads=threads, max_sequences=1, n_ctx=512, prefix_caching=False,
-                                  **layout))
+                   functools.partial(LlamaCppEngine, str(path), num_threads=threads, max_sequences=1, n_ctx=512,
+                                     prefix_caching=False, **layout))
 
 
-def torch_engines(args: argparse.Namespace, dep: Deployment) -> Iterator[tuple[str, Engine, Engine | None]]:
+def torch_engines(args: argparse.Namespace, dep: Deployment) -> Iterator[tuple[str, Engine, Reference | None]]:
     """The torch engine on SmolLM2 (dequantised from its GGUF), per dtype, on `--device`."""
     path = str(hf_dir_for("smollm2", dep))
     for dtype in args.dtypes:
@@ -139,12 +145,13 @@ def main() -> None:
     prompts = chat_prompts(dep)
     print(f"{'engine':16} {'1 seq ms/tok':>12} {f'{args.batch} seq ms/tok':>12} "
           + " ".join(f"{f'verify {k}':>9}" for k in VERIFY_LENGTHS) + f" {'plain same':>11} {'drafts kept':>11}")
-    for label, engine, reference in engines:
+    for label, engine, make_reference in engines:
         one = plain_ms_per_token(engine, 1)
         many = plain_ms_per_token(engine, args.batch)
         ratios = [verify_ms(engine, k) / one for k in VERIFY_LENGTHS]
         exact = ""
-        if reference is not None:
+        if make_reference is not None:
+            reference = make_reference()
             same, kept, total = own_greedy_kept(engine, reference, prompts)
             exact = f" {f'{same}/{len(prompts)}':>11} {f'{kept}/{total}':>11}"
             reference.close()
