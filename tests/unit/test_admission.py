@@ -73,3 +73,20 @@ def test_beyond_a_full_queue_a_request_is_refused_at_once():
         assert admission.running == 0 and admission.waiting == 0
 
     asyncio.run(scenario())
+
+
+def test_an_answered_request_stops_counting_as_decoding_but_keeps_its_slot_until_released():
+    async def scenario():
+        admission = Admission(max_sequences=1)
+        first = await admission.reserve(1)
+        first.answer_sent()
+        first.answer_sent()  # said twice, counted once
+        assert admission.decoding == 0 and admission.running == 1
+        second = asyncio.ensure_future(admission.reserve(1))
+        await asyncio.sleep(0)
+        assert not second.done(), "the slot is held until the engines' state is freed"
+        first.release()
+        (await second).release()
+        assert admission.decoding == admission.running == admission.answered == 0
+
+    asyncio.run(scenario())

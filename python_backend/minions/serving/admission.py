@@ -22,9 +22,19 @@ from minions.errors import InvalidRequest, ServerBusy
 class Reservation:
     tokens: int
     admission: Admission | None
+    answered: bool = False
+
+    def answer_sent(self) -> None:
+        """The client has its final response: the request no longer counts as decoding (the load that
+        speculation reads), though it holds its slot and tokens until its engines' state is freed."""
+        if self.admission is not None and not self.answered:
+            self.answered = True
+            self.admission.answered += 1
 
     def release(self) -> None:
         if self.admission is not None:
+            if self.answered:
+                self.admission.answered -= 1
             self.admission._give_back(self.tokens)
             self.admission = None
 
@@ -39,6 +49,8 @@ class Admission:
         self.chunk = max(1, chunk)
         self.max_queued = max_queued
         self.running = 0
+        self.answered = 0
+        """Running requests whose final response is sent, freeing their engines' state."""
         self.in_use = 0
         self.peak = 0
         self._queue: deque[tuple[int, asyncio.Future]] = deque()
@@ -46,6 +58,12 @@ class Admission:
     def need(self, tokens: int) -> int:
         """Tokens rounded up to the engine's allocation chunk (what its cache will really hold)."""
         return -(-tokens // self.chunk) * self.chunk if self.capacity else 0
+
+    @property
+    def decoding(self) -> int:
+        """Requests still producing tokens: a client that sends its next request on the last one's
+        final response finds the last one no longer decoding, though it may still hold its slot."""
+        return self.running - self.answered
 
     @property
     def waiting(self) -> int:

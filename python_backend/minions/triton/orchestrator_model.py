@@ -21,7 +21,7 @@ from pathlib import Path
 import triton_python_backend_utils as pb_utils
 
 from minions.errors import INTERNAL_PREFIX, InvalidRequest, ModelUnavailable, RequestCancelled, ServerBusy
-from minions.serving.admission import Admission
+from minions.serving.admission import Admission, Reservation
 from minions.serving.flow import RequestPerf, TextStream, admit, decode_request, response_arrays
 from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
 from minions.serving.request import GenerationRequest, parse_generation_request
@@ -90,7 +90,7 @@ class TritonPythonModel:
         self.metrics = SpeculationMetrics(self.name)
         self.admission = Admission(self.settings.active_requests_limit, self.settings.kv_budget_tokens,
                                    self.settings.kv_chunk_tokens, self.settings.max_queued_requests)
-        self.services = Services.from_settings(self.settings, load=lambda: self.admission.running)
+        self.services = Services.from_settings(self.settings, load=lambda: self.admission.decoding)
         self.services.on_probe = self.metrics.tally.observe_probe
         self.models = ModelControl(self.client, Path(args["model_repository"]).parent, self.services,
                                    self.metrics.tally, self.settings.model_poll_interval_s, self.settings.ssm_reload,
@@ -197,12 +197,12 @@ class TritonPythonModel:
         reservation = await admit(self.admission, request, request_id)
         perf.scheduled_ns, perf.prompt_tokens = time.time_ns(), len(request.prompt_ids)
         try:
-            return await self._decode(greq, request, request_id, reply, perf)
+            return await self._decode(greq, request, request_id, reply, perf, reservation)
         finally:
             reservation.release()
 
     async def _decode(self, greq: GenerationRequest, request: DecodeRequest, request_id: str, reply: _Reply,
-                      perf: RequestPerf) -> str:
+                      perf: RequestPerf, reservation: Reservation) -> str:
         """Stream the request's text; returns what the request's log line says about its decoding."""
         text = TextStream(greq, self.tokenizer, request.end_id, perf)
         start = time.perf_counter()
@@ -220,6 +220,7 @@ class TritonPythonModel:
             self.metrics.flush()
             reply.send(self._response(greq, text.final(), text, text.finish_reason), text.stats.emitted_tokens,
                        final=True)
+            reservation.answer_sent()
         elapsed, stats = time.perf_counter() - start, text.stats
         return (
             f"{len(request.prompt_ids)} prompt tokens, {stats.emitted_tokens / max(elapsed, 1e-9):.1f} tok/s (drafting "
