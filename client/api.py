@@ -106,6 +106,8 @@ class Completion:
     num_pipelined_drafts: int | None = None
     draft_lengths: list[int] | None = None
     """The draft length chosen for each round (0 = plain decoding), when perf metrics are asked for."""
+    kv_cache_reused_blocks: int | None = None
+    """KV blocks of the prompt the LLM found in its prefix cache, when perf metrics are asked for."""
     ttft_s: float | None = None
     latency_s: float = 0.0
 
@@ -135,7 +137,7 @@ class Completion:
             if on_text:
                 on_text(chunk)
         for key in ("num_output_tokens", "num_input_tokens", "total_accepted_draft_tokens", "total_draft_tokens",
-                    "num_rounds", "num_llm_calls", "num_pipelined_drafts"):
+                    "num_rounds", "num_llm_calls", "num_pipelined_drafts", "kv_cache_reused_blocks"):
             if outputs.get(key) is not None:
                 setattr(self, key, int(outputs[key]))
         if outputs.get("acceptance_rate") is not None:

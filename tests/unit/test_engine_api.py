@@ -270,6 +270,16 @@ def test_log_probs_travel_as_cum_and_output_log_probs():
         encode_engine_outputs(requests[:1], [EngineResult([4])])  # an n-gram engine has no logits
 
 
+def test_the_cached_tokens_an_engine_reports_reach_the_orchestrator_in_whole_blocks():
+    """build → parse → encode → decode, as a call of the orchestrator's crosses Triton."""
+    request = EngineRequest("a", list(range(300)), 1, return_perf_metrics=True)
+    parsed = parse_engine_inputs(build_engine_inputs(request), "a")
+    assert parsed[0].return_perf_metrics
+    out = encode_engine_outputs(parsed, [EngineResult([5], cached_tokens=299)], CallTimes(1, 2, 3))
+    assert decode_engine_outputs(request, out).cached_tokens == 256
+    assert "return_perf_metrics" not in build_engine_inputs(request, native=True), "TensorRT-LLM's model: not asked"
+
+
 def test_perf_outputs_report_times_kv_blocks_and_acceptance():
     requests = [EngineRequest("a", list(range(200)), 4, draft=[7, 8, 9], return_perf_metrics=True),
                 EngineRequest("b", [1, 2], 1, return_perf_metrics=True)]

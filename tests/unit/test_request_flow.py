@@ -225,6 +225,18 @@ def test_response_arrays_carry_perf_metrics_only_when_asked():
     assert full["kv_cache_reused_blocks"].tolist() == [[0]]
 
 
+def test_the_prompt_tokens_the_llm_found_cached_are_reported_as_reused_blocks():
+    perf = RequestPerf(arrival_ns=time.time_ns(), prompt_tokens=300, block_tokens=128)
+    stream = TextStream(greq(), CharTokenizer(), EOS, perf)
+    stream.add(Round(tokens=ids("a"), ssm=None, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.0,
+                     cached_tokens=299))
+    stream.add(Round(tokens=ids("b"), ssm=None, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.0))
+    out = response_arrays(greq(return_perf_metrics=True), "ab", stream, None)
+    assert out["kv_cache_alloc_total_blocks"].tolist() == [[3]]  # 302 tokens
+    assert out["kv_cache_reused_blocks"].tolist() == [[2]], "whole blocks of the 299 cached tokens"
+    assert out["kv_cache_alloc_new_blocks"].tolist() == [[1]]
+
+
 @pytest.mark.parametrize("streamed", [False, True])
 def test_response_arrays_have_the_shapes_the_minions_config_declares(streamed):
     """Every output is [batch = 1, its config dims], as tensorrt_llm_bls sends them (the end-to-end

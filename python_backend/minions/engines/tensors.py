@@ -282,6 +282,8 @@ def build_engine_inputs(request: EngineRequest, native: bool = False) -> dict[st
         tensors["return_log_probs"] = np.array([[True]], dtype=np.bool_)
     if request.return_generation_logits:
         tensors["return_generation_logits"] = np.array([[True]], dtype=np.bool_)
+    if request.return_perf_metrics and not native:  # (TensorRT-LLM's own model: not asked)
+        tensors["return_perf_metrics"] = np.array([[True]], dtype=np.bool_)
     if request.streaming:
         tensors["streaming"] = np.array([[True]], dtype=np.bool_)
     if request.stop:
@@ -292,8 +294,8 @@ def build_engine_inputs(request: EngineRequest, native: bool = False) -> dict[st
 def decode_engine_outputs(request: EngineRequest, outputs: Mapping[str, np.ndarray]) -> EngineResult:
     """The inverse of encode_engine_outputs for the one sequence `request` built: the new tokens
     (output_ids up to sequence_length, past the input unless it was excluded or the call streams) and,
-    when asked for, their log probs and generation logits. `outputs` maps output names to arrays;
-    generation_logits may be absent."""
+    when asked for, their log probs, generation logits and the input's tokens found cached (from
+    kv_cache_reused_blocks). `outputs` maps output names to arrays; generation_logits may be absent."""
     length = int(np.asarray(outputs["sequence_length"]).reshape(-1)[0])
     tokens = np.asarray(outputs["output_ids"]).reshape(-1)[:length]
     if not _new_tokens_only(request):
@@ -307,4 +309,6 @@ def decode_engine_outputs(request: EngineRequest, outputs: Mapping[str, np.ndarr
     log_probs = None
     if request.return_log_probs and outputs.get("output_log_probs") is not None:
         log_probs = [float(x) for x in np.asarray(outputs["output_log_probs"]).reshape(-1)[: len(tokens)]]
-    return EngineResult([int(t) for t in tokens], logits=logits, log_probs=log_probs)
+    reused = outputs.get("kv_cache_reused_blocks")
+    cached = int(np.asarray(reused).reshape(-1)[0]) * KV_GROWTH_TOKENS if reused is not None else 0
+    return EngineResult([int(t) for t in tokens], logits=logits, log_probs=log_probs, cached_tokens=cached)

@@ -68,6 +68,7 @@ def decode_request(greq: GenerationRequest, tokenizer: Tokenizer, settings: Orch
         use_draft_logits=greq.use_draft_logits,
         pipeline=greq.pipeline,
         return_log_probs=greq.return_log_probs,
+        return_perf_metrics=greq.return_perf_metrics,
     )
 
 
@@ -95,6 +96,8 @@ class RequestPerf:
     prompt_tokens: int = 0
     block_tokens: int = 1
     """Tokens per KV block: the LLM engine's allocation chunk (kv_chunk_tokens)."""
+    cached_tokens: int = 0
+    """Prompt tokens the LLM found in its prefix cache (Round.cached_tokens)."""
 
     def token_arrived(self) -> None:
         self.last_token_ns = time.time_ns()
@@ -112,9 +115,12 @@ class RequestPerf:
         return ttft, itl, e2e
 
     def blocks(self, generated: int) -> int:
-        """Blocks the request's sequence spans in the LLM. All are its own: engines keep no prefix
-        cache across requests, so none is reused."""
+        """Blocks the request's sequence spans in the LLM."""
         return -(-(self.prompt_tokens + generated) // max(1, self.block_tokens))
+
+    def reused_blocks(self) -> int:
+        """Blocks of the prompt the LLM found cached, whole blocks only (as the engine counts them)."""
+        return self.cached_tokens // max(1, self.block_tokens)
 
 
 class TextStream:
@@ -140,6 +146,7 @@ class TextStream:
         """Take a round's tokens; True when the request is done (last round, end_id or a stop string)."""
         self.stats.add(r)
         self.perf.token_arrived()
+        self.perf.cached_tokens = max(self.perf.cached_tokens, r.cached_tokens)
         if r.log_probs is not None:
             self.log_probs += r.log_probs
             self.log_prob_tokens += r.tokens[: len(r.log_probs)]
@@ -198,7 +205,7 @@ def response_arrays(greq: GenerationRequest, text: str, stream: TextStream,
         out["output_tokens"] = np.array([tokens], dtype=np.object_).reshape(1, -1)
         out["cum_log_probs"] = one(sum(stream.log_probs), np.float32)
     if greq.return_perf_metrics:
-        blocks = perf.blocks(stats.emitted_tokens)
+        blocks, reused = perf.blocks(stats.emitted_tokens), perf.reused_blocks()
         out |= {
             "acceptance_rate": one(stats.acceptance_rate, np.float32),
             "total_accepted_draft_tokens": one(stats.accepted_tokens, np.int32),
@@ -207,8 +214,8 @@ def response_arrays(greq: GenerationRequest, text: str, stream: TextStream,
             "num_llm_calls": one(stats.llm_calls, np.int32),
             "draft_lengths": np.array(stats.planned_lengths, dtype=np.int32).reshape(1, -1),
             "num_pipelined_drafts": one(stats.pipelined_drafts, np.int32),
-            "kv_cache_alloc_new_blocks": one(blocks, np.int32),
-            "kv_cache_reused_blocks": one(0, np.int32),
+            "kv_cache_alloc_new_blocks": one(blocks - reused, np.int32),
+            "kv_cache_reused_blocks": one(reused, np.int32),
             "kv_cache_alloc_total_blocks": one(blocks, np.int32),
             "arrival_time_ns": one(perf.arrival_ns, np.int64),
             "first_scheduled_time_ns": one(perf.scheduled_ns, np.int64),

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from minions.decoding.engine_call import EngineClient
+from minions.decoding.engine_call import EngineClient, EngineRequest, EngineResult
 from minions.decoding.tokens import common_prefix_len
 from minions.speculation.decode_request import DecodeRequest
 from minions.speculation.draft_length import ChanceCalibration, worth_verifying
@@ -144,7 +144,8 @@ class _Decode:
                 tokens = result.tokens[: plan.tokens]
                 last = self._observe(tokens, plan.batch, 0, 0, None, now - t, steps=len(tokens))
                 yield Round(tokens=tokens, ssm=None, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=now - t,
-                            last=last, llm_call=new_call, log_probs=_first(result.log_probs, plan.tokens))
+                            last=last, llm_call=new_call, log_probs=_first(result.log_probs, plan.tokens),
+                            cached_tokens=_cached(call, result) if new_call else 0)
                 t, new_call = now, False
                 if watch is not None:
                     watch.arrived(self.progress.sequence, len(tokens),
@@ -209,7 +210,8 @@ class _Decode:
         yield Round(tokens=emitted, ssm=proposal.chosen if draft else None, drafted=len(draft), accepted=accepted,
                     draft_seconds=draft_seconds, verify_seconds=t2 - t1, failed=proposal.failed, last=last,
                     drafts=proposal.drafts, control_seconds=control, planned=plan.planned, pipelined=pipelined,
-                    early_discarded=early_discarded, log_probs=_first(verdict.log_probs, remaining))
+                    early_discarded=early_discarded, log_probs=_first(verdict.log_probs, remaining),
+                    cached_tokens=_cached(call, verdict))
 
     def _report_work(self, drafted: int) -> None:
         """Tell the length statistics what this request puts through the LLM now, in draft tokens (the
@@ -276,6 +278,11 @@ class _Progress:
         self.index += 1
         self.ended = self.end_id is not None and self.end_id in tokens
         return self.finished
+
+
+def _cached(call: EngineRequest, result: EngineResult) -> int:
+    """The call's input tokens the LLM found cached, where the call asked (the request's first)."""
+    return result.cached_tokens if call.return_perf_metrics else 0
 
 
 def _first(log_probs: list[float] | None, n: int) -> list[float] | None:

@@ -41,6 +41,9 @@ class Round:
     """The LLM's log probability of each emitted token, when the request asks for them."""
     llm_call: bool = True
     """This round began an LLM call: every verification, and a streamed stretch's first token."""
+    cached_tokens: int = 0
+    """Tokens of the prompt the LLM found cached (a prefix of an earlier request's), reported by the
+    request's first round when the request asks for perf metrics."""
 
     def ssm_matched(self) -> dict[str, int]:
         """Per SSM: how many of its own draft tokens the LLM's output confirms."""
