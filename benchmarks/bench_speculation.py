@@ -7,6 +7,11 @@ latency, TTFT, acceptance, tokens per LLM call, speedup over `off` from the same
 request time the server spent in control (voting, weight updates, SSM selection), and whether the
 output equals `off` token for token), and writes JSON and a PNG chart. By default it runs `off`,
 every served SSM alone (`single:<ssm>`), `bandit` and `vote`.
+
+The server runs the deployment with nothing a mode could take from the one before it on the same
+prompt (benchmarks/replay.py): no suffix corpus of finished requests (it would hold `off`'s answer,
+which every greedy mode repeats) and no llama.cpp prefix caches (the prompt's prefill would be paid
+by the first mode alone).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from pathlib import Path
 from client.api import Completion, GenerationParams, generate_grpc
 from minions.text.datasets import DATASETS, load_prompts
 from tests.support.triton_process import ROOT, TritonProcess
+
+from .replay import replay_deployment
 
 
 @dataclass(frozen=True)
@@ -131,7 +138,9 @@ def run(args: argparse.Namespace) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = {name: load_prompts(name, args.prompts_per_dataset) for name in args.datasets}
     samples: list[Sample] = []
-    with TritonProcess(args.deploy, log_path=out_dir / "tritonserver.log") as server:
+    deploy = replay_deployment(Path(args.deploy), out_dir / "deploy.yaml", prefix_caching=False)
+    print(f"{args.deploy} without the suffix corpus and prefix caches: {deploy}", flush=True)
+    with TritonProcess(deploy, log_path=out_dir / "tritonserver.log") as server:
         print(f"server ready: gRPC {server.grpc_url}", flush=True)
         for mode in modes:  # warm-up: first calls pay one-off costs (allocations, page faults)
             _complete(server.grpc_url, "Say hello.", mode, 16, args.temperature)

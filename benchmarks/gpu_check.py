@@ -20,26 +20,15 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-import yaml
-
 from minions.deploy.config import ROOT
+
+from .replay import replay_deployment
 
 SWEEPS = {"chat": [], "copy_heavy": ["summarization", "code_edit"]}
 """Sweep name -> bench_load --datasets (none: the chat sets, mixed)."""
 
 MODES = ["minions", "single:ssm_suffix"]
 """The speculative modes, measured against `off` (bench_load adds it)."""
-
-
-def gpu_deployment(source: Path, target: Path) -> Path:
-    """`source` with the suffix drafter's cross-request corpus off and the model cache where `source` keeps it."""
-    raw = yaml.safe_load(source.read_text())
-    raw["cache_dir"] = str((source.parent / raw.get("cache_dir", ".cache/minions")).resolve())
-    for ssm in raw.get("ssms", []):
-        if ssm.get("engine") == "suffix":
-            ssm["suffix_corpus_tokens"] = 0
-    target.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return target
 
 
 def machine() -> str:
@@ -96,7 +85,7 @@ def main() -> None:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    deploy = gpu_deployment(Path(args.deploy), out / "deploy.yaml")
+    deploy = replay_deployment(Path(args.deploy), out / "deploy.yaml")  # each mode has its own server
     report = ["# GPU check", "", machine(), "", f"Deployment: {args.deploy}, suffix corpus off ({deploy} here).", ""]
     failures: list[str] = []
     for name in args.sweeps:

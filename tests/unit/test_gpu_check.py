@@ -9,7 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.gpu_check import gpu_deployment, mismatches
+from benchmarks.gpu_check import mismatches
+from benchmarks.replay import replay_deployment
 from minions.deploy.config import ROOT, load_deployment
 from tests.support.requirements import pins
 
@@ -27,7 +28,7 @@ def test_bundle_wheels_pinned_as_the_project() -> None:
 def test_gpu_deployment_turns_the_suffix_corpus_off(tmp_path: Path) -> None:
     """The check replays each prompt in every mode: the suffix drafter must not learn `off`'s answers."""
     source = ROOT / "deploy.cuda.yaml"
-    target = gpu_deployment(source, tmp_path / "deploy.yaml")
+    target = replay_deployment(source, tmp_path / "deploy.yaml")
     dep = load_deployment(target)
     original = load_deployment(source)
     suffix = [s for s in dep.raw["ssms"] if s["engine"] == "suffix"]
@@ -44,3 +45,13 @@ def test_mismatches_name_cells_that_differ_from_off(tmp_path: Path) -> None:
     (tmp_path / "chat" / "load_sweep.json").write_text(json.dumps({"rows": rows}))
     assert mismatches(tmp_path / "chat") == ["chat minions @8: 7/8 identical"]
     assert mismatches(tmp_path / "missing") == ["missing: no results"]
+
+
+def test_one_server_replays_each_prompt_without_the_caches_a_mode_before_would_fill(tmp_path: Path) -> None:
+    """bench_speculation runs every mode on each prompt on one server: no suffix corpus, no llama.cpp
+    prefix caches, and the result still a deployment the schema takes."""
+    source = ROOT / "deploy.yaml"
+    dep = load_deployment(replay_deployment(source, tmp_path / "deploy.yaml", prefix_caching=False))
+    assert dep.raw["llm"]["engine"] == "llamacpp" and dep.raw["llm"]["prefix_caching"] is False
+    assert [s["suffix_corpus_tokens"] for s in dep.raw["ssms"] if s["engine"] == "suffix"] == [0]
+    assert "prefix_caching" not in load_deployment(source).raw["llm"], "the source deployment is left as it was"
