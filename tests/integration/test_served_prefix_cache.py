@@ -27,12 +27,9 @@ def test_a_repeated_prompt_skips_its_prefill_and_the_counters_count_it(server):
     second = generate_grpc(server.grpc_url, "minions", prompt, OFF)
     assert second.text == first.text
     assert first.num_input_tokens > 600
-    ratio = first.ttft_s / second.ttft_s
-    print(f"TTFT of a {first.num_input_tokens}-token prompt: {first.ttft_s:.3f} s, repeated {second.ttft_s:.3f} s "
-          f"({ratio:.1f}x)")
-    assert ratio > 3, "the repeated prompt was prefilled again"
+    print(f"TTFT of a {first.num_input_tokens}-token prompt: {first.ttft_s:.3f} s, repeated {second.ttft_s:.3f} s")
     assert (first.kv_cache_reused_blocks, second.kv_cache_reused_blocks) == (0, (first.num_input_tokens - 1) // 128), \
-        "minions reports the blocks of 128 tokens the LLM found cached"
+        "the repeated prompt was prefilled again (minions reports the blocks of 128 tokens the LLM found cached)"
     # The second request found all of its prompt but the last token (evaluated for its logits).
     assert metric_above(server.metrics_url, "minions_prefix_cache_hits", hits + first.num_input_tokens - 2,
                         model="llm") >= hits + first.num_input_tokens - 1
