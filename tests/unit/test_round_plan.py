@@ -38,18 +38,10 @@ def test_off_on_an_llm_that_does_not_stream_asks_one_plain_token_per_call():
     assert plan(svc, FixedLength(0, svc.length_stats), drafting=False) == Verify(0, 1, 0)
 
 
-def test_round_one_is_the_prompts_prefill_without_a_draft_where_probes_do_not_pay():
-    svc = services(probe_tokens=0)
+def test_round_one_is_the_prompts_prefill_without_a_draft():
+    svc = services()
     length = FixedLength(4, svc.length_stats)
     assert plan(svc, length, first=True) == Verify(0, 1, 0), "the first token costs one prefill, as in `off`"
-
-
-def test_round_one_streams_under_watch_where_probes_pay():
-    """Cheap drafting (lookups, nothing measured yet): the stream's probes find round 2's draft, and
-    the request pays no call's end and start for round 1 alone."""
-    svc = services()
-    assert svc.probe_pays(FixedLength(4, svc.length_stats), 1)
-    assert plan(svc, FixedLength(4, svc.length_stats), first=True) == StreamPlain(50, 1, watch=True)
 
 
 def test_a_fixed_length_is_verified_and_cut_to_what_remains():
@@ -100,7 +92,7 @@ def test_above_the_speculation_load_limit_a_drafting_request_streams_plain_token
     assert plan(busy, FixedLength(4, busy.length_stats), first=True) == StreamPlain(50, 5, watch=True), \
         "from its first token on, as `off`: no call of its own for round 1, whose early draft would go unused"
     assert not busy.probe_pays(FixedLength(4, busy.length_stats), 5), "its stream's probes are off too"
-    calm = services(load=4, speculation_max_load=4, probe_max_load=3)  # (probes would stream round 1)
+    calm = services(load=4, speculation_max_load=4)
     assert plan(calm, FixedLength(4, calm.length_stats)) == Verify(4, 4, 4)
     assert plan(calm, FixedLength(4, calm.length_stats), first=True) == Verify(0, 4, 0)
     unlimited = services(load=64)

@@ -57,9 +57,8 @@ def test_speculation_over_a_streaming_llm_keeps_off_s_output(client, llm, num_dr
 
 
 def test_plain_decoding_the_selector_chose_is_one_stream_when_probes_find_nothing(client, llm):
-    """With only s = 0 to choose from and text that prompt lookup cannot draft, every token comes from
-    one streaming call (round 1 too: prompt lookup costs next to nothing, so probes pay): probes that
-    find nothing end nothing."""
+    """With only s = 0 to choose from and text that prompt lookup cannot draft, every token after the
+    first comes from one streaming call: probes that find nothing end nothing."""
     stats = SharedLengthStats(LengthPolicy(candidates=(0,)))
     distinct = list(range(1000, 1020))
     n = 14  # the LLM's 15th token repeats a bigram of its own: from there on a probe could find a draft
@@ -71,9 +70,9 @@ def test_plain_decoding_the_selector_chose_is_one_stream_when_probes_find_nothin
     tokens, _, rounds = decode(client, plan)
     assert tokens == expected
     llm_calls = [call for model, call in client.calls if model == "llm" and not call.stop]
-    assert [c.streaming for c in llm_calls] == [True]
+    assert [c.streaming for c in llm_calls] == [False, True]  # round 1, then the rest from one stream
     assert all(r.drafted == 0 for r in rounds)
-    probes = [call for model, call in client.calls if model == "ngram" and len(call.input_ids) > len(distinct)]
+    probes = [call for model, call in client.calls if model == "ngram" and len(call.input_ids) > len(distinct) + 1]
     assert probes, "the stream was probed"
     assert len(outcomes) == len(probes) and "found" not in outcomes, "each probe's outcome is told once"
 
@@ -96,16 +95,16 @@ def test_closing_a_request_mid_stream_ends_the_generation_and_its_sequence(clien
 
 def test_a_round_whose_drafters_find_nothing_streams_instead_of_a_one_token_call(client, llm):
     """Prompt lookup on text that does not repeat proposes nothing: rather than one LLM call per plain
-    token, the loop streams; every LLM call verifies a draft or streams (round 1 streams too: prompt
-    lookup's probes pay)."""
+    token, the loop streams; every LLM call after the first verifies a draft or streams."""
     distinct = list(range(1000, 1020))
     plan = make_plan(distinct, 24, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
                      num_draft_tokens=3)
     tokens, _, _ = decode(client, plan)
     assert tokens == reference(llm, distinct)[:24]
     calls = [call for model, call in client.calls if model == "llm" and not call.stop]
-    assert calls[0].streaming
-    assert all(call.draft or call.streaming for call in calls), [(len(c.draft), c.streaming) for c in calls]
+    assert not calls[0].streaming and not calls[0].draft  # round 1: the prompt's prefill
+    assert all(call.draft or call.streaming for call in calls[1:]), [(len(c.draft), c.streaming) for c in calls]
+    assert any(call.streaming for call in calls[1:])
 
 
 def test_a_probe_s_draft_stops_the_stream_and_is_verified(client, llm):

@@ -58,11 +58,8 @@ def plan_round(services: Services, length: DraftLengthSelector | FixedLength, *,
         if plain_request:
             return StreamPlain(remaining, batch)
         # Round 1 is a call of its own so that its early draft of round 2 takes the SSMs' prefill of
-        # the prompt off the critical path. Where drafting costs next to nothing (the probes pay) the
-        # stream's probes find round 2's draft without that call's end and start; above the load limit
-        # nothing is drafted: either way round 1 streams as `off` does.
-        streams_first = busy or services.probe_pays(length, batch)
-        nothing_to_verify = drafts_came_back_empty or (k == 0 and not first) or (first and streams_first)
+        # the prompt off the critical path; above the load limit nothing is drafted, so it streams as `off`.
+        nothing_to_verify = drafts_came_back_empty or (k == 0 and not first) or (first and busy)
         if nothing_to_verify:  # until the request ends or a probe finds a draft (and stops the stream)
             return StreamPlain(remaining if services.llm_stops_streams else min(remaining, services.plain_stretch),
                                batch, watch=True)
