@@ -3,6 +3,7 @@ prefilled again (engines/prefix_cache.py), and vLLM's prefix-cache counters say 
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 from client.api import GenerationParams, generate_grpc
@@ -30,6 +31,10 @@ def test_a_repeated_prompt_skips_its_prefill_and_the_counters_count_it(server):
     print(f"TTFT of a {first.num_input_tokens}-token prompt: {first.ttft_s:.3f} s, repeated {second.ttft_s:.3f} s")
     assert (first.kv_cache_reused_blocks, second.kv_cache_reused_blocks) == (0, (first.num_input_tokens - 1) // 128), \
         "the repeated prompt was prefilled again (minions reports the blocks of 128 tokens the LLM found cached)"
+    drafting = generate_grpc(server.grpc_url, "minions", prompt, dataclasses.replace(OFF, speculation="vote"))
+    assert drafting.text == first.text
+    assert drafting.kv_cache_reused_blocks == second.kv_cache_reused_blocks, \
+        "reported by a drafting request too (its round 1 a verification call)"
     # The second request found all of its prompt but the last token (evaluated for its logits).
     assert metric_above(server.metrics_url, "minions_prefix_cache_hits", hits + first.num_input_tokens - 2,
                         model="llm") >= hits + first.num_input_tokens - 1
