@@ -16,7 +16,7 @@ import yaml
 
 from client.api import GenerationParams, MinionsClientError, generate_grpc
 from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
-from tests.integration.helpers import NearTies, metric_above, metric_value, served
+from tests.integration.helpers import NearTies, metric_above, metric_value, served, wait_until
 from tests.support.triton_process import ROOT
 
 PROMPT = "Name three animals that live in the sea."
@@ -88,3 +88,23 @@ def test_beyond_capacity_requests_wait_and_beyond_the_queue_are_refused(small_se
         f"the LLM computed {computed:.0f} tokens for {len(served)} requests of {alone:.0f}: sequences were recomputed"
     assert metric_above(server.metrics_url, "minions_requests", len(refused) - 1, outcome="unavailable") >= len(refused)
     assert generate_grpc(server.grpc_url, "minions", PROMPT, PARAMS).text == reference, "the server serves on"
+
+
+def test_the_requests_running_and_waiting_are_exported_as_vllm_names_them(small_server):
+    """Two long requests hold both slots and a third waits: the gauges say 2 and 1 while that lasts
+    (the third is admitted only when one of the two ends), and 0 and 0 once all are answered."""
+    server = small_server
+
+    def gauges() -> tuple[float, float]:
+        return tuple(metric_value(server.metrics_url, f"minions_num_requests_{what}", model="minions")
+                     for what in ("running", "waiting"))
+
+    long = GenerationParams(max_tokens=400, min_tokens=400, chat=True, speculation="off")
+    threads = [threading.Thread(target=generate_grpc, args=(server.grpc_url, "minions", PROMPT, long))
+               for _ in range(SEQUENCES + 1)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: gauges() == (SEQUENCES, 1), 30, "two requests running and one waiting")
+    for t in threads:
+        t.join(120)
+    wait_until(lambda: gauges() == (0, 0), 10, "no request running or waiting once all are answered")

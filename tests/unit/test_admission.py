@@ -90,3 +90,17 @@ def test_an_answered_request_stops_counting_as_decoding_but_keeps_its_slot_until
         assert admission.decoding == admission.running == admission.answered == 0
 
     asyncio.run(scenario())
+
+
+def test_it_tells_every_change_of_the_requests_running_and_waiting():
+    async def scenario():
+        seen: list[tuple[int, int]] = []
+        admission = Admission(max_sequences=1, on_change=lambda running, waiting: seen.append((running, waiting)))
+        first = await admission.reserve(1)
+        second = asyncio.ensure_future(admission.reserve(1))
+        await asyncio.sleep(0)
+        first.release()
+        (await second).release()
+        assert seen == [(1, 0), (1, 1), (1, 0), (1, 0), (0, 0)]  # the waiter takes the slot as it is given back
+
+    asyncio.run(scenario())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from minions.errors import InvalidRequest, ServerBusy
@@ -43,8 +44,11 @@ class Admission:
     """At most `max_sequences` requests decoding, holding at most `capacity_tokens` KV tokens (0: no
     token budget); up to `max_queued` more wait in order (0: no bound)."""
 
-    def __init__(self, max_sequences: int, capacity_tokens: int = 0, chunk: int = 1, max_queued: int = 0) -> None:
+    def __init__(self, max_sequences: int, capacity_tokens: int = 0, chunk: int = 1, max_queued: int = 0,
+                 on_change: Callable[[int, int], None] = lambda running, waiting: None) -> None:
+        """`on_change` is told the requests running and waiting whenever either changes."""
         self.max_sequences = max_sequences
+        self.on_change = on_change
         self.capacity = capacity_tokens
         self.chunk = max(1, chunk)
         self.max_queued = max_queued
@@ -92,12 +96,14 @@ class Admission:
         waiter = asyncio.get_running_loop().create_future()
         entry = (need, waiter)
         self._queue.append(entry)
+        self._changed()
         try:
             await waiter
         except asyncio.CancelledError:
             if entry in self._queue:
                 self._queue.remove(entry)
                 self._admit()  # a later, smaller request may fit now
+                self._changed()
             elif waiter.done() and not waiter.cancelled():
                 self._give_back(need)
             raise
@@ -107,11 +113,16 @@ class Admission:
         self.running += 1
         self.in_use += need
         self.peak = max(self.peak, self.in_use)
+        self._changed()
 
     def _give_back(self, tokens: int) -> None:
         self.running -= 1
         self.in_use -= tokens
         self._admit()
+        self._changed()
+
+    def _changed(self) -> None:
+        self.on_change(self.running, len(self._queue))
 
     def _admit(self) -> None:
         """Admit queued requests in order while the first one fits (no overtaking: no starvation)."""

@@ -35,6 +35,8 @@ GAUGES = {
     "minions_ssm_weight": "The vote's current global weight of an SSM",
     "minions_ssm_ready": "1 while Triton reports the SSM's model ready and the orchestrator drafts with it, else 0",
     "minions_llm_ready": "1 while the LLM's model is ready and its stub answers, else 0 (requests are refused)",
+    "minions_num_requests_running": "Requests holding a decoding slot (vLLM's num_requests_running)",
+    "minions_num_requests_waiting": "Requests waiting for a decoding slot or KV room (vLLM's num_requests_waiting)",
 }
 
 HISTOGRAMS = {

@@ -89,7 +89,9 @@ class TritonPythonModel:
                                          self.settings.engine_stall_timeout_s, frozenset(self.settings.trtllm_model_names))
         self.metrics = SpeculationMetrics(self.name)
         self.admission = Admission(self.settings.active_requests_limit, self.settings.kv_budget_tokens,
-                                   self.settings.kv_chunk_tokens, self.settings.max_queued_requests)
+                                   self.settings.kv_chunk_tokens, self.settings.max_queued_requests,
+                                   on_change=self.metrics.tally.observe_admission)
+        self.metrics.tally.observe_admission(0, 0)  # the series exist from the start
         self.services = Services.from_settings(self.settings, load=lambda: self.admission.decoding)
         self.services.on_probe = self.metrics.tally.observe_probe
         self.models = ModelControl(self.client, Path(args["model_repository"]).parent, self.services,
