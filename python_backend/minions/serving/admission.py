@@ -122,7 +122,7 @@ class Admission:
         self._changed()
 
     def _changed(self) -> None:
-        self.on_change(self.running, len(self._queue))
+        self.on_change(self.running, self.waiting)
 
     def _admit(self) -> None:
         """Admit queued requests in order while the first one fits (no overtaking: no starvation)."""
