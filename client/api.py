@@ -108,6 +108,9 @@ class Completion:
     """The draft length chosen for each round (0 = plain decoding), when perf metrics are asked for."""
     kv_cache_reused_blocks: int | None = None
     """KV blocks of the prompt the LLM found in its prefix cache, when perf metrics are asked for."""
+    num_cached_tokens: int | None = None
+    """The prompt's tokens the server found in its prefix cache (`minions`' output; an OpenAI server's
+    usage.prompt_tokens_details.cached_tokens): Minions counts whole KV blocks, llama-server every token."""
     ttft_s: float | None = None
     latency_s: float = 0.0
 
@@ -137,7 +140,8 @@ class Completion:
             if on_text:
                 on_text(chunk)
         for key in ("num_output_tokens", "num_input_tokens", "total_accepted_draft_tokens", "total_draft_tokens",
-                    "num_rounds", "num_llm_calls", "num_pipelined_drafts", "kv_cache_reused_blocks"):
+                    "num_rounds", "num_llm_calls", "num_pipelined_drafts", "kv_cache_reused_blocks",
+                    "num_cached_tokens"):
             if outputs.get(key) is not None:
                 setattr(self, key, int(outputs[key]))
         if outputs.get("acceptance_rate") is not None:
@@ -332,6 +336,8 @@ def generate_openai(
                 if event.get("usage"):
                     outputs["num_output_tokens"] = event["usage"].get("completion_tokens")
                     outputs["num_input_tokens"] = event["usage"].get("prompt_tokens")
+                    outputs["num_cached_tokens"] = (event["usage"].get("prompt_tokens_details") or {}).get(
+                        "cached_tokens")
                 completion.add(outputs, time.perf_counter() - start, on_text)
     except TimeoutError:  # closing the connection cancels the request on the server
         raise _silent(model, timeout_s, completion) from None

@@ -1,10 +1,13 @@
 """The LLM's prefix cache on the real server: a re-sent prompt, or a conversation's next turn, is not
-prefilled again (engines/prefix_cache.py), and vLLM's prefix-cache counters say so."""
+prefilled again (engines/prefix_cache.py), and vLLM's prefix-cache counters, the perf outputs and an
+OpenAI answer's usage say so."""
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
+
+import openai
 
 from client.api import GenerationParams, generate_grpc
 from tests.integration.helpers import kept_prompts, metric_above, metric_value
@@ -31,6 +34,7 @@ def test_a_repeated_prompt_skips_its_prefill_and_the_counters_count_it(server):
     print(f"TTFT of a {first.num_input_tokens}-token prompt: {first.ttft_s:.3f} s, repeated {second.ttft_s:.3f} s")
     assert (first.kv_cache_reused_blocks, second.kv_cache_reused_blocks) == (0, (first.num_input_tokens - 1) // 128), \
         "the repeated prompt was prefilled again (minions reports the blocks of 128 tokens the LLM found cached)"
+    assert (first.num_cached_tokens, second.num_cached_tokens) == (0, 128 * second.kv_cache_reused_blocks)
     drafting = generate_grpc(server.grpc_url, "minions", prompt, dataclasses.replace(OFF, speculation="vote"))
     assert drafting.text == first.text
     assert drafting.kv_cache_reused_blocks == second.kv_cache_reused_blocks, \
@@ -52,3 +56,16 @@ def test_a_conversation_s_next_turn_reuses_the_first_turn_and_its_answer(server)
     # tokens may split differently at the join) were cached.
     assert metric_above(server.metrics_url, "minions_prefix_cache_hits", hits + answer.num_input_tokens - 1,
                         model="llm") >= hits + answer.num_input_tokens
+
+
+def test_an_openai_answer_s_usage_counts_the_prompt_tokens_found_cached(openai_url):
+    """usage.prompt_tokens_details.cached_tokens, as OpenAI, vLLM and llama-server report it: 0 for a
+    fresh prompt, its whole blocks when sent again, in a non-streamed answer and in a stream's usage."""
+    api = openai.OpenAI(base_url=openai_url, api_key="unused", max_retries=0, timeout=120)
+    prompt = long_prompt()
+    ask = dict(model="minions", prompt=prompt, max_tokens=2, temperature=0, extra_body={"speculation": "off"})
+    fresh = api.completions.create(**ask).usage
+    again = [c.usage for c in api.completions.create(**ask, stream=True, stream_options={"include_usage": True})
+             if c.usage is not None]
+    assert fresh.prompt_tokens > 600 and fresh.prompt_tokens_details.cached_tokens == 0
+    assert len(again) == 1 and again[0].prompt_tokens_details.cached_tokens == 128 * ((fresh.prompt_tokens - 1) // 128)

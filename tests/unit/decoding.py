@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import pytest
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.engines.tensors import (
+    CallTimes,
     build_engine_inputs,
     decode_engine_outputs,
     encode_engine_outputs,
@@ -75,7 +77,8 @@ class InProcessClient:
         requests = parse_engine_inputs(tensors, request.request_id)
         engine = self.engines[model]
         results = [engine.generate(r) for r in requests]
-        outputs = encode_engine_outputs(requests, results)
+        now = time.time_ns()  # the perf outputs' times (a request's first call asks for its cached tokens)
+        outputs = encode_engine_outputs(requests, results, CallTimes(now, now, now))
         await asyncio.sleep(0)  # a real transport yields to the event loop
         return decode_engine_outputs(request, outputs)
 

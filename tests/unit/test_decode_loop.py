@@ -360,3 +360,14 @@ def test_lookup_drafts_are_asked_whole_and_cut_by_their_chances(client, engines,
     tokens, fixed, _ = _decode_priced(client, prompt, per_draft_token=0.0, num_draft_tokens=4)
     assert tokens == want and fixed.drafts > 0 and asked() == 4
     assert_all_released(engines)
+
+
+@pytest.mark.parametrize("ssm", [None, "self"])
+def test_only_a_requests_first_llm_call_asks_for_the_prompt_tokens_found_cached(client, ssm):
+    """Every request reports its cached prompt tokens (an OpenAI answer's usage): its first LLM call,
+    whose sequence is the prompt, asks the engine for kv_cache_reused_blocks; no later call does."""
+    prompt = PROMPTS[2]
+    decode(client, plan(prompt, 10, ssm, num_draft_tokens=3))
+    llm = [r for model, r in client.calls if model == "llm" and not r.stop]
+    assert len(llm) > 1 and llm[0].input_ids == prompt and llm[0].return_perf_metrics
+    assert not any(r.return_perf_metrics for r in llm[1:])

@@ -74,18 +74,30 @@ def test_a_chat_answer_and_its_stream():
     gen = Generation("chat.completion", "minions")
     assert gen.id.startswith("chatcmpl-")
     assert gen.add({"text_output": "Hel", "num_output_tokens": 1, "num_input_tokens": 7}) == "Hel"
-    gen.add({"text_output": "lo", "num_output_tokens": 2, "num_input_tokens": 7, "finish_reason": "stop"})
+    gen.add({"text_output": "lo", "num_output_tokens": 2, "num_input_tokens": 7, "num_cached_tokens": 0,
+             "finish_reason": "stop"})
     body = gen.body()
     assert body["object"] == "chat.completion" and body["model"] == "minions"
     assert body["choices"] == [{"index": 0, "finish_reason": "stop", "logprobs": None,
                                 "message": {"role": "assistant", "content": "Hello"}}]
-    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     first = gen.chunk("", first=True)
     assert first["object"] == "chat.completion.chunk" and first["choices"][0]["delta"] == {"role": "assistant",
                                                                                             "content": ""}
     assert gen.chunk(finish_reason="stop")["choices"][0] == {"index": 0, "finish_reason": "stop", "logprobs": None,
                                                             "delta": {}}
     assert gen.usage_chunk()["choices"] == [] and gen.usage_chunk()["usage"]["total_tokens"] == 9
+
+
+def test_usage_reports_the_prompt_tokens_the_llm_found_cached():
+    gen = Generation("chat.completion", "minions")
+    gen.add({"text_output": "a", "num_output_tokens": 1, "num_input_tokens": 300, "num_cached_tokens": 256})
+    gen.add({"text_output": "b", "num_output_tokens": 2, "num_input_tokens": 300, "num_cached_tokens": 256,
+             "finish_reason": "stop"})
+    assert gen.body()["usage"]["prompt_tokens_details"] == {"cached_tokens": 256}
+    assert gen.usage_chunk()["usage"] == {"prompt_tokens": 300, "completion_tokens": 2, "total_tokens": 302,
+                                          "prompt_tokens_details": {"cached_tokens": 256}}
 
 
 def test_a_completion_answer_echoes_its_prompt_when_asked():

@@ -210,10 +210,11 @@ def test_response_arrays_carry_perf_metrics_only_when_asked():
     stream.add(Round(tokens=ids("ab"), ssm="s", drafted=3, accepted=1, draft_seconds=0.0, verify_seconds=0.0,
                      planned=3))
     plain = response_arrays(greq(), "ab", stream, None)
-    assert set(plain) == {"text_output", "num_output_tokens", "num_input_tokens", "batch_index", "sequence_index"}
+    assert set(plain) == {"text_output", "num_output_tokens", "num_input_tokens", "num_cached_tokens", "batch_index",
+                          "sequence_index"}
     assert plain["text_output"].tolist() == [b"ab"]
     assert plain["batch_index"].tolist() == plain["sequence_index"].tolist() == [[0]]
-    assert plain["num_input_tokens"].tolist() == [[200]]
+    assert plain["num_input_tokens"].tolist() == [[200]] and plain["num_cached_tokens"].tolist() == [[0]]
     full = response_arrays(greq(return_perf_metrics=True), "ab", stream, "stop")
     assert full["finish_reason"].tolist() == [[b"stop"]]
     assert full["total_draft_tokens"].tolist() == [[3]] and full["total_accepted_draft_tokens"].tolist() == [[1]]
@@ -225,7 +226,7 @@ def test_response_arrays_carry_perf_metrics_only_when_asked():
     assert full["kv_cache_reused_blocks"].tolist() == [[0]]
 
 
-def test_the_prompt_tokens_the_llm_found_cached_are_reported_as_reused_blocks():
+def test_the_prompt_tokens_the_llm_found_cached_are_reported_as_reused_blocks_and_tokens():
     perf = RequestPerf(arrival_ns=time.time_ns(), prompt_tokens=300, block_tokens=128)
     stream = TextStream(greq(), CharTokenizer(), EOS, perf)
     stream.add(Round(tokens=ids("a"), ssm=None, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.0,
@@ -235,6 +236,8 @@ def test_the_prompt_tokens_the_llm_found_cached_are_reported_as_reused_blocks():
     assert out["kv_cache_alloc_total_blocks"].tolist() == [[3]]  # 302 tokens
     assert out["kv_cache_reused_blocks"].tolist() == [[2]], "whole blocks of the 299 cached tokens"
     assert out["kv_cache_alloc_new_blocks"].tolist() == [[1]]
+    assert response_arrays(greq(), "ab", stream, None)["num_cached_tokens"].tolist() == [[299]], \
+        "asked for perf metrics or not"
 
 
 @pytest.mark.parametrize("streamed", [False, True])

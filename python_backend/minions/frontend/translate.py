@@ -68,6 +68,8 @@ class Generation:
     text: str = ""
     finish_reason: str | None = None
     prompt_tokens: int = 0
+    cached_tokens: int = 0
+    """Of the prompt's tokens, those the LLM found in its prefix cache (in whole KV blocks)."""
     completion_tokens: int = 0
     log_probs: list[tuple[str, float]] = field(default_factory=list)
     """(token text, log probability) of each generated token, when the request asks for them."""
@@ -88,14 +90,17 @@ class Generation:
         self.finish_reason = outputs.get("finish_reason") or self.finish_reason
         self.completion_tokens = int(outputs.get("num_output_tokens", self.completion_tokens))
         self.prompt_tokens = int(outputs.get("num_input_tokens", self.prompt_tokens))
+        self.cached_tokens = int(outputs.get("num_cached_tokens", self.cached_tokens))
         tokens, values = _listed(outputs.get("output_tokens")), _listed(outputs.get("output_log_probs"))
         self.new_log_probs = list(zip(tokens, (float(v) for v in values)))
         self.log_probs += self.new_log_probs
         return chunk
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's usage object, with the prompt's cached tokens as OpenAI, vLLM and llama-server report them."""
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
     def _head(self, object_name: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}

@@ -68,7 +68,6 @@ def decode_request(greq: GenerationRequest, tokenizer: Tokenizer, settings: Orch
         use_draft_logits=greq.use_draft_logits,
         pipeline=greq.pipeline,
         return_log_probs=greq.return_log_probs,
-        return_perf_metrics=greq.return_perf_metrics,
     )
 
 
@@ -180,10 +179,11 @@ class TextStream:
 def response_arrays(greq: GenerationRequest, text: str, stream: TextStream,
                     finish_reason: str | None) -> dict[str, np.ndarray]:
     """A response's output tensors: tensorrt_llm_bls's (one sequence, so batch and sequence index 0;
-    the perf outputs when asked), plus the prompt's token count (an OpenAI answer's usage), finish_reason
-    and the speculation metrics. Each is [batch = 1, its dims in the model's config], as tensorrt_llm_bls
-    sends them (its end-to-end client reads a perf output as [0][0]); text_output alone is [1], as
-    tensorrt_llm_bls sends it (its postprocessing model's string per sequence; the client reads [0])."""
+    the perf outputs when asked), plus the prompt's token count and its tokens found cached (an OpenAI
+    answer's usage), finish_reason and the speculation metrics. Each is [batch = 1, its dims in the
+    model's config], as tensorrt_llm_bls sends them (its end-to-end client reads a perf output as
+    [0][0]); text_output alone is [1], as tensorrt_llm_bls sends it (its postprocessing model's string
+    per sequence; the client reads [0])."""
     stats, perf = stream.stats, stream.perf
 
     def one(value, dtype) -> np.ndarray:  # config dims [1]: [batch, 1]
@@ -193,6 +193,7 @@ def response_arrays(greq: GenerationRequest, text: str, stream: TextStream,
         "text_output": np.array([text.encode("utf-8")], dtype=np.object_),
         "num_output_tokens": one(stats.emitted_tokens, np.int32),
         "num_input_tokens": one(perf.prompt_tokens, np.int32),
+        "num_cached_tokens": one(perf.cached_tokens, np.int32),
         "batch_index": one(0, np.int32),
         "sequence_index": one(0, np.int32),
     }

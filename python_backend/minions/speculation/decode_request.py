@@ -42,8 +42,6 @@ class DecodeRequest:
     """Draft round r+1 while the LLM verifies round r (pipelining.py)."""
     return_log_probs: bool = False
     """The LLM reports each emitted token's log probability (Round.log_probs)."""
-    return_perf_metrics: bool = False
-    """The request's first LLM call reports the prompt's tokens it found cached (Round.cached_tokens)."""
 
     @property
     def sampled_drafts(self) -> bool:
@@ -60,6 +58,7 @@ class DecodeRequest:
             request_id, list(sequence), tokens, draft=list(draft or []), draft_logits=draft_logits,
             sampling=self.sampling, seed=self.seed, end_id=self.end_id,
             bad_words=self.bad_words, penalties=self.penalties, return_log_probs=self.return_log_probs,
-            return_perf_metrics=self.return_perf_metrics and len(sequence) == len(self.prompt_ids),
+            # The first call (the prompt) reports the prompt's tokens the LLM found cached (Round.cached_tokens).
+            return_perf_metrics=len(sequence) == len(self.prompt_ids),
             exclude_input_in_output=True, streaming=streaming,
             stream_interval_s=self.stream_interval_s if stream_interval_s is None else stream_interval_s)
