@@ -101,6 +101,6 @@ def test_it_tells_every_change_of_the_requests_running_and_waiting():
         await asyncio.sleep(0)
         first.release()
         (await second).release()
-        assert seen == [(1, 0), (1, 1), (1, 0), (1, 0), (0, 0)]  # the waiter takes the slot as it is given back
+        assert seen == [(1, 0), (1, 1), (1, 0), (0, 0)]  # the waiter takes the slot as it is given back: once
 
     asyncio.run(scenario())

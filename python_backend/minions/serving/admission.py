@@ -89,6 +89,7 @@ class Admission:
             )
         if self.fits_now(tokens):
             self._take(need)
+            self._changed()
             return Reservation(need, self)
         if self.max_queued and len(self._queue) >= self.max_queued:
             raise ServerBusy(f"{ServerBusy.PREFIX} ({self.running} requests decoding, {len(self._queue)} waiting, "
@@ -110,10 +111,10 @@ class Admission:
         return Reservation(need, self)
 
     def _take(self, need: int) -> None:
+        """Its callers tell on_change once they are done (a release that admits a waiter: once)."""
         self.running += 1
         self.in_use += need
         self.peak = max(self.peak, self.in_use)
-        self._changed()
 
     def _give_back(self, tokens: int) -> None:
         self.running -= 1
