@@ -91,7 +91,8 @@ def minions_request(url: str, model: str, speculation: str | None, max_tokens: i
 
     def request(prompt: str) -> Sample:
         c = generate_grpc(url, model, prompt, params, stream=True, timeout_s=RESPONSE_TIMEOUT_S)
-        return Sample(c.text, c.num_output_tokens, c.ttft_s or c.latency_s, c.latency_s)
+        return Sample(c.text, c.num_output_tokens, c.ttft_s or c.latency_s, c.latency_s, c.num_input_tokens or 0,
+                      c.num_cached_tokens or 0)
     return request
 
 

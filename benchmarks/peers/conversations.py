@@ -4,8 +4,8 @@ chat client or a coding agent does, so that a server's prefix cache decides its 
 - `multi_turn_chat`: MT-bench's two turns, then a third asking for a summary of the conversation;
 - `multi_turn_code`: a code edit, then two more edits of the file the previous answer wrote out.
 Each system answers with its own earlier answers in the history. `streams` threads each take the next
-conversation and run its turns in order. Reported per turn: TTFT p50 and p99, and the mean tokens/s of
-a turn's decode.
+conversation and run its turns in order. Reported per turn: TTFT p50 and p99, the share of the prompts'
+tokens the server said it found in its prefix cache, and the mean tokens/s of a turn's decode.
 """
 
 from __future__ import annotations
@@ -60,9 +60,11 @@ class ConversationCell:
             samples = [s for (_, t), s in self.samples.items() if t == turn]
             ttfts = [s.ttft_s for s in samples]
             itls = [s.itl_s for s in samples if s.itl_s]
+            prompt = sum(s.prompt_tokens for s in samples)
             out.append({"system": self.system, "workload": self.workload, "streams": self.streams, "turn": turn + 1,
                         "requests": len(samples), "ttft_p50_ms": 1000 * statistics.median(ttfts),
                         "ttft_p99_ms": 1000 * float(np.percentile(ttfts, 99)),
+                        "cached_share": sum(s.cached_tokens for s in samples) / prompt if prompt else None,
                         "decode_tokens_per_s": 1 / statistics.mean(itls) if itls else None,
                         "errors": len(self.errors)})
         return out
@@ -93,14 +95,16 @@ def run_conversations(system: str, workload: str, converse: Converse, users: lis
 def format_turns(rows: list[dict], reference: dict[tuple[str, int, int], dict]) -> str:
     """A markdown table of per-turn rows; `reference` maps (workload, streams, turn) to the plain
     llama-server row each is compared with."""
-    lines = ["| workload | streams | system | turn | TTFT p50 ms | TTFT p99 ms | p50 vs llama-server | decode tok/s |",
-             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| workload | streams | system | turn | TTFT p50 ms | TTFT p99 ms | p50 vs llama-server | prompt cached "
+             "| decode tok/s |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ref = reference.get((r["workload"], r["streams"], r["turn"]))
         ratio = f"{r['ttft_p50_ms'] / ref['ttft_p50_ms']:.2f}x" if ref else "-"
         decode = f"{r['decode_tokens_per_s']:.1f}" if r["decode_tokens_per_s"] else "-"
+        cached = f"{r['cached_share']:.0%}" if r.get("cached_share") is not None else "-"
         lines.append(f"| {r['workload']} | {r['streams']} | {r['system']} | {r['turn']} | {r['ttft_p50_ms']:.0f} | "
-                     f"{r['ttft_p99_ms']:.0f} | {ratio} | {decode} |")
+                     f"{r['ttft_p99_ms']:.0f} | {ratio} | {cached} | {decode} |")
     return "\n".join(lines)
 
 

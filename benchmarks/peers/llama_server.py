@@ -91,6 +91,7 @@ def conversation_turn(url: str, messages: list[dict], max_tokens: int, timeout_s
     parts: list[str] = []
     ttft = last = None
     tokens: int | None = None
+    usage: dict = {}
     start = time.perf_counter()
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
@@ -106,9 +107,11 @@ def conversation_turn(url: str, messages: list[dict], max_tokens: int, timeout_s
                         ttft = last if ttft is None else ttft
                         parts.append(piece)
                 if event.get("usage"):
-                    tokens = int(event["usage"]["completion_tokens"])
+                    usage = event["usage"]
+                    tokens = int(usage["completion_tokens"])
     except urllib.error.HTTPError as exc:
         raise RuntimeError(exc.read().decode("utf-8", errors="replace")) from None
     if tokens is None or ttft is None:
         raise RuntimeError(f"llama-server streamed {len(parts)} pieces and no usage")
-    return Sample("".join(parts), tokens, ttft, last)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return Sample("".join(parts), tokens, ttft, last, int(usage.get("prompt_tokens") or 0), int(cached))

@@ -27,6 +27,9 @@ class Sample:
     ttft_s: float
     last_token_s: float
     """Time from the request until the last output token arrived."""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    """Of the prompt's tokens, those the server said it found in its prefix cache (0 where it says nothing)."""
 
     @property
     def itl_s(self) -> float | None:

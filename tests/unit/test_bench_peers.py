@@ -108,7 +108,7 @@ def test_llama_server_builds_with_llama_cpp_python_s_cmake_args_in_a_folder_of_t
 
 
 def test_a_conversation_re_sends_its_history_with_the_system_s_own_answers(prompt_sets):
-    from benchmarks.peers.conversations import conversations, run_conversations
+    from benchmarks.peers.conversations import conversations, format_turns, run_conversations
 
     users = conversations("multi_turn_code", 3, HELD_OUT)
     assert [len(turns) for turns in users] == [3, 3, 3]
@@ -116,7 +116,8 @@ def test_a_conversation_re_sends_its_history_with_the_system_s_own_answers(promp
 
     def converse(messages: list[dict]) -> Sample:
         seen.append(messages)
-        return Sample(f"answer {len(messages)}", 4, 0.1 * len(messages), 1.0)
+        return Sample(f"answer {len(messages)}", 4, 0.1 * len(messages), 1.0, prompt_tokens=100 * len(messages),
+                      cached_tokens=90 * (len(messages) - 1))
 
     cell = run_conversations("sys", "multi_turn_code", converse, users, streams=2)
     assert len(seen) == 9 and not cell.errors
@@ -125,6 +126,8 @@ def test_a_conversation_re_sends_its_history_with_the_system_s_own_answers(promp
     rows = cell.rows()
     assert [r["turn"] for r in rows] == [1, 2, 3]
     assert [round(r["ttft_p50_ms"]) for r in rows] == [100, 300, 500]
+    assert [r["cached_share"] for r in rows] == pytest.approx([0.0, 0.6, 0.72]), "of 100, 300, 500 prompt tokens"
+    assert "| 3 | 500 | 500 | - | 72% | 6.0 |" in format_turns(rows, {})  # 3 tokens after the first in 0.5 s
 
 
 def test_a_cell_reports_its_slowest_first_tokens_as_well_as_its_median():
