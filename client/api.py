@@ -110,7 +110,7 @@ class Completion:
     """KV blocks of the prompt the LLM found in its prefix cache, when perf metrics are asked for."""
     num_cached_tokens: int | None = None
     """The prompt's tokens the server found in its prefix cache (`minions`' output; an OpenAI server's
-    usage.prompt_tokens_details.cached_tokens): Minions counts whole KV blocks, llama-server every token."""
+    usage.prompt_tokens_details.cached_tokens)."""
     ttft_s: float | None = None
     latency_s: float = 0.0
 

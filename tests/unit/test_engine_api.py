@@ -270,13 +270,14 @@ def test_log_probs_travel_as_cum_and_output_log_probs():
         encode_engine_outputs(requests[:1], [EngineResult([4])])  # an n-gram engine has no logits
 
 
-def test_the_cached_tokens_an_engine_reports_reach_the_orchestrator_in_whole_blocks():
+def test_the_cached_tokens_an_engine_reports_reach_the_orchestrator_every_one():
     """build → parse → encode → decode, as a call of the orchestrator's crosses Triton."""
     request = EngineRequest("a", list(range(300)), 1, return_perf_metrics=True)
     parsed = parse_engine_inputs(build_engine_inputs(request), "a")
     assert parsed[0].return_perf_metrics
     out = encode_engine_outputs(parsed, [EngineResult([5], cached_tokens=299)], CallTimes(1, 2, 3))
-    assert decode_engine_outputs(request, out).cached_tokens == 256
+    assert out["kv_cache_reused_blocks"].tolist() == [[2]] and out["num_cached_tokens"].tolist() == [[299]]
+    assert decode_engine_outputs(request, out).cached_tokens == 299
     assert "return_perf_metrics" not in build_engine_inputs(request, native=True), "TensorRT-LLM's model: not asked"
 
 
@@ -287,6 +288,7 @@ def test_perf_outputs_report_times_kv_blocks_and_acceptance():
     out = encode_engine_outputs(requests, results, CallTimes(10, 20, 30))
     assert out["kv_cache_alloc_total_blocks"].tolist() == [[2], [1]]  # 203 and 3 tokens in blocks of 128
     assert out["kv_cache_reused_blocks"].tolist() == [[1], [0]]
+    assert out["num_cached_tokens"].tolist() == [[130], [0]]
     assert out["kv_cache_alloc_new_blocks"].tolist() == [[1], [1]]
     assert out["total_draft_tokens"].tolist() == [[3], [0]]
     assert out["total_accepted_draft_tokens"].tolist() == [[2], [0]]

@@ -21,7 +21,7 @@ from minions.decoding.penalties import Penalties
 from minions.decoding.sampling import SamplingParams, native_seed
 from minions.deploy.config import ROOT, load_deployment
 from minions.deploy.render import orchestrator_settings, render_repository
-from minions.engines.tensors import OWN_INPUTS, build_engine_inputs
+from minions.engines.tensors import OWN_INPUTS, OWN_OUTPUTS, build_engine_inputs
 from minions.errors import InvalidRequest
 from minions.serving.request import parse_generation_request
 from minions.settings import EngineSettings, OrchestratorSettings
@@ -88,7 +88,8 @@ def test_tensorrt_llm_models_declare_tensorrt_llms_interface_without_our_additio
     assert {i.name for i in trt.input} == set(ours) - OWN_INPUTS
     for declared in trt.input:
         assert declared == ours[declared.name]
-    assert list(trt.output) == list(python_engine.output)
+    assert OWN_OUTPUTS <= {o.name for o in python_engine.output}
+    assert list(trt.output) == [o for o in python_engine.output if o.name not in OWN_OUTPUTS]
 
 
 def test_the_orchestrator_treats_the_tensorrt_llm_models_as_native_decoupled_engines(rendered):

@@ -34,7 +34,7 @@ from minions.deploy.config import (
     trtllm_engine_dir,
 )
 from minions.engines.sequence_cache import KV_GROWTH_TOKENS
-from minions.engines.tensors import OWN_INPUTS
+from minions.engines.tensors import OWN_INPUTS, OWN_OUTPUTS
 from minions.errors import InvalidRequest
 from minions.serving.inputs import pbtxt_inputs
 from minions.settings import EngineKind, EngineSettings, OrchestratorSettings, TrtllmSettings
@@ -135,8 +135,8 @@ def _tensorrt_llm_io() -> str:
 
 
 def tensorrt_llm_native_io() -> str:
-    """The shared blocks less Minions' own inputs (engines/tensors.py OWN_INPUTS): what TensorRT-LLM's
-    tensorrt_llm model declares. Parsed into Triton's ModelConfig and printed back."""
+    """The shared blocks less Minions' own inputs and outputs (engines/tensors.py OWN_INPUTS, OWN_OUTPUTS):
+    what TensorRT-LLM's tensorrt_llm model declares. Parsed into Triton's ModelConfig and printed back."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
@@ -144,6 +144,9 @@ def tensorrt_llm_native_io() -> str:
     kept = [i for i in config.input if i.name not in OWN_INPUTS]
     del config.input[:]
     config.input.extend(kept)
+    sent = [o for o in config.output if o.name not in OWN_OUTPUTS]
+    del config.output[:]
+    config.output.extend(sent)
     return text_format.MessageToString(config).rstrip("\n")
 
 

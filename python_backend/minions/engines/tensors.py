@@ -209,8 +209,9 @@ def _perf_outputs(requests: list[EngineRequest], results: list[EngineResult], ti
                   ) -> dict[str, np.ndarray]:
     """tensorrt_llm's per-request perf outputs, [batch, 1] each. KV blocks are KV_GROWTH_TOKENS long:
     those the call's sequence spans, of which those it found cached (the sequence's prefix from the
-    call before) are reused. A draft's acceptance is its prefix the output confirms. The engine
-    model starts every call on arrival, so it is scheduled when it arrives."""
+    call before, or another sequence's) are reused; num_cached_tokens (ours) counts those tokens, every
+    one. A draft's acceptance is its prefix the output confirms. The engine model starts every call on
+    arrival, so it is scheduled when it arrives."""
     def column(values, dtype) -> np.ndarray:
         return np.array(values, dtype=dtype).reshape(-1, 1)
 
@@ -223,6 +224,7 @@ def _perf_outputs(requests: list[EngineRequest], results: list[EngineResult], ti
     return {
         "kv_cache_alloc_total_blocks": column(spans, np.int32),
         "kv_cache_reused_blocks": column(reused, np.int32),
+        "num_cached_tokens": column([r.cached_tokens for r in results], np.int32),
         "kv_cache_alloc_new_blocks": column([s - u for s, u in zip(spans, reused)], np.int32),
         "arrival_time_ns": column([times.arrival_ns] * n, np.int64),
         "first_scheduled_time_ns": column([times.arrival_ns] * n, np.int64),
@@ -236,6 +238,8 @@ def _perf_outputs(requests: list[EngineRequest], results: list[EngineResult], ti
 
 OWN_INPUTS = frozenset({"random_seed", "prompt_length"})
 """Inputs our engine models take that TensorRT-LLM's tensorrt_llm model does not declare."""
+OWN_OUTPUTS = frozenset({"num_cached_tokens"})
+"""Outputs our engine models send that TensorRT-LLM's tensorrt_llm model does not declare."""
 
 
 def build_engine_inputs(request: EngineRequest, native: bool = False) -> dict[str, np.ndarray]:
@@ -294,8 +298,8 @@ def build_engine_inputs(request: EngineRequest, native: bool = False) -> dict[st
 def decode_engine_outputs(request: EngineRequest, outputs: Mapping[str, np.ndarray]) -> EngineResult:
     """The inverse of encode_engine_outputs for the one sequence `request` built: the new tokens
     (output_ids up to sequence_length, past the input unless it was excluded or the call streams) and,
-    when asked for, their log probs, generation logits and the input's tokens found cached (from
-    kv_cache_reused_blocks). `outputs` maps output names to arrays; generation_logits may be absent."""
+    when asked for, their log probs, generation logits and the input's tokens found cached
+    (num_cached_tokens). `outputs` maps output names to arrays; generation_logits may be absent."""
     length = int(np.asarray(outputs["sequence_length"]).reshape(-1)[0])
     tokens = np.asarray(outputs["output_ids"]).reshape(-1)[:length]
     if not _new_tokens_only(request):
@@ -309,6 +313,6 @@ def decode_engine_outputs(request: EngineRequest, outputs: Mapping[str, np.ndarr
     log_probs = None
     if request.return_log_probs and outputs.get("output_log_probs") is not None:
         log_probs = [float(x) for x in np.asarray(outputs["output_log_probs"]).reshape(-1)[: len(tokens)]]
-    reused = outputs.get("kv_cache_reused_blocks")
-    cached = int(np.asarray(reused).reshape(-1)[0]) * KV_GROWTH_TOKENS if reused is not None else 0
+    cached = outputs.get("num_cached_tokens")
+    cached = int(np.asarray(cached).reshape(-1)[0]) if cached is not None else 0
     return EngineResult([int(t) for t in tokens], logits=logits, log_probs=log_probs, cached_tokens=cached)

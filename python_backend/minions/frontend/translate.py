@@ -69,7 +69,7 @@ class Generation:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    """Of the prompt's tokens, those the LLM found in its prefix cache (in whole KV blocks)."""
+    """Of the prompt's tokens, those the LLM found in its prefix cache."""
     completion_tokens: int = 0
     log_probs: list[tuple[str, float]] = field(default_factory=list)
     """(token text, log probability) of each generated token, when the request asks for them."""

@@ -269,7 +269,7 @@ def _infer_request(model: str, request: EngineRequest, call_id: str, native: boo
         message.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
     for name in (["output_ids", "sequence_length"] + (["output_log_probs"] if request.return_log_probs else [])
                  + (["generation_logits"] if request.return_generation_logits else [])
-                 + (["kv_cache_reused_blocks"] if request.return_perf_metrics and not native else [])):
+                 + (["num_cached_tokens"] if request.return_perf_metrics and not native else [])):
         message.outputs.add(name=name)
     return message
 
