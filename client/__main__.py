@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.timing:
         acc = f"{result.acceptance_rate:.2f}" if result.acceptance_rate is not None else "n/a"
         print(
-            f"[{result.num_input_tokens} prompt tokens, {result.num_output_tokens} tokens in {result.latency_s:.2f} s: "
+            f"[{result.num_input_tokens} prompt tokens ({result.num_cached_tokens or 0} cached), "
+            f"{result.num_output_tokens} tokens in {result.latency_s:.2f} s: "
             f"{result.tokens_per_s:.1f} tok/s, "
             f"TTFT {1000 * (result.ttft_s or 0):.0f} ms, acceptance {acc}, finish {result.finish_reason}, "
             f"draft lengths {result.draft_lengths}]",

@@ -193,4 +193,4 @@ def test_the_cli_streams_a_penalised_answer_and_reports_its_timing(server, capsy
                  "--min-tokens", "12", "--repetition-penalty", "1.2", "--speculation", "off", "--timing"])
     out = capsys.readouterr()
     assert code == 0 and out.out.strip(), out
-    assert "prompt tokens, 12 tokens in" in out.err and "finish length" in out.err, out.err
+    assert " cached), 12 tokens in" in out.err and "finish length" in out.err, out.err

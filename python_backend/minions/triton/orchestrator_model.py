@@ -225,7 +225,8 @@ class TritonPythonModel:
             reservation.answer_sent()
         elapsed, stats = time.perf_counter() - start, text.stats
         return (
-            f"{len(request.prompt_ids)} prompt tokens, {stats.emitted_tokens / max(elapsed, 1e-9):.1f} tok/s (drafting "
+            f"{len(request.prompt_ids)} prompt tokens ({perf.cached_tokens} cached), "
+            f"{stats.emitted_tokens / max(elapsed, 1e-9):.1f} tok/s (drafting "
             f"{stats.draft_seconds:.2f} s, verifying {stats.verify_seconds:.2f} s, control {stats.control_seconds:.4f} s), "
             f"{stats.rounds} rounds, {stats.llm_calls} LLM calls, acceptance {stats.acceptance_rate:.2f}, draft length "
             f"{'adaptive' if greq.num_draft_tokens is None else greq.num_draft_tokens}, pipeline "
