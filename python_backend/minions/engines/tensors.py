@@ -313,6 +313,6 @@ def decode_engine_outputs(request: EngineRequest, outputs: Mapping[str, np.ndarr
     log_probs = None
     if request.return_log_probs and outputs.get("output_log_probs") is not None:
         log_probs = [float(x) for x in np.asarray(outputs["output_log_probs"]).reshape(-1)[: len(tokens)]]
-    cached = outputs.get("num_cached_tokens")
-    cached = int(np.asarray(cached).reshape(-1)[0]) if cached is not None else 0
+    found = outputs.get("num_cached_tokens")
+    cached = int(np.asarray(found).reshape(-1)[0]) if found is not None else 0
     return EngineResult([int(t) for t in tokens], logits=logits, log_probs=log_probs, cached_tokens=cached)
