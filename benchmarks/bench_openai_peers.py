@@ -67,15 +67,21 @@ def run_cell(args: argparse.Namespace, system: str, users: int, out: Path) -> di
     return json.loads((cell_out / "summary.json").read_text()) | {"foreign_cores": foreign.cores}
 
 
-def row(system: str, users: int, s: dict, reference: dict | None) -> dict:
-    r = {"system": system, "users": users, "requests": s["succeeded"], "failed": s["failed"],
-         "tok_s": s["output_tokens_per_s"], "ttft_p50": s["ttft_ms"]["p50"], "ttft_p99": s["ttft_ms"]["p99"],
-         "itl_p50": s["itl_ms"]["p50"], "others": s.get("foreign_cores")}
-    if reference is not None and system != LLAMA:
-        r["tok_s_ratio"] = r["tok_s"] / reference["tok_s"] if reference["tok_s"] else None
-        r["ttft_p50_ratio"] = r["ttft_p50"] / reference["ttft_p50"] if reference["ttft_p50"] else None
-        r["ttft_p99_ratio"] = r["ttft_p99"] / reference["ttft_p99"] if reference["ttft_p99"] else None
-    return r
+def row(system: str, users: int, s: dict) -> dict:
+    return {"system": system, "users": users, "requests": s["succeeded"], "failed": s["failed"],
+            "tok_s": s["output_tokens_per_s"], "ttft_p50": s["ttft_ms"]["p50"], "ttft_p99": s["ttft_ms"]["p99"],
+            "itl_p50": s["itl_ms"]["p50"], "others": s.get("foreign_cores")}
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+    """One load's rows, each system's but llama-server's with its ratios to llama-server's row (in
+    whatever order the systems ran; none without a llama-server row)."""
+    reference = next((r for r in rows if r["system"] == LLAMA), None)
+    for r in rows:
+        if reference is not None and r is not reference:
+            for key in ("tok_s", "ttft_p50", "ttft_p99"):
+                r[f"{key}_ratio"] = r[key] / reference[key] if reference[key] else None
+    return rows
 
 
 def format_rows(rows: list[dict]) -> str:
@@ -108,11 +114,7 @@ def main() -> None:
     out = Path(args.out)
     rows = []
     for users in args.users:
-        reference = None
-        for system in args.systems:
-            r = row(system, users, run_cell(args, system, users, out), reference)
-            reference = r if system == LLAMA else reference
-            rows.append(r)
+        rows += with_ratios([row(system, users, run_cell(args, system, users, out)) for system in args.systems])
     text = format_rows(rows)
     print(text)
     (out / "peers_openai.md").write_text(text + "\n")

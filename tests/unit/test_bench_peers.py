@@ -164,3 +164,17 @@ def test_with_slices_the_systems_take_turns_and_each_cell_holds_all_its_prompts(
     (8, 16, 3, [(0, 8)]), (7, 1, 2, [(0, 3), (3, 7)])])
 def test_slices_keep_at_least_one_prompt_per_stream(count, streams, slices, bounds):
     assert slice_bounds(count, streams, slices) == bounds
+
+
+def test_the_openai_table_compares_with_llama_server_whatever_order_the_systems_ran_in():
+    from benchmarks.bench_openai_peers import format_rows, row, with_ratios
+
+    def summary(tok_s: float, ttft: float) -> dict:
+        return {"succeeded": 10, "failed": 0, "output_tokens_per_s": tok_s, "ttft_ms": {"p50": ttft, "p99": 2 * ttft},
+                "itl_ms": {"p50": 5.0}}
+
+    rows = with_ratios([row("minions-off", 1, summary(90.0, 80.0)), row("llama-server", 1, summary(100.0, 64.0))])
+    assert rows[0]["tok_s_ratio"] == pytest.approx(0.9) and rows[0]["ttft_p50_ratio"] == pytest.approx(1.25)
+    assert "tok_s_ratio" not in rows[1]
+    assert "| 0.90 | 1.25 | 1.25 |" in format_rows(rows)
+    assert "tok_s_ratio" not in with_ratios([row("minions-off", 1, summary(90.0, 80.0))])[0]
