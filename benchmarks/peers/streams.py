@@ -28,8 +28,9 @@ class Sample:
     last_token_s: float
     """Time from the request until the last output token arrived."""
     prompt_tokens: int = 0
+    """The prompt's tokens as the server counted them (0 where it says nothing)."""
     cached_tokens: int = 0
-    """Of the prompt's tokens, those the server said it found in its prefix cache (0 where it says nothing)."""
+    """Of those, the ones the server said it found in its prefix cache (0 where it says nothing)."""
 
     @property
     def itl_s(self) -> float | None:
