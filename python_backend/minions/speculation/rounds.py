@@ -43,7 +43,7 @@ class Round:
     """This round began an LLM call: every verification, and a streamed stretch's first token."""
     cached_tokens: int = 0
     """Tokens of the prompt the LLM found cached (a prefix of an earlier request's), reported by the
-    request's first round when the request asks for perf metrics."""
+    request's first round (the first LLM call always asks; `loop._cached`)."""
 
     def ssm_matched(self) -> dict[str, int]:
         """Per SSM: how many of its own draft tokens the LLM's output confirms."""
