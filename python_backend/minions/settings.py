@@ -279,16 +279,14 @@ class OrchestratorSettings(_Settings):
     one call while its drafters are asked now and then (probes) for this many tokens (0: never)..."""
     probe_min_draft: int = 4
     """...and a proposal at least this long ends the stream to be verified (speculation/watch.py)."""
-    probe_first_gap: int = ranged(32, 1)
-    """Tokens before a request's first probe; the gap doubles after each probe that found nothing..."""
     probe_min_gap: int = ranged(8, 1)
-    """...and falls to this many after a verification that accepted at least half its draft..."""
+    """Tokens between two probes at first; doubled after each probe that found nothing..."""
     probe_max_gap: int = ranged(64, 1)
     """...up to this many."""
     probe_repeat_tokens: int = ranged(3, 0)
-    """...but a probe comes `probe_min_gap` tokens after the last one (doubled after each probe that
-    found nothing, as the gap) once the sequence's last this many tokens occurred earlier in it (where
-    a lookup can draft; 0: by the back-off alone)."""
+    """...but a probe comes `probe_min_gap` tokens after the last one, whatever the back-off, once the
+    sequence's last this many tokens occurred earlier in it (where a lookup can draft; 0: by the
+    back-off alone)."""
     probe_max_draft_cost_ms: float = 1.0
     """Drafting counts as nearly free below this many milliseconds per token (the server's measure, per
     set of SSMs, over drafts of at least `probe_min_draft` tokens)."""

@@ -23,20 +23,6 @@ def test_the_gap_doubles_after_probes_that_find_nothing_up_to_its_cap():
     assert gaps == [4, 8, 16, 16]
 
 
-def test_the_first_probe_waits_the_first_gap_and_backs_off_from_there():
-    """Before a request's first probe nothing shows a lookup can draft, so it comes later than the
-    probes after a verification that paid (a repeating tail may bring it earlier: DraftWatch)."""
-    schedule = ProbeSchedule(min_gap=4, max_gap=64, first_gap=16)
-    gaps = []
-    for _ in range(3):
-        gaps.append(schedule.gap)
-        schedule.found_nothing()
-    assert schedule.repeat_gap == 32
-    schedule.verified(drafted=6, accepted=3)
-    assert gaps + [schedule.gap, schedule.repeat_gap] == [16, 32, 64, 4, 4]
-    assert ProbeSchedule(min_gap=4, max_gap=8, first_gap=16).gap == 8, "never beyond the cap"
-
-
 def test_a_verification_that_accepted_half_brings_probes_back_and_one_that_did_not_backs_off():
     schedule = ProbeSchedule(min_gap=4, max_gap=64)
     schedule.found_nothing()
@@ -87,28 +73,28 @@ def test_tail_repeats_says_what_prompt_lookup_says_of_the_same_tail():
                 assert repeats.at_end(prefix) == bool(ngram_draft(prefix, 1, n, n)), (n, prefix)
 
 
-def test_a_repeating_tail_brings_a_probe_before_the_schedule_and_backs_off_too():
-    """Where the tail repeats, a probe comes `min_gap` tokens after the last one at first, long before
-    the schedule's first; each probe that finds nothing doubles that distance as it does the gap."""
+def test_a_repeating_tail_brings_the_probe_min_gap_after_the_last_one_whatever_the_back_off():
     async def run():
-        drafters = Drafters([[], [4, 5, 6]])
+        drafters = Drafters([[], [], [4, 5, 6]])
         drafters.release.set()
-        schedule = ProbeSchedule(min_gap=2, max_gap=64, first_gap=8)
+        schedule = ProbeSchedule(min_gap=2, max_gap=64)
         watch = DraftWatch(schedule, 3, drafters.ask, drafters.stop, TailRepeats(3))
-        sequence = [1, 2, 3, 10, 11, 12]
+        sequence = [10, 11, 12, 1, 2, 3]
+        watch.arrived(sequence, 2, allowed=True)  # due by the schedule: probe 1 finds nothing
+        await asyncio.sleep(0)
+        sequence += [20, 21]
+        watch.arrived(sequence, 2, allowed=True)  # no repeat, gap 4 now: no probe
+        sequence += [22, 23]
+        watch.arrived(sequence, 2, allowed=True)  # due by the doubled gap: probe 2 finds nothing
+        await asyncio.sleep(0)
+        assert len(drafters.asked) == 2
+        sequence += [1, 2]
         watch.arrived(sequence, 2, allowed=True)
-        assert not drafters.asked, "(10, 11, 12) is new and the schedule's first gap is 8"
-        sequence += [1, 2, 3]
-        watch.arrived(sequence, 3, allowed=True)  # (1, 2, 3) repeats: probe 1, which finds nothing
+        assert schedule.gap == 8 and len(drafters.asked) == 2, "(23, 1, 2) is new: the back-off holds"
+        sequence += [3]
+        watch.arrived(sequence, 1, allowed=True)  # (1, 2, 3) repeats, 3 tokens since probe 2
         await asyncio.sleep(0)
-        sequence += [1, 2, 3]
-        watch.arrived(sequence, 3, allowed=True)
-        assert (schedule.gap, schedule.repeat_gap) == (16, 4) and len(drafters.asked) == 1, \
-            "3 tokens since probe 1: the repeat's distance doubled to 4"
-        sequence += [1, 2, 3]
-        watch.arrived(sequence, 3, allowed=True)  # 6 tokens since probe 1, the tail repeats: probe 2
-        await asyncio.sleep(0)
-        assert len(drafters.asked) == 2 and drafters.stops == 1
+        assert len(drafters.asked) == 3 and drafters.stops == 1
         found = await watch.settle(sequence)
         assert found is not None and found.draft == [4, 5, 6]
     asyncio.run(run())

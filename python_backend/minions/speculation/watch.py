@@ -8,19 +8,15 @@ is verified next. A probe that finds nothing ends nothing: plain decoding goes o
 Before, a plain stretch ended every 16 tokens to ask the drafters, and each new call cost a gap in
 the LLM's work: `vote` ran at 0.86x `off` on 16 chat streams (docs/benchmarks.md).
 
-Probes back off: the first comes `first_gap` tokens in, and the tokens between two probes double
-after each probe that found nothing and each verification that accepted less than half its draft,
-up to `max_gap`, and fall back to `min_gap` after a verification that accepted at least half. Text
-that gives the drafters nothing costs a few probes, text that copies is probed often. Each probe
-costs the LLM's stream a few ms on a CPU it shares (two lookup calls through Triton), and chat's
-first probes mostly find nothing, hence the later first one (docs/benchmarks.md).
+Probes back off: the tokens between two probes double after each probe that found nothing and each
+verification that accepted less than half its draft, up to `max_gap`, and fall back to `min_gap`
+after a verification that accepted at least half. Text that gives the drafters nothing costs a few
+probes, text that copies is probed often.
 
-The schedule does not wait where the text shows a lookup can draft: once the sequence's last few
+The back-off does not wait where the text shows a lookup can draft: once the sequence's last few
 tokens occurred earlier in it (`TailRepeats`, a set of the request's n-grams kept in the
-orchestrator), a probe comes `min_gap` tokens after the last one, a distance that backs off as the
-gap does (a summary quotes its document's phrases, and most such probes found nothing). A code edit
-that goes back to copying after a new line of its own is probed at once, not up to `max_gap` tokens
-later.
+orchestrator), a probe comes `min_gap` tokens after the last one. A code edit that goes back to
+copying after a new line of its own is probed at once, not up to `max_gap` tokens later.
 """
 
 from __future__ import annotations
@@ -42,18 +38,12 @@ class ProbeSchedule:
 
     min_gap: int
     max_gap: int
-    first_gap: int | None = None
-    """Tokens before the first probe (None: min_gap)."""
     gap: int = field(init=False)
-    repeat_gap: int = field(init=False)
-    """Tokens after the last probe before a repeating tail brings the next (DraftWatch): `min_gap`,
-    backing off as `gap` does."""
     since: int = 0
     """Tokens arrived since the last probe (or since the request's stream began)."""
 
     def __post_init__(self) -> None:
-        self.gap = self.min_gap if self.first_gap is None else min(self.first_gap, self.max_gap)
-        self.repeat_gap = self.min_gap
+        self.gap = self.min_gap
 
     @property
     def due(self) -> bool:
@@ -67,12 +57,11 @@ class ProbeSchedule:
 
     def found_nothing(self) -> None:
         self.gap = min(self.gap * 2, self.max_gap)
-        self.repeat_gap = min(self.repeat_gap * 2, self.max_gap)
 
     def verified(self, drafted: int, accepted: int) -> None:
         """A verification's outcome: half its draft accepted or more brings probes back to `min_gap`."""
         if drafted > 0 and 2 * accepted >= drafted:
-            self.gap = self.repeat_gap = self.min_gap
+            self.gap = self.min_gap
         elif drafted > 0:
             self.found_nothing()
 
@@ -141,10 +130,10 @@ class DraftWatch:
             self._task = asyncio.ensure_future(self._probe(list(sequence)))
 
     def _due(self, sequence: list[int]) -> bool:
-        """By the schedule, or `repeat_gap` tokens after the last probe where the tail repeats."""
+        """By the schedule, or `min_gap` tokens after the last probe where the tail repeats."""
         if self.schedule.due:
             return True
-        return (self.repeats is not None and self.schedule.since >= self.schedule.repeat_gap
+        return (self.repeats is not None and self.schedule.since >= self.schedule.min_gap
                 and self.repeats.at_end(sequence))
 
     async def _probe(self, sequence: list[int]) -> Proposal | None:
