@@ -294,10 +294,9 @@ class _Outbox:
             now = time.monotonic()
             if isinstance(item, _Watch):
                 self._live.add(item.collector)
-            elif item is _CHANGED:
-                pending, sent_at = True, now
             elif item is not _QUIET:
-                _logged(item, "sending a response")  # a closed stream must not stop the others' responses
+                if item is not _CHANGED:
+                    _logged(item, "sending a response")  # a closed stream must not stop the others' responses
                 pending, sent_at = True, now
             if self._live and now - checked_at >= CANCEL_CHECK_INTERVAL_S:
                 _logged(self._end_cancelled, "asking Triton whether clients cancelled")
