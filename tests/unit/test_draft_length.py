@@ -214,6 +214,25 @@ def test_verify_cost_table_extends_the_measured_trend_beyond_the_measured_length
     assert table.estimate(16, 4) == pytest.approx(1.0)
 
 
+def test_streamed_plain_steps_do_not_bend_the_verifications_line():
+    """A streaming LLM's plain step costs no call: its thousands of samples drawn into the line with a
+    few short verifications made each drafted token look as dear as the call (measured on Q4_1 at one
+    stream: 6 ms a token by the line, 3 by verifications of 9 and 13 tokens) and priced long drafts out."""
+    verifications = ((1, 0.019), (3, 0.027), (4, 0.031))
+    streaming, calls_only, one_line = VerifyCostTable(plain_streams=True), VerifyCostTable(), VerifyCostTable()
+    for _ in range(1000):
+        streaming.observe(1, 0, 0.0073)
+        one_line.observe(1, 0, 0.0073)
+    for _ in range(3):
+        for table in (streaming, calls_only, one_line):
+            for s, seconds in verifications:
+                table.observe(1, s, seconds)
+    lengths = [1, 4, 8, 16]
+    assert streaming.estimates(1, lengths) == pytest.approx(calls_only.estimates(1, lengths))
+    assert streaming.estimate(1, 0) == pytest.approx(0.0073)
+    assert one_line.estimate(1, 16) > 1.2 * streaming.estimate(1, 16), "a non-streaming LLM's plain step is on the line"
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_crowd_sharing_one_llm_pass_settles_on_the_best_common_length(seed):
     """Eight requests at a time, each a few rounds long (as in the benchmark), verified in one pass

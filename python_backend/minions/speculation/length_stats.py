@@ -56,6 +56,9 @@ class VerifyCostTable:
     weight: float = 0.2
     """Per round of the whole batch (`server_weight`); the drafting cost's averages use it too."""
     shrink: float = 4.0
+    plain_streams: bool = False
+    """t(b, 0) is a step of a stream, not a call (a streaming LLM: loop.py's `StreamPlain`): it is
+    no point of the line the verifications lie on (`_fitted`)."""
     cells: dict[tuple[int, int], Ema] = field(default_factory=dict)
 
     def observe(self, batch: int, s: int, seconds: float) -> None:
@@ -77,11 +80,22 @@ class VerifyCostTable:
         for bucket in self._buckets_by_nearness(batch):
             measured = self._points(bucket)
             if measured:
-                line = _line(measured)
+                fitted = self._fitted(measured)
+                line = _line(fitted)
                 relative = self._relative_trend(batch) if line is None else 0.0
-                points = self._smoothed(measured, line)
+                points = sorted(self._smoothed(fitted, line) + [(n, t) for n, t, _ in measured if n < fitted[0][0]])
                 return {s: _on_curve(points, line, relative, s) for s in lengths}
         return dict.fromkeys(lengths)
+
+    def _fitted(self, points: list[tuple[int, float, int]]) -> list[tuple[int, float, int]]:
+        """The points the bucket's line is fitted through: the verifications alone where plain steps
+        are streamed and two lengths of them are measured, else all. A streamed step costs no call, a
+        verification of one token a call and a second token: drawn through the thousands of streamed
+        steps and a few short verifications, the line's slope took the call for the cost of the tokens
+        (measured at one stream on Q4_1: 6 ms a token where verifying 9 and 13 tokens cost 3), and
+        priced every long draft out, so that no long draft was verified to correct it."""
+        calls = [p for p in points if p[0] >= 1]
+        return calls if self.plain_streams and len(calls) >= 2 else points
 
     def measured_anywhere(self, s: int) -> bool:
         """Whether length `s` has been measured at any load."""
@@ -107,7 +121,7 @@ class VerifyCostTable:
     def _relative_trend(self, batch: int) -> float:
         """Seconds per draft token relative to the level, of the nearest bucket with a trend (0: none)."""
         for bucket in self._buckets_by_nearness(batch):
-            points = self._points(bucket)
+            points = self._fitted(self._points(bucket))
             line = _line(points)
             if line is not None:
                 return line[1] / max(sum(t for _, t, _ in points) / len(points), 1e-9)

@@ -76,6 +76,7 @@ class Services:
 
     def __post_init__(self) -> None:
         self.length_stats.probe_min_draft = self.probe_min_draft  # the probes' gate measures drafts this long
+        self.length_stats.verify.plain_streams = self.llm_streams  # t(b, 0) is a streamed step, no call
         self.weights = self.weights or SsmWeights(self.ssms)
         self.bandit = self.bandit or Ucb1(self.ssms)
 
