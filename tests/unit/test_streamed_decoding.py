@@ -167,3 +167,12 @@ def test_drafting_priced_out_by_a_stall_comes_back_once_forgotten(llm):
         assert tokens == reference(llm, REPEATING)
         drafted.append(decoded.draft_tokens)
     assert drafted[0] == 0 and drafted[1] > 0, drafted
+
+
+def test_an_off_stream_s_steps_are_plain_steps_to_the_length_statistics(client, llm):
+    """`off` reports its prompt's prefill as its work before its one call; once its first token is in,
+    its steps are plain ones. Reported as the prefill the whole stream long, its steps were none of
+    t(b, 0)'s, and every other request's rounds meanwhile were priced at a batch length of the prompt's."""
+    stats = SharedLengthStats()
+    decode(client, make_plan(list(range(1000, 1020)), N, llm_streams=True, length_stats=stats))
+    assert stats.verify.measured_lengths(1) == {0: N - 1}, "every step after the first token, at length 0"
