@@ -7,6 +7,7 @@ computed from that model by brute force, never written down.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -231,6 +232,28 @@ def test_streamed_plain_steps_do_not_bend_the_verifications_line():
     assert streaming.estimates(1, lengths) == pytest.approx(calls_only.estimates(1, lengths))
     assert streaming.estimate(1, 0) == pytest.approx(0.0073)
     assert one_line.estimate(1, 16) > 1.2 * streaming.estimate(1, 16), "a non-streaming LLM's plain step is on the line"
+
+
+def test_a_draft_priced_by_its_chances_may_go_twice_as_far_as_the_longest_measured_length():
+    """A fresh server that had verified 3 and 4 tokens once each (as measured, the 4 cold) drew t(16)
+    at 101 ms where 55-60 is measured: a copy's draft (as its chances were then) was cut to 2 tokens,
+    below a probe's minimum, by every probe of a run, and nothing longer was ever measured. Up to
+    twice the measured edge costs what the edge costs: the draft is verified to 8, which measures t(8)."""
+    table = VerifyCostTable(plain_streams=True)
+    for _ in range(1000):
+        table.observe(1, 0, 0.0073)
+    table.observe(1, 3, 0.0234)
+    table.observe(1, 4, 0.0294)
+    copy = [math.log(0.844)] + [math.log(0.95)] * 3 + [math.log(0.96)] * 4 + [math.log(0.91)] * 8
+    lengths = range(len(copy) + 1)
+    assert worth_verifying(copy, table.estimates(1, lengths)) < DEFAULTS.probe_min_draft
+    reach = table.within_reach(1, lengths)
+    assert worth_verifying(copy, reach) == 8
+    assert [reach[s] for s in (5, 8)] == [table.estimate(1, 4)] * 2
+    assert reach[16] == pytest.approx(table.estimate(1, 4) + (table.estimate(1, 16) - table.estimate(1, 8)))
+    assert all(reach[s] == table.estimate(1, s) for s in range(5)), "measured lengths keep their estimates"
+    table.observe(1, 16, 0.058)
+    assert table.within_reach(1, lengths) == table.estimates(1, lengths), "16 measured: no length beyond reach"
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -87,6 +87,24 @@ class VerifyCostTable:
                 return {s: _on_curve(points, line, relative, s) for s in lengths}
         return dict.fromkeys(lengths)
 
+    def within_reach(self, batch: int, lengths: Sequence[int]) -> dict[int, float | None]:
+        """`estimates` for pricing one draft by its own chances (draft_length.worth_verifying), with
+        the measured lengths' reach doubled: beyond the longest measured at this load, lengths up to
+        twice it cost what it costs, and longer ones rise from there at the line's slope. Beyond the
+        measured lengths the line is a guess, and a draft it prices out is never verified to measure
+        it: a fresh server whose first verifications were of 3 and 4 tokens (one each, the 4 cold)
+        extrapolated t(16) at 102 ms where 55-60 is measured, cut every copy to 3 tokens and drafted
+        none in 83 probes. Priced so, a draft whose chances are good goes further, is measured, and
+        the reach doubles (4, 8, 16), as the length policy steps one candidate beyond its measured
+        lengths (DraftLengthSelector._trusted)."""
+        edge = max(self.measured_lengths(batch), default=0)
+        costs = self.estimates(batch, sorted({*lengths, edge, 2 * edge}))
+        at_edge = costs[edge]
+        if edge == 0 or at_edge is None:
+            return {s: costs[s] for s in lengths}
+        lift = costs[2 * edge] - at_edge  # what the line adds over the doubled reach
+        return {s: max(at_edge, costs[s] - lift) if s > edge else costs[s] for s in lengths}
+
     def _fitted(self, points: list[tuple[int, float, int]]) -> list[tuple[int, float, int]]:
         """The points the bucket's line is fitted through: the verifications alone where plain steps
         are streamed and two lengths of them are measured, else all. A streamed step costs no call, a

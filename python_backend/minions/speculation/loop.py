@@ -118,7 +118,7 @@ class _Decode:
         against the text that follows the sequence's first `at` tokens."""
         chances = proposal.log_probs
         if chances is not None and 0 < len(proposal.draft) == len(chances):
-            costs = self.services.length_stats.verify.estimates(batch, range(len(proposal.draft) + 1))
+            costs = self.services.length_stats.verify.within_reach(batch, range(len(proposal.draft) + 1))
             worth = worth_verifying(chances, costs, self.calibration.factor)
             if worth == 0:
                 self.calibration.priced_out(at, proposal.draft, chances)
