@@ -279,8 +279,10 @@ class OrchestratorSettings(_Settings):
     one call while its drafters are asked now and then (probes) for this many tokens (0: never)..."""
     probe_min_draft: int = 4
     """...and a proposal at least this long ends the stream to be verified (speculation/watch.py)."""
+    probe_first_gap: int = ranged(32, 1)
+    """Tokens before a request's first probe; the gap doubles after each probe that found nothing..."""
     probe_min_gap: int = ranged(8, 1)
-    """Tokens between two probes at first; doubled after each probe that found nothing..."""
+    """...and falls to this many after a verification that accepted at least half its draft..."""
     probe_max_gap: int = ranged(64, 1)
     """...up to this many."""
     probe_repeat_tokens: int = ranged(3, 0)

@@ -23,6 +23,19 @@ def test_the_gap_doubles_after_probes_that_find_nothing_up_to_its_cap():
     assert gaps == [4, 8, 16, 16]
 
 
+def test_the_first_probe_waits_the_first_gap_and_backs_off_from_there():
+    """Before a request's first probe nothing shows a lookup can draft, so it comes later than the
+    probes after a verification that paid (a repeating tail may bring it earlier: DraftWatch)."""
+    schedule = ProbeSchedule(min_gap=4, max_gap=64, first_gap=16)
+    gaps = []
+    for _ in range(3):
+        gaps.append(schedule.gap)
+        schedule.found_nothing()
+    schedule.verified(drafted=6, accepted=3)
+    assert gaps + [schedule.gap] == [16, 32, 64, 4]
+    assert ProbeSchedule(min_gap=4, max_gap=8, first_gap=16).gap == 8, "never beyond the cap"
+
+
 def test_a_verification_that_accepted_half_brings_probes_back_and_one_that_did_not_backs_off():
     schedule = ProbeSchedule(min_gap=4, max_gap=64)
     schedule.found_nothing()

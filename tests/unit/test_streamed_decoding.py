@@ -66,7 +66,8 @@ def test_plain_decoding_the_selector_chose_is_one_stream_when_probes_find_nothin
     assert not any(ngram_draft(distinct + expected[:i], 8, 3, 2) for i in range(n + 1)), "prompt lookup drafts"
     outcomes: list[str] = []
     plan = make_plan(distinct, n, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
-                     num_draft_tokens=None, length_stats=stats, probe_min_gap=1, on_probe=outcomes.append)
+                     num_draft_tokens=None, length_stats=stats, probe_first_gap=1, probe_min_gap=1,
+                     on_probe=outcomes.append)
     tokens, _, rounds = decode(client, plan)
     assert tokens == expected
     llm_calls = [call for model, call in client.calls if model == "llm" and not call.stop]
@@ -114,8 +115,8 @@ def test_a_probe_s_draft_stops_the_stream_and_is_verified(client, llm):
     stats = SharedLengthStats(LengthPolicy(candidates=(0,)))
     outcomes: list[str] = []
     plan = make_plan(REPEATING, N, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
-                     num_draft_tokens=None, length_stats=stats, probe_tokens=6, probe_min_draft=3, probe_min_gap=1,
-                     on_probe=outcomes.append)
+                     num_draft_tokens=None, length_stats=stats, probe_tokens=6, probe_min_draft=3, probe_first_gap=1,
+                     probe_min_gap=1, on_probe=outcomes.append)
     tokens, stats_, _ = decode(client, plan)
     assert tokens == reference(llm, REPEATING)
     verified = [call for model, call in client.calls if model == "llm" and call.draft]

@@ -78,8 +78,8 @@ class _Decode:
         self.drafts_came_back_empty = False
         stop = (lambda: client.interrupt(services.llm, request_id)) if services.llm_stops_streams else None
         repeats = TailRepeats(services.probe_repeat_tokens) if services.probe_repeat_tokens > 0 else None
-        self.watch = (DraftWatch(ProbeSchedule(services.probe_min_gap, services.probe_max_gap),
-                                 services.probe_min_draft, self._probe, stop, repeats, services.on_probe)
+        schedule = ProbeSchedule(services.probe_min_gap, services.probe_max_gap, services.probe_first_gap)
+        self.watch = (DraftWatch(schedule, services.probe_min_draft, self._probe, stop, repeats, services.on_probe)
                       if self.drafter and services.probe_tokens > 0 else None)
         self.asked_whole = bool(confident) and self.drafter is not None and set(self.drafter.ssms) <= confident
         """Every SSM of the request's drafter sends its tokens' chances: drafts are asked whole (`_asked`)."""

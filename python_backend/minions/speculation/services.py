@@ -65,6 +65,7 @@ class Services:
     probe_max_draft_cost_s: float = DEFAULTS.probe_max_draft_cost_ms / 1000.0
     probe_max_load: int = DEFAULTS.probe_max_load
     speculation_max_load: int = DEFAULTS.speculation_max_load
+    probe_first_gap: int = DEFAULTS.probe_first_gap
     probe_min_gap: int = DEFAULTS.probe_min_gap
     probe_max_gap: int = DEFAULTS.probe_max_gap
     probe_repeat_tokens: int = DEFAULTS.probe_repeat_tokens
@@ -103,6 +104,7 @@ class Services:
             probe_max_draft_cost_s=settings.probe_max_draft_cost_ms / 1000.0,
             probe_max_load=settings.probe_max_load,
             speculation_max_load=settings.speculation_max_load,
+            probe_first_gap=settings.probe_first_gap,
             probe_min_gap=settings.probe_min_gap,
             probe_max_gap=settings.probe_max_gap,
             probe_repeat_tokens=settings.probe_repeat_tokens,

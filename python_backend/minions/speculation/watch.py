@@ -8,10 +8,12 @@ is verified next. A probe that finds nothing ends nothing: plain decoding goes o
 Before, a plain stretch ended every 16 tokens to ask the drafters, and each new call cost a gap in
 the LLM's work: `vote` ran at 0.86x `off` on 16 chat streams (docs/benchmarks.md).
 
-Probes back off: the tokens between two probes double after each probe that found nothing and each
-verification that accepted less than half its draft, up to `max_gap`, and fall back to `min_gap`
-after a verification that accepted at least half. Text that gives the drafters nothing costs a few
-probes, text that copies is probed often.
+Probes back off: the first comes `first_gap` tokens in, and the tokens between two probes double
+after each probe that found nothing and each verification that accepted less than half its draft,
+up to `max_gap`, and fall back to `min_gap` after a verification that accepted at least half. Text
+that gives the drafters nothing costs a few probes, text that copies is probed often. Each probe
+costs the LLM's stream a few ms on a CPU it shares (two lookup calls through Triton), and chat's
+first probes mostly find nothing, hence the later first one (docs/benchmarks.md).
 
 The back-off does not wait where the text shows a lookup can draft: once the sequence's last few
 tokens occurred earlier in it (`TailRepeats`, a set of the request's n-grams kept in the
@@ -38,12 +40,14 @@ class ProbeSchedule:
 
     min_gap: int
     max_gap: int
+    first_gap: int | None = None
+    """Tokens before the first probe (None: min_gap)."""
     gap: int = field(init=False)
     since: int = 0
     """Tokens arrived since the last probe (or since the request's stream began)."""
 
     def __post_init__(self) -> None:
-        self.gap = self.min_gap
+        self.gap = self.min_gap if self.first_gap is None else min(self.first_gap, self.max_gap)
 
     @property
     def due(self) -> bool:
