@@ -44,7 +44,7 @@ def test_a_repeated_prompt_skips_its_prefill_and_the_counters_count_it(server):
     drafting = generate_grpc(server.grpc_url, "minions", prompt, dataclasses.replace(OFF, speculation="vote"))
     assert drafting.text == first.text
     assert drafting.kv_cache_reused_blocks == second.kv_cache_reused_blocks, \
-        "reported by a drafting request too (its round 1 a verification call)"
+        "reported by a drafting request too (its first call a stream, as `off`'s)"
     # The second request found all of its prompt but the last token (evaluated for its logits).
     assert metric_above(server.metrics_url, "minions_prefix_cache_hits", hits + first.num_input_tokens - 2,
                         model="llm") >= hits + first.num_input_tokens - 1

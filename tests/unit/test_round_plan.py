@@ -23,8 +23,9 @@ def plain_choosing_selector() -> DraftLengthSelector:
     return DraftLengthSelector(SharedLengthStats(LengthPolicy(candidates=(0, 2, 4), initial=0, explore_every=0)), 4)
 
 
-def plan(svc, length, drafting=True, first=False, remaining=50, empty=False):
-    return plan_round(svc, length, drafting=drafting, first=first, remaining=remaining, drafts_came_back_empty=empty)
+def plan(svc, length, drafting=True, first=False, remaining=50, empty=False, lookups_only=False):
+    return plan_round(svc, length, drafting=drafting, first=first, remaining=remaining, drafts_came_back_empty=empty,
+                      lookups_only=lookups_only)
 
 
 def test_off_on_a_streaming_llm_streams_everything_left_from_one_call():
@@ -42,6 +43,15 @@ def test_round_one_is_the_prompts_prefill_without_a_draft():
     svc = services()
     length = FixedLength(4, svc.length_stats)
     assert plan(svc, length, first=True) == Verify(0, 1, 0), "the first token costs one prefill, as in `off`"
+
+
+def test_a_request_probed_for_lookup_drafts_streams_from_its_first_token():
+    """Its drafters have no prefill to hide behind round 1's call, which only made the stream after
+    it begin with another call: it streams from the prompt, as `off` does, until a probe finds a draft."""
+    svc = services()
+    length = plain_choosing_selector()
+    assert plan(svc, length, first=True, lookups_only=True) == StreamPlain(50, 1, watch=True)
+    assert plan(svc, length, first=True) == Verify(0, 1, 0), "model SSMs' prefill is drafted during round 1"
 
 
 def test_a_fixed_length_is_verified_and_cut_to_what_remains():

@@ -92,7 +92,8 @@ class _Decode:
         plan = plan_round(self.services, self.length, drafting=self.drafter is not None,
                           first=self.progress.produced == 0, remaining=self.progress.remaining,
                           drafts_came_back_empty=self.drafts_came_back_empty,
-                          found=len(self.found.draft) if self.found else 0)
+                          found=len(self.found.draft) if self.found else 0,
+                          lookups_only=self.asked_whole and self.watch is not None)
         self.drafts_came_back_empty = False
         return plan
 

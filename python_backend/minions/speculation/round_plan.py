@@ -41,11 +41,12 @@ RoundPlan = StreamPlain | Verify
 
 
 def plan_round(services: Services, length: DraftLengthSelector | FixedLength, *, drafting: bool, first: bool,
-               remaining: int, drafts_came_back_empty: bool, found: int = 0) -> RoundPlan:
+               remaining: int, drafts_came_back_empty: bool, found: int = 0, lookups_only: bool = False) -> RoundPlan:
     """The next round's plan. `drafting`: the request has a drafter; `first`: nothing emitted yet
     (round 1 is plain decoding, so the first token costs one LLM prefill, as in `off`);
     `drafts_came_back_empty`: the last Verify found nothing worth verifying; `found`: the length of
-    a draft a probe found during the last plain stream (0: none). Above `speculation_max_load`
+    a draft a probe found during the last plain stream (0: none); `lookups_only`: the request's
+    drafters are lookups and its length adaptive (it is probed). Above `speculation_max_load`
     requests decoding, a drafting request decodes plainly (s = 0), from its first token on."""
     batch = services.load()
     if found:
@@ -58,8 +59,11 @@ def plan_round(services: Services, length: DraftLengthSelector | FixedLength, *,
         if plain_request:
             return StreamPlain(remaining, batch)
         # Round 1 is a call of its own so that its early draft of round 2 takes the SSMs' prefill of
-        # the prompt off the critical path; above the load limit nothing is drafted, so it streams as `off`.
-        nothing_to_verify = drafts_came_back_empty or (k == 0 and not first) or (first and busy)
+        # the prompt off the critical path. Lookups have no prefill worth it, and the stream after
+        # that call began with another call (docs/benchmarks.md, "Fresh servers that drafted no
+        # copy"): their request streams from its first token as `off` does, as does every request
+        # above the load limit, where nothing is drafted.
+        nothing_to_verify = drafts_came_back_empty or (k == 0 and not first) or (first and (busy or lookups_only))
         if nothing_to_verify:  # until the request ends or a probe finds a draft (and stops the stream)
             return StreamPlain(remaining if services.llm_stops_streams else min(remaining, services.plain_stretch),
                                batch, watch=True)
