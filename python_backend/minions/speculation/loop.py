@@ -148,7 +148,7 @@ class _Decode:
                             last=last, llm_call=new_call, log_probs=_first(result.log_probs, plan.tokens),
                             cached_tokens=_cached(call, result) if new_call else 0)
                 if new_call:
-                    self._report_work(0)  # a prompt's prefill (`off`'s first token) is over: plain steps follow
+                    self._report_work(0)  # a stream from the prompt is past its prefill: plain steps follow
                 t, new_call = now, False
                 if watch is not None:
                     watch.arrived(self.progress.sequence, len(tokens),
