@@ -83,6 +83,7 @@ class VerifyCostTable:
                 fitted = self._fitted(measured)
                 line = _line(fitted)
                 relative = self._relative_trend(batch) if line is None else 0.0
+                # Lengths left out of the fit (a streamed t(b, 0)) stay as measured, not shrunk towards its line.
                 points = sorted(self._smoothed(fitted, line) + [(n, t) for n, t, _ in measured if n < fitted[0][0]])
                 return {s: _on_curve(points, line, relative, s) for s in lengths}
         return dict.fromkeys(lengths)
