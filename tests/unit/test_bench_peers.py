@@ -10,7 +10,7 @@ import pytest
 
 import benchmarks.bench_peers as bench_peers
 from benchmarks.bench_peers import HELD_OUT, slice_bounds, workload_prompts
-from benchmarks.peers.llama_server_build import CMAKE_FLAGS, cmake_flags, pinned_version
+from benchmarks.peers.llama_server_build import CMAKE_FLAGS, cmake_flags, features, pinned_version
 from benchmarks.peers.report import format_drafters, summarize
 from benchmarks.peers.streams import Cell, Sample
 from minions.text.datasets import COPY_HEAVY, DATASETS, category_prompts, load_prompts
@@ -105,6 +105,20 @@ def test_llama_server_builds_with_llama_cpp_python_s_cmake_args_in_a_folder_of_t
     flags, folder = cmake_flags(avx2)
     assert flags == [*CMAKE_FLAGS, "-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON"]
     assert folder.startswith("build-") and folder == cmake_flags(avx2)[1] != cmake_flags("-DGGML_AVX2=ON")[1]
+
+
+def test_a_native_build_s_features_differ_from_an_avx2_build_s():
+    """llama.cpp's system info of the two builds on an AVX-512 machine (native llama-server against
+    `make venv`'s AVX2 llama-cpp-python): `same_build` refuses such a peer."""
+    native = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX_VNNI = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | "
+              "AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | LLAMAFILE = 1 | OPENMP = 1 | "
+              "REPACK = 1 | ")
+    avx2 = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | "
+            "OPENMP = 1 | ")
+    assert features(avx2) == {"SSE3", "SSSE3", "AVX", "AVX2", "F16C", "FMA", "BMI2", "LLAMAFILE", "OPENMP"}
+    assert features(native) - features(avx2 + "REPACK = 1 | ") == {
+        "AVX_VNNI", "AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16"}
+    assert features("CPU : AVX = 0 | AVX2 = 1 |") == {"AVX2"}
 
 
 def test_a_conversation_re_sends_its_history_with_the_system_s_own_answers(prompt_sets):
