@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 import benchmarks.bench_peers as bench_peers
 from benchmarks.bench_peers import HELD_OUT, slice_bounds, workload_prompts
-from benchmarks.peers.llama_server_build import CMAKE_FLAGS, cmake_flags, features, pinned_version
+from benchmarks.peers.llama_server_build import CMAKE_FLAGS, cmake_flags, features, pinned_version, same_build
 from benchmarks.peers.report import format_drafters, summarize
 from benchmarks.peers.streams import Cell, Sample
 from minions.text.datasets import COPY_HEAVY, DATASETS, category_prompts, load_prompts
@@ -119,6 +122,27 @@ def test_a_native_build_s_features_differ_from_an_avx2_build_s():
     assert features(native) - features(avx2 + "REPACK = 1 | ") == {
         "AVX_VNNI", "AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16"}
     assert features("CPU : AVX = 0 | AVX2 = 1 |") == {"AVX2"}
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build a stand-in libllama")
+def test_a_peer_is_refused_unless_built_for_the_engines_cpu_features(tmp_path):
+    """`same_build` reads the peer's libllama (beside its llama-server) in a process of its own: a
+    library that reports the engines' own system info passes, one that adds AVX-512 is refused."""
+    import llama_cpp
+
+    ours = llama_cpp.llama_print_system_info().decode()
+
+    def peer(info: str) -> Path:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        source = folder / "info.c"
+        source.write_text(f"const char * llama_print_system_info(void) {{ return {json.dumps(info)}; }}\n")
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(folder / "libllama.so"), str(source)], check=True)
+        return folder / "llama-server"
+
+    same_build(peer(ours))
+    with pytest.raises(RuntimeError, match="only the peer: AVX512_TEST"):
+        same_build(peer(ours + "AVX512_TEST = 1 | "))
 
 
 def test_a_conversation_re_sends_its_history_with_the_system_s_own_answers(prompt_sets):
