@@ -16,11 +16,13 @@ export TRANSFORMERS_OFFLINE := 1
 .PHONY: venv serve prepare engines test test-unit test-integration bench bench-peers bench-openai-peers bench-aiperf gpu-bundle gpu-check soak chaos loadtest distill clean
 
 # The Triton stub links Debian's libpython3.11, so the venv must come from the system python3.11.
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt $(wildcard patches/llama-cpp-python/*)
 	@test -x $(PYTHON_SYSTEM) || { echo "need $(PYTHON_SYSTEM) (apt-get install python3.11-venv)"; exit 1; }
 	test -x $(PY) || $(PYTHON_SYSTEM) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0
+	# llama-cpp-python from its sdist, with the project's patches to llama.cpp (patches/llama-cpp-python/README.md).
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" patches/llama-cpp-python/install.sh $(PY)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --no-cache-dir -r requirements.txt
 	# Make the package importable by Triton's Python stubs, which do not inherit PYTHONPATH.
 	printf '%s\n%s\n' "$(CURDIR)/python_backend" "$(CURDIR)" > $(VENV)/lib/python3.11/site-packages/minions-dev.pth

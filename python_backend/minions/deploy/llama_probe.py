@@ -20,9 +20,9 @@ PROBE = ("import sys, llama_cpp; m = llama_cpp.Llama(sys.argv[1], n_ctx=128, n_t
          "m.eval(list(range(10, 74))); m.eval([10])")
 """Load the file, prefill a 64-token batch and decode one token: the quantised batch kernels are where
 the unsupported instructions ran (a 2-token prompt passed on the machine where this was met)."""
-REBUILD = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" .venv/bin/python -m pip '
-           "install --no-cache-dir --force-reinstall --no-deps llama-cpp-python")
-"""The rebuild for AVX2 that ran every file on the machine where this was met."""
+REBUILD = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" '
+           "patches/llama-cpp-python/install.sh .venv/bin/python")
+"""The rebuild for AVX2 that ran every file on the machine where this was met (with the project's patches)."""
 
 
 class LlamaBuildError(RuntimeError):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,10 +38,14 @@ from minions.decoding.tokens import common_prefix_len
 from minions.decoding.verification import verify_draft
 from minions.engines.api import WARM_UP_TOKENS, Answer, BatchStats, result_or_raise
 from minions.engines.inflight_batching import InflightBatcher
+from minions.engines.llamacpp_patches import FLASH_ATTN_ROW_BLOCKS, carried
 from minions.engines.prefix_cache import PrefixCache, SlotChoice
 from minions.engines.sequence_cache import CachedSequence
 from minions.engines.step_lock import StepLock, step_slots
 from minions.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class _Job:
@@ -166,6 +171,10 @@ class LlamaCppStepper:
         if batch_invariant:  # EngineSettings.batch_invariant: K in Q8_0 and V in F16, so attention goes row by row
             params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
             params.type_k, params.type_v = llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_F16
+            if FLASH_ATTN_ROW_BLOCKS not in carried():
+                log.warning("llama.cpp without the project's %s patch: batch-invariant attention walks the "
+                            "cells one at a time, long prompts decode slower (make venv builds it in)",
+                            FLASH_ATTN_ROW_BLOCKS)
         self._ctx = LlamaContext(model=self._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = self._model.n_vocab()

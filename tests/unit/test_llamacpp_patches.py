@@ -1,0 +1,43 @@
+"""The llama.cpp the engines load carries every patch of patches/llama-cpp-python (make venv builds it so),
+and the check tells a patched libggml-cpu from one without the patches."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from minions.engines.llamacpp_patches import FLASH_ATTN_ROW_BLOCKS, MARKER, carried
+
+PATCHES = Path(__file__).resolve().parents[2] / "patches" / "llama-cpp-python"
+
+
+def patch_names() -> set[str]:
+    """The patches' names: their file names without the order number and `.patch`."""
+    return {re.sub(r"^\d+-", "", path.stem) for path in PATCHES.glob("*.patch")}
+
+
+def test_the_installed_llama_cpp_carries_every_patch():
+    assert FLASH_ATTN_ROW_BLOCKS in patch_names()
+    missing = patch_names() - carried()
+    assert not missing, f"llama.cpp built without {sorted(missing)}: rebuild with make venv"
+
+
+def stand_in(folder: Path, body: str) -> Path:
+    """A libggml-cpu.so compiled from `body`, in `folder`."""
+    folder.mkdir()
+    source = folder / "ggml.c"
+    source.write_text(body)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(folder / "libggml-cpu.so"), str(source)], check=True)
+    return folder
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build a stand-in libggml-cpu")
+def test_a_build_without_the_marker_carries_none_and_the_marker_lists_them(tmp_path):
+    plain = stand_in(tmp_path / "plain", "int ggml_cpu_has_avx2(void) { return 1; }\n")
+    assert carried(plain) == frozenset()
+    patched = stand_in(tmp_path / "patched", f'const char * {MARKER}(void) {{ return "one,two"; }}\n')
+    assert carried(patched) == {"one", "two"}
