@@ -64,11 +64,13 @@ class KillAfterChunk:
         return self.kill
 
 
-COPY_PROMPT = ("Repeat this list exactly, once: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, "
-               "lemon, mango, nectarine, orange, papaya")
+COPY_PROMPT = ("Repeat this list exactly, once: Apple, Banana, Cherry, Date, Elderberry, Fig, Grape, Honeydew, Kiwi, "
+               "Lemon, Mango, Nectarine, Orange, Papaya")
 """Copy-heavy: as a chat, SmolLM2 (its Q4_1 GGUF, and the torch deployment's weights) answers with the
 list word for word, so prompt lookup and suffix matching draft from its first words on and the LLM
-accepts. (It rewrites code it is asked to copy: `def add` became `def add_subtract`.)"""
+accepts. (It rewrites code it is asked to copy: `def add` became `def add_subtract`. The same list in
+lower case was copied until flash attention's accumulator went from F16 to F32 (patches/llama-cpp-python):
+then the first token tipped to "Apple" and the rest went its own way. Capitalised, it is copied on both.)"""
 
 
 def kept_prompts(name: str) -> list[str]:
