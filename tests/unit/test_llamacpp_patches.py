@@ -41,3 +41,4 @@ def test_a_build_without_the_marker_carries_none_and_the_marker_lists_them(tmp_p
     assert carried(plain) == frozenset()
     patched = stand_in(tmp_path / "patched", f'const char * {MARKER}(void) {{ return "one,two"; }}\n')
     assert carried(patched) == {"one", "two"}
+    assert carried(tmp_path / "nowhere") == frozenset()

@@ -19,12 +19,16 @@ MARKER = "ggml_cpu_minions_patches"
 
 def carried(lib_dir: Path | None = None) -> frozenset[str]:
     """The patch names in the libggml-cpu under `lib_dir` (default: the one llama_cpp loads, which
-    `LLAMA_CPP_LIB_PATH` may move); empty for an unpatched build."""
+    `LLAMA_CPP_LIB_PATH` may move); empty for an unpatched build, or one without that file (a build
+    whose CPU backend is named otherwise is not checked, nor stopped)."""
     if lib_dir is None:
         from llama_cpp import llama_cpp
 
         lib_dir = llama_cpp._base_path
-    lib = ctypes.CDLL(str(lib_dir / "libggml-cpu.so"))
+    try:
+        lib = ctypes.CDLL(str(lib_dir / "libggml-cpu.so"))
+    except OSError:
+        return frozenset()
     marker = getattr(lib, MARKER, None)
     if marker is None:
         return frozenset()
