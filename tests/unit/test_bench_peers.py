@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from benchmarks.peers.llama_server_build import CMAKE_FLAGS, cmake_flags, featur
 from benchmarks.peers.report import format_drafters, summarize
 from benchmarks.peers.streams import Cell, Sample
 from minions.text.datasets import COPY_HEAVY, DATASETS, category_prompts, load_prompts
+from tests.support.stand_in_library import needs_cc, stand_in_library
 from tests.support.datasets import write_prompt_sets
 
 
@@ -124,7 +123,7 @@ def test_a_native_build_s_features_differ_from_an_avx2_build_s():
     assert features("CPU : AVX = 0 | AVX2 = 1 |") == {"AVX2"}
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build a stand-in libllama")
+@needs_cc
 def test_a_peer_is_refused_unless_built_for_the_engines_cpu_features(tmp_path):
     """`same_build` reads the peer's libllama (beside its llama-server) in a process of its own: a
     library that reports the engines' own system info passes, one that adds AVX-512 is refused."""
@@ -134,11 +133,8 @@ def test_a_peer_is_refused_unless_built_for_the_engines_cpu_features(tmp_path):
 
     def peer(info: str) -> Path:
         folder = tmp_path / str(len(list(tmp_path.iterdir())))
-        folder.mkdir()
-        source = folder / "info.c"
-        source.write_text(f"const char * llama_print_system_info(void) {{ return {json.dumps(info)}; }}\n")
-        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(folder / "libllama.so"), str(source)], check=True)
-        return folder / "llama-server"
+        source = f"const char * llama_print_system_info(void) {{ return {json.dumps(info)}; }}\n"
+        return stand_in_library(folder, "libllama.so", source).parent / "llama-server"
 
     same_build(peer(ours))
     with pytest.raises(RuntimeError, match="only the peer: AVX512_TEST"):

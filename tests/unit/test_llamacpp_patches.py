@@ -4,13 +4,10 @@ and the check tells a patched libggml-cpu from one without the patches."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
-import pytest
-
 from minions.engines.llamacpp_patches import FLASH_ATTN_ROW_BLOCKS, MARKER, carried
+from tests.support.stand_in_library import needs_cc, stand_in_library
 
 PATCHES = Path(__file__).resolve().parents[2] / "patches" / "llama-cpp-python"
 
@@ -26,16 +23,12 @@ def test_the_installed_llama_cpp_carries_every_patch():
     assert not missing, f"llama.cpp built without {sorted(missing)}: rebuild with make venv"
 
 
-def stand_in(folder: Path, body: str) -> Path:
-    """A libggml-cpu.so compiled from `body`, in `folder`."""
-    folder.mkdir()
-    source = folder / "ggml.c"
-    source.write_text(body)
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(folder / "libggml-cpu.so"), str(source)], check=True)
-    return folder
+def stand_in(folder: Path, source: str) -> Path:
+    """The folder of a libggml-cpu.so compiled from `source`."""
+    return stand_in_library(folder, "libggml-cpu.so", source).parent
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build a stand-in libggml-cpu")
+@needs_cc
 def test_a_build_without_the_marker_carries_none_and_the_marker_lists_them(tmp_path):
     plain = stand_in(tmp_path / "plain", "int ggml_cpu_has_avx2(void) { return 1; }\n")
     assert carried(plain) == frozenset()
