@@ -28,6 +28,8 @@ from minions.deploy.config import ROOT
 log = logging.getLogger(__name__)
 
 CACHE = ROOT / ".cache" / "peers"
+SDIST_DIR = ROOT / ".cache" / "llama-cpp-python"
+"""Where patches/llama-cpp-python/install.sh keeps the sdist `make venv` builds from: one download for both."""
 PACKAGE = "llama-cpp-python"
 TARGETS = ("llama-server", "llama-bench")
 CMAKE_FLAGS = ("-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release")
@@ -47,10 +49,10 @@ def source_dir(version: str) -> Path:
     llama_cpp = root / "vendor" / "llama.cpp"
     if (llama_cpp / "CMakeLists.txt").exists():
         return llama_cpp
-    download = CACHE / "sdist"
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-                    f"{PACKAGE}=={version}", "-d", str(download)], check=True)
-    (archive,) = download.glob(f"llama_cpp_python-{version}.tar.gz")
+    archive = SDIST_DIR / f"llama_cpp_python-{version}.tar.gz"
+    if not archive.exists():
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+                        f"{PACKAGE}=={version}", "-d", str(SDIST_DIR)], check=True)
     with tarfile.open(archive) as tar:
         tar.extractall(CACHE)  # our own pinned sdist from the package index
     if not (llama_cpp / "CMakeLists.txt").exists():
