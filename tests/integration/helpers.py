@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 from minions.deploy.config import load_deployment
 from minions.deploy.render import orchestrator_settings
 from minions.settings import EngineSettings
-from tests.support.triton_process import ROOT, TritonProcess
+from tests.support.triton_process import ROOT, Stub, TritonProcess
 
 STREAM_INTERVAL_S = orchestrator_settings(load_deployment(ROOT / "deploy.yaml")).llm_stream_interval_ms / 1000
 """How often a stream of the default deployment sends its tokens."""
@@ -141,6 +141,16 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05) -> 
         assert time.monotonic() - start < timeout, f"{what} not met within {timeout} s"
         time.sleep(interval)
     return time.monotonic() - start
+
+
+def sole_stub(server: TritonProcess, instance: str, timeout: float = 60.0) -> Stub:
+    """The stub of model instance `instance` once it is the only one: after a reload, the old instance's
+    stub lives on until Triton has unloaded it (which the orchestrator's next model poll lets it do)."""
+    def stubs() -> list[Stub]:
+        return [stub for name, stub in server.instance_stubs() if name == instance]
+
+    wait_until(lambda: len(stubs()) == 1, timeout, f"a single live stub of {instance}", interval=0.1)
+    return stubs()[0]
 
 
 def metric_above(metrics_url: str, name: str, floor: float = 0.0, timeout: float = 10.0, **labels: str) -> float:

@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from client.api import GenerationParams, MinionsClientError, generate_grpc
-from tests.integration.helpers import KillAfterChunk, metric_above, metric_value, wait_until
+from tests.integration.helpers import KillAfterChunk, metric_above, metric_value, sole_stub, wait_until
 from tests.support.triton_process import KILLED_STUBS_EXIT_TIMEOUT, ROOT, TritonProcess
 
 PROMPT = "Explain in a few sentences why the sky is blue."
@@ -81,7 +81,7 @@ def test_requests_are_refused_while_the_llm_is_unloaded(llm_server, plain):
 def test_the_llm_stub_killed_mid_stream_is_reloaded(llm_server, plain):
     server = llm_server
     reloads = metric_value(server.metrics_url, "minions_llm_reloads", outcome="success")
-    victim = server.stubs()["llm_0_0"].pid
+    victim = sole_stub(server, "llm_0_0").pid  # not the old instance of an earlier test's reload
     killer = KillAfterChunk(victim, 2)
 
     start = time.monotonic()

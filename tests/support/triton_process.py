@@ -122,14 +122,20 @@ class TritonProcess:
                 found.append((int(pid), int(rss) * 1024, args))
         return found
 
-    def stubs(self) -> dict[str, Stub]:
-        """This server's stub processes, by model instance name (e.g. `llm_0_0`)."""
-        stubs = {}
+    def instance_stubs(self) -> list[tuple[str, Stub]]:
+        """This server's stub processes, each with its model instance's name (e.g. `llm_0_0`): two share
+        a name while a reloaded model's old instance is still being unloaded."""
+        found = []
         for pid, rss, args in self.stub_commands():
             instance = next((a for a in reversed(args) if re.search(r"_\d+_\d+$", a)), args[-1])
             region = next((a for a in args if SHM_PREFIX in a), "")
-            stubs[instance] = Stub(pid, rss, region.lstrip("/"))
-        return stubs
+            found.append((instance, Stub(pid, rss, region.lstrip("/"))))
+        return found
+
+    def stubs(self) -> dict[str, Stub]:
+        """This server's stub processes, by model instance name; one of the two while a model reloads
+        (`instance_stubs` has both)."""
+        return dict(self.instance_stubs())
 
     def stop(self, timeout: float = 60.0) -> int | None:
         if self.proc is None:

@@ -1,13 +1,16 @@
-"""triton/engine_client.py: the gRPC message the orchestrator sends an engine model, and its answer."""
+"""triton/engine_client.py: the gRPC message the orchestrator sends an engine model, and its answer;
+a retired stream is closed once answered."""
 
 from __future__ import annotations
+
+import asyncio
 
 import numpy as np
 from tritonclient.grpc import service_pb2
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.engines.tensors import build_engine_inputs, encode_engine_outputs, parse_engine_inputs
-from minions.triton.engine_client import _decoded, _infer_request
+from minions.triton.engine_client import TritonEngineClient, _decoded, _infer_request
 
 
 def _arrays(message: service_pb2.ModelInferRequest) -> dict[str, np.ndarray]:
@@ -50,3 +53,51 @@ def test_a_streamed_stretch_asks_our_engines_and_not_tensorrt_llm_for_its_stream
     assert STREAM_INTERVAL_PARAMETER not in _infer_request("llm", request, "r-3/1", native=True).parameters
     unstreamed = EngineRequest("r-3", [5, 6], 4, stream_interval_s=0.1)
     assert STREAM_INTERVAL_PARAMETER not in _infer_request("llm", unstreamed, "r-3/2").parameters
+
+
+class _AnsweringStream:
+    """A ModelStreamInfer stream as Triton's: each request answered with an empty final response; notes
+    when the client half-closes it (its request iterator ends)."""
+
+    def __init__(self, requests) -> None:
+        self.requests = requests
+        self.half_closed = False
+
+    async def __aiter__(self):
+        async for message in self.requests:
+            response = service_pb2.ModelStreamInferResponse()
+            response.infer_response.id = message.id
+            response.infer_response.parameters["triton_final_response"].bool_param = True
+            yield response
+        self.half_closed = True
+
+
+class _Service:
+    def __init__(self) -> None:
+        self.streams: list[_AnsweringStream] = []
+
+    def ModelStreamInfer(self, requests) -> _AnsweringStream:
+        self.streams.append(_AnsweringStream(requests))
+        return self.streams[-1]
+
+
+def test_a_retired_stream_is_closed_once_answered_and_the_next_call_opens_another():
+    """What lets Triton unload a reloaded model's old instance at once (ModelControl retires its stream)."""
+    async def calls() -> None:
+        client = TritonEngineClient("127.0.0.1:1", frozenset({"llm"}), stall_timeout_s=5)
+        client._service = service = _Service()
+
+        async def call(n: int) -> None:
+            assert [r async for r in client.stream("llm", EngineRequest(f"s-{n}", [1, 2], 1, streaming=True))] == []
+
+        await call(1)
+        await call(2)
+        assert len(service.streams) == 1, "calls share a stream"
+        closing = list(client._open)
+        client.retire_streams("llm")
+        await asyncio.gather(*(stream._reader for stream in closing))
+        assert service.streams[0].half_closed
+        await call(3)
+        assert len(service.streams) == 2 and not service.streams[1].half_closed
+
+    asyncio.run(calls())

@@ -1,6 +1,7 @@
 """minions.triton.model_control.ModelControl.poll: a model that Triton calls READY with no live stub process
 has died and is loaded again, unless Triton no longer calls it READY once the stubs were looked at (an
-operator's unload ends the stub between the index read and the look at /proc); a new engine model found
+operator's unload ends the stub between the index read and the look at /proc); a model loaded again or
+not ready has its streams retired, so that Triton can unload the old instance; a new engine model found
 READY joins as an SSM, Minions' own or TensorRT-LLM's, and no other model does."""
 
 from __future__ import annotations
@@ -40,12 +41,16 @@ class _Client:
     def __init__(self, repository: _Repository) -> None:
         self.repository = repository
         self.failed: list[str] = []
+        self.retired: list[str] = []
 
     def service(self) -> _Repository:
         return self.repository
 
     def fail_model(self, model: str, error: Exception) -> None:
         self.failed.append(model)
+
+    def retire_streams(self, model: str) -> None:
+        self.retired.append(model)
 
 
 async def _poll(tmp_path, monkeypatch, *indexes: dict[str, str]) -> _Client:
@@ -106,3 +111,36 @@ def test_a_new_engine_model_joins_as_an_ssm_tensorrt_llm_s_own_as_a_native_one(t
     assert services.ssms == ("trt_draft", "ssm_new")
     assert "trt_draft" not in client.failed and "trt_draft" not in repository.loads
     assert "ssm_new" in repository.loads, "a Python engine model with no live stub is loaded again"
+
+
+def test_the_streams_to_a_reloaded_or_unready_model_are_retired(tmp_path, monkeypatch):
+    """Polls of an LLM whose stub is replaced (an operator's load: old and new live together, then the
+    new alone) and of an SSM that an operator unloads; probes answer at once."""
+    llm = [{1}, {1}, {1, 2}, {2}, {2}]
+    ssm = [{5}, {5}, {5}, set(), set()]
+    states = [{"llm": "READY", "ssm": s} for s in ("READY", "READY", "READY", "UNLOADING", "UNAVAILABLE")]
+    polls = iter(zip(llm, ssm))
+
+    def live_stubs(repository):
+        pids = next(polls)
+        return {"llm": list(pids[0]), "ssm": list(pids[1])}
+
+    monkeypatch.setattr(model_control, "live_stubs", live_stubs)
+    client = _Client(_Repository(*states))
+    control = ModelControl(client, tmp_path, Services(ssms=("ssm",), llm="llm"), MetricTally(), 1.0, reload=True)
+
+    async def probe(model):
+        return None
+
+    monkeypatch.setattr(control, "_probe", probe)
+    retired_by_poll = []
+
+    async def poll_all():
+        for _ in llm:
+            await control.poll()
+            retired_by_poll.append(sorted(client.retired))
+            client.retired.clear()
+
+    asyncio.run(poll_all())
+    assert retired_by_poll == [[], [], ["llm"], ["llm", "ssm"], ["ssm"]]
+    assert client.failed == [] and client.repository.loads == []

@@ -72,6 +72,14 @@ class TritonEngineClient:
             self._open.add(stream)
         return stream
 
+    def retire_streams(self, model: str) -> None:
+        """Let `model`'s stream close once the calls it carries are answered; the next call opens a new
+        one. ModelControl calls it when the model was loaded again or is not ready: Triton 2.51 keeps an
+        instance loaded while a stream that called it is open, so the old instance (its weights and KV
+        cache) then goes with its last answer rather than up to STREAM_MAX_AGE_S later."""
+        if (stream := self._streams.pop(model, None)) is not None:
+            stream.retire()
+
     def fail_model(self, model: str, failure: ModelUnavailable) -> None:
         """End every call waiting on `model` at once with `failure` (its stub died: they would wait for
         the stall timeout); later calls go over a new stream."""
@@ -163,7 +171,9 @@ STREAM_MAX_AGE_S = 10.0
 """A shared stream takes new calls for this long; then the next call opens a new one, and the old one
 closes once its calls are answered. Triton 2.51 keeps a model's instance loaded while a gRPC stream
 that sent it requests stays open: without this, a reloaded engine model's old instance (its weights
-and KV cache) lived on until the orchestrator itself was unloaded (docs/operations.md)."""
+and KV cache) lived on until the orchestrator itself was unloaded (docs/operations.md). ModelControl
+retires a reloaded model's stream at its next poll (`TritonEngineClient.retire_streams`); this bounds
+what a poll misses."""
 
 
 class _SharedStream:

@@ -11,7 +11,9 @@ The LLM has no stand-in: while it is not ready requests are refused at once (UNA
 left to fail after the engine stall timeout. Its stub's death is found by a probe each poll (a `stop`
 of a sequence that does not exist, which a live stub answers at once), or by any call that fails so;
 then every call waiting on it ends at once with UNAVAILABLE, and its model is loaded again. The SSMs
-are probed the same way.
+are probed the same way. A model found not ready, or ready with other stub processes than at the
+last poll (loaded again), has its gRPC stream closed once answered, so that Triton unloads the old
+instance then.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class ModelControl:
         self.ready: dict[str, bool] = {}
         self._reloading: dict[str, asyncio.Task] = {}
         self.on_join = on_join
+        self._stubs_when_ready: dict[str, frozenset[int]] = {}
+        """Each engine model's live stub pids at the last poll that found it ready (`_retire_replaced`)."""
         self._not_ssms: set[str] = set()
         """READY models found not to be engine models (the orchestrator itself, a client's own models)."""
         self.health.on_open = self.ssm_failed
@@ -136,8 +140,10 @@ class ModelControl:
         # Watched, not only through requests: a dead stub that requests seldom ask (an SSM the vote
         # rarely waits for, an LLM while every request streams) would go unnoticed. A model Triton calls
         # ready with no live stub process has died; one with a live stub is probed.
-        watched = [m for m in (self.llm, *self.ssms) if self._watched(m, described(m)[0])]
-        stubs = live_stubs(self.repository) if watched else {}
+        stubs_of = [m for m in (self.llm, *self.ssms) if m not in self.client.native_models]
+        stubs = live_stubs(self.repository) if stubs_of else {}
+        self._retire_replaced({m: (described(m)[0], frozenset(stubs.get(m, ()))) for m in stubs_of})
+        watched = [m for m in stubs_of if self._watched(m, described(m)[0])]
         dead = {m: f"no live stub process: it {DEAD_STUB}" for m in watched if not stubs.get(m)}
         if dead:  # an operator's unload since the index was read also ends the stub, and then Triton says so
             now = await self._states()
@@ -151,6 +157,17 @@ class ModelControl:
                 self.llm_failed(failure)
             else:
                 self.ssm_failed(model, failure)
+
+    def _retire_replaced(self, models: dict[str, tuple[bool, frozenset[int]]]) -> None:
+        """Close the streams to each model (ready, its live stub pids) that is not ready, or whose stubs
+        changed since the last poll that found it ready (a load, an operator's or ours, started a new
+        instance): its old instance is unloaded once no stream that called it is open
+        (`TritonEngineClient.retire_streams`), not kept for the streams' lifetime."""
+        for model, (ready, pids) in models.items():
+            if not ready or self._stubs_when_ready.get(model, pids) != pids:
+                self.client.retire_streams(model)
+            if ready:
+                self._stubs_when_ready[model] = pids
 
     async def _discover(self, states: dict[str, tuple[str, str]]) -> None:
         """A READY model the orchestrator does not know yet that is an engine model is a new SSM: one of
