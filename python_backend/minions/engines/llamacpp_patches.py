@@ -2,7 +2,9 @@
 
 `make venv` builds llama-cpp-python from its sdist with them. A llama-cpp-python installed another way
 runs the same, but without FLASH_ATTN_ROW_BLOCKS the batch-invariant engines' attention walks a prompt's
-cells one at a time, and a token on a long prompt costs up to half as much again (docs/engines.md).
+cells one at a time, and a token on a long prompt costs up to half as much again; without
+`mul-mat-q4-1-tiles` a Q4_1 step of several tokens (a verification, several sequences) costs about a
+fifth more (docs/engines.md).
 """
 
 from __future__ import annotations
