@@ -140,10 +140,11 @@ class ModelControl:
         # Watched, not only through requests: a dead stub that requests seldom ask (an SSM the vote
         # rarely waits for, an LLM while every request streams) would go unnoticed. A model Triton calls
         # ready with no live stub process has died; one with a live stub is probed.
-        stubs_of = [m for m in (self.llm, *self.ssms) if m not in self.client.native_models]
-        stubs = live_stubs(self.repository) if stubs_of else {}
-        self._retire_replaced({m: (described(m)[0], frozenset(stubs.get(m, ()))) for m in stubs_of})
-        watched = [m for m in stubs_of if self._watched(m, described(m)[0])]
+        # Only Python stubs: TensorRT-LLM's own models are neither stubs nor keep sequences.
+        ready = {m: described(m)[0] for m in (self.llm, *self.ssms) if m not in self.client.native_models}
+        stubs = live_stubs(self.repository) if ready else {}
+        self._retire_replaced({m: (r, frozenset(stubs.get(m, ()))) for m, r in ready.items()})
+        watched = [m for m, r in ready.items() if r and m not in self._reloading]  # not being loaded again
         dead = {m: f"no live stub process: it {DEAD_STUB}" for m in watched if not stubs.get(m)}
         if dead:  # an operator's unload since the index was read also ends the stub, and then Triton says so
             now = await self._states()
@@ -192,11 +193,6 @@ class ModelControl:
             log.info("SSM %s joined: %s engine model loaded into the repository; requests draft with it", name,
                      "a TensorRT-LLM" if native else "an")
             self.on_join(name, reply.config.model_transaction_policy.decoupled, native)
-
-    def _watched(self, model: str, ready: bool) -> bool:
-        """Whether to watch the model now: ready, not being loaded again, and a Python stub (TensorRT-LLM's
-        own models are neither stubs nor keep sequences)."""
-        return ready and model not in self._reloading and model not in self.client.native_models
 
     async def _probe(self, model: str) -> str | None:
         """Stop a sequence that does not exist: a live stub answers at once, or after the step it is
