@@ -286,9 +286,9 @@ class OrchestratorSettings(_Settings):
     probe_max_gap: int = ranged(64, 1)
     """...up to this many."""
     probe_repeat_tokens: int = ranged(3, 0)
-    """...but a probe comes `probe_min_gap` tokens after the last one, whatever the back-off, once the
-    sequence's last this many tokens occurred earlier in it (where a lookup can draft; 0: by the
-    back-off alone)."""
+    """...but a probe comes `probe_min_gap` tokens after the last one (before a request's first probe:
+    at the next token), whatever the back-off, once the sequence's last this many tokens occurred
+    earlier in it (where a lookup can draft; 0: by the back-off alone)."""
     probe_max_draft_cost_ms: float = 1.0
     """Drafting counts as nearly free below this many milliseconds per token (the server's measure, per
     set of SSMs, over drafts of at least `probe_min_draft` tokens)."""

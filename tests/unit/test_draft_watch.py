@@ -113,6 +113,38 @@ def test_a_repeating_tail_brings_the_probe_min_gap_after_the_last_one_whatever_t
     asyncio.run(run())
 
 
+def test_before_the_first_probe_a_repeating_tail_brings_it_at_the_first_token():
+    """A conversation's prompt ends as its earlier answers began (the chat template's assistant
+    header): the answer's first token repeating that tail is probed at once, not `min_gap` later."""
+    async def run():
+        drafters = Drafters([[7, 8, 9], []])
+        drafters.release.set()
+        schedule = ProbeSchedule(min_gap=8, max_gap=64, first_gap=32)
+        watch = DraftWatch(schedule, 3, drafters.ask, drafters.stop, TailRepeats(3))
+        prompt = [1, 2, 3, 4, 7, 8, 9, 5, 1, 2]
+        watch.arrived(prompt + [3], 1, allowed=True)  # (1, 2, 3) began the prompt
+        await asyncio.sleep(0)
+        assert drafters.asked == [prompt + [3]] and drafters.stops == 1
+        assert (await watch.settle(prompt + [3])).draft == [7, 8, 9]
+        watch.arrived(prompt + [3, 7, 8, 9, 5, 1, 2, 3], 5, allowed=True)
+        assert len(drafters.asked) == 1, "after the first probe, a repeat waits min_gap tokens again"
+        await watch.close()
+    asyncio.run(run())
+
+
+def test_before_the_first_probe_a_new_tail_waits_for_the_first_gap():
+    async def run():
+        drafters = Drafters([[]])
+        drafters.release.set()
+        watch = DraftWatch(ProbeSchedule(min_gap=8, max_gap=64, first_gap=32), 3, drafters.ask, drafters.stop,
+                           TailRepeats(3))
+        watch.arrived([1, 2, 3, 4, 5], 1, allowed=True)
+        watch.arrived([1, 2, 3, 4, 5, 6], 1, allowed=True)
+        assert drafters.asked == []
+        await watch.close()
+    asyncio.run(run())
+
+
 def test_without_repeats_the_back_off_alone_decides():
     async def run():
         drafters = Drafters([[]])

@@ -18,7 +18,11 @@ first probes mostly find nothing, hence the later first one (docs/benchmarks.md)
 The back-off does not wait where the text shows a lookup can draft: once the sequence's last few
 tokens occurred earlier in it (`TailRepeats`, a set of the request's n-grams kept in the
 orchestrator), a probe comes `min_gap` tokens after the last one. A code edit that goes back to
-copying after a new line of its own is probed at once, not up to `max_gap` tokens later.
+copying after a new line of its own is probed at once, not up to `max_gap` tokens later. Before a
+request's first probe there is no last one: a repeating tail is probed from the answer's first token
+on. A conversation's prompt ends with the chat template's assistant header, as each earlier answer
+began, so an answer that starts as one of them did (a file edited again) is drafted from its second
+token, not from its ninth.
 """
 
 from __future__ import annotations
@@ -120,6 +124,8 @@ class DraftWatch:
         """Length of the sequence the running probe drafts from."""
         self._stopping = False
         """The running probe found a draft and is stopping the stream: it is waited for, never cancelled."""
+        self._probed = False
+        """A probe has started for this request."""
 
     def arrived(self, sequence: list[int], tokens: int, allowed: bool) -> None:
         """`tokens` new tokens have arrived (`sequence` holds them): start a probe if one is due and
@@ -130,15 +136,17 @@ class DraftWatch:
             self._task = None
         if self._task is None and allowed and self._due(sequence):
             self.schedule.probed()
+            self._probed = True
             self._asked_at = len(sequence)
             self._task = asyncio.ensure_future(self._probe(list(sequence)))
 
     def _due(self, sequence: list[int]) -> bool:
-        """By the schedule, or `min_gap` tokens after the last probe where the tail repeats."""
+        """By the schedule, or where the tail repeats `min_gap` tokens after the last probe (from the
+        first token on before the first: a conversation's answer that starts as an earlier answer did)."""
         if self.schedule.due:
             return True
-        return (self.repeats is not None and self.schedule.since >= self.schedule.min_gap
-                and self.repeats.at_end(sequence))
+        gap = self.schedule.min_gap if self._probed else 1
+        return self.repeats is not None and self.schedule.since >= gap and self.repeats.at_end(sequence)
 
     async def _probe(self, sequence: list[int]) -> Proposal | None:
         try:
