@@ -99,6 +99,7 @@ def test_stats_are_consistent(client, ssm):
     assert stats.llm_calls == sum(1 for m, r in client.calls if m == "llm" and not r.stop) == len(rounds), (
         "the in-process LLM does not stream: every round is a call of its own")
     assert stats.drafts == sum(1 for r in rounds if r.drafted)
+    assert stats.call_draft_lengths == [r.drafted for r in rounds]
     assert stats.draft_tokens == sum(r.drafted for r in rounds)
     assert 0 <= stats.accepted_tokens <= stats.draft_tokens
     assert sum(stats.accepted_per_position) == stats.accepted_tokens

@@ -133,6 +133,8 @@ def test_a_probe_s_draft_stops_the_stream_and_is_verified(client, llm):
     assert len(streams) >= 2, "a probe's draft ended a stream, and plain decoding went on in a new one"
     assert len(streams) - 1 <= outcomes.count("found") <= len(streams), "every stream but the last ended for a draft"
     assert ("llm", "req") in client.released[:-1], "the stream was stopped before the request ended"
+    calls = [call for model, call in client.calls if model == "llm" and not call.stop]
+    assert stats_.call_draft_lengths == [len(call.draft) for call in calls], "one length per call, a stream's 0 once"
 
 
 def test_no_probes_above_the_load_limit(client, llm):

@@ -67,6 +67,9 @@ class DecodeStats:
     control_seconds: float = 0.0
     accepted_per_position: list[int] = field(default_factory=list)
     planned_lengths: list[int] = field(default_factory=list)
+    """The length policy's choice, each round."""
+    call_draft_lengths: list[int] = field(default_factory=list)
+    """The draft tokens each LLM call verified, in order (0: a plain call, round 1's or a streamed stretch)."""
     pipelined_drafts: int = 0
     discarded_early_drafts: int = 0
 
@@ -74,6 +77,8 @@ class DecodeStats:
         self.rounds += 1
         self.llm_calls += r.llm_call
         self.planned_lengths.append(r.planned)
+        if r.llm_call:
+            self.call_draft_lengths.append(r.drafted)
         self.pipelined_drafts += r.pipelined
         self.discarded_early_drafts += r.early_discarded
         self.emitted_tokens += len(r.tokens)
