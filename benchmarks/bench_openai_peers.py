@@ -4,7 +4,10 @@ Where `make bench-peers` drives each server with its own client, this runs `pyth
 --protocols openai` (loadtest/locustfile.py's OpenAIStreamUser: closed-loop users streaming chat
 completions from the chat prompt sets) against each system in turn: llama-server plain on the GGUF the
 deployment computes with, Minions `off` and Minions' default, each on a fresh server (so that no system
-finds a cell's prompts in a cache filled by another cell), at each user count. Prints, per cell, output
+finds a cell's prompts in a cache filled by another cell), at each user count; with `--repeats n` the
+systems run n times per user count, in alternating order (ABC, CBA, ...), and a row is the mean of a
+system's runs with the spread of their tokens/s (one run per system read ±5% between two servers of
+the same code path at one user, as the machine drifts). Prints, per cell, output
 tokens/s, TTFT p50/p99, ITL p50 and requests, and Minions' ratios to llama-server's: throughput over
 llama-server's, TTFT over llama-server's; `others`, the CPU cores processes outside the benchmark used
 meanwhile (read a cell only where it is near 0). Locust runs on the same cores as the server under test,
@@ -73,6 +76,32 @@ def row(system: str, users: int, s: dict) -> dict:
             "itl_p50": s["itl_ms"]["p50"], "others": s.get("foreign_cores")}
 
 
+def mean_row(runs: list[dict]) -> dict:
+    """One system's runs at one user count as one row: the mean of each figure (requests and failures
+    summed), and `tok_s_range`, the lowest and highest tokens/s of the runs."""
+    mean = dict(runs[0])
+    for key in ("tok_s", "ttft_p50", "ttft_p99", "itl_p50", "others"):
+        values = [r[key] for r in runs if r[key] is not None]
+        mean[key] = sum(values) / len(values) if values else None
+    for key in ("requests", "failed"):
+        mean[key] = sum(r[key] for r in runs)
+    mean["runs"] = len(runs)
+    mean["tok_s_range"] = (min(r["tok_s"] for r in runs), max(r["tok_s"] for r in runs))
+    return mean
+
+
+def repeated_cells(args: argparse.Namespace, users: int, out: Path) -> list[dict]:
+    """Every system `args.repeats` times at this user count, in alternating order, each run on a fresh
+    server: one mean row per system (a single run's row as it is)."""
+    runs: dict[str, list[dict]] = {system: [] for system in args.systems}
+    for repeat in range(args.repeats):
+        order = args.systems if repeat % 2 == 0 else args.systems[::-1]
+        cell_out = out / f"repeat{repeat + 1}" if args.repeats > 1 else out
+        for system in order:
+            runs[system].append(row(system, users, run_cell(args, system, users, cell_out)))
+    return [mean_row(runs[system]) if args.repeats > 1 else runs[system][0] for system in args.systems]
+
+
 def with_ratios(rows: list[dict]) -> list[dict]:
     """One load's rows, each system's but llama-server's with its ratios to llama-server's row (in
     whatever order the systems ran; none without a llama-server row)."""
@@ -92,8 +121,10 @@ def format_rows(rows: list[dict]) -> str:
              "TTFT p50 vs llama | TTFT p99 vs llama | others |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         failed = f" ({r['failed']} failed)" if r["failed"] else ""
-        lines.append(f"| {r['system']} | {r['users']} | {r['requests']}{failed}"
-                     f" | {num(r['tok_s'], '.1f')} | {num(r['ttft_p50'], '.0f')} | {num(r['ttft_p99'], '.0f')} | "
+        spread = (f" ({r['tok_s_range'][0]:.1f}–{r['tok_s_range'][1]:.1f}, {r['runs']} runs)"
+                  if r.get("runs", 1) > 1 else "")
+        lines.append(f"| {r['system']} | {r['users']} | {r['requests']}{failed} | {num(r['tok_s'], '.1f')}{spread}"
+                     f" | {num(r['ttft_p50'], '.0f')} | {num(r['ttft_p99'], '.0f')} | "
                      f"{num(r['itl_p50'], '.1f')} | {num(r.get('tok_s_ratio'), '.2f')} | "
                      f"{num(r.get('ttft_p50_ratio'), '.2f')} | {num(r.get('ttft_p99_ratio'), '.2f')} | "
                      f"{num(r.get('others'), '.2f')} |")
@@ -107,14 +138,18 @@ def main() -> None:
     p.add_argument("--users", type=int, nargs="+", default=[1, 8, 16])
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     p.add_argument("--time", type=int, default=40, help="seconds of load per cell")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each system per user count, in alternating order; rows are their means")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="llama-server threads (-t)")
     p.add_argument("--out", default=str(ROOT / "bench_results" / "openai-peers"))
     args = p.parse_args()
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
     out = Path(args.out)
     rows = []
     for users in args.users:
-        rows += with_ratios([row(system, users, run_cell(args, system, users, out)) for system in args.systems])
+        rows += with_ratios(repeated_cells(args, users, out))
     text = format_rows(rows)
     print(text)
     (out / "peers_openai.md").write_text(text + "\n")

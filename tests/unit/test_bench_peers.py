@@ -212,3 +212,30 @@ def test_the_openai_table_compares_with_llama_server_whatever_order_the_systems_
     assert "tok_s_ratio" not in rows[1]
     assert "| 0.90 | 1.25 | 1.25 |" in format_rows(rows)
     assert "tok_s_ratio" not in with_ratios([row("minions-off", 1, summary(90.0, 80.0))])[0]
+
+
+def test_repeated_openai_cells_alternate_the_systems_order_and_average_their_runs(monkeypatch, tmp_path):
+    import argparse
+
+    from benchmarks import bench_openai_peers as bench
+
+    ran: list[tuple[str, str]] = []
+    speeds = iter([100.0, 80.0, 90.0, 110.0, 70.0])
+
+    def run_cell(args, system, users, out):
+        ran.append((system, out.name))
+        return {"succeeded": 10, "failed": 0, "output_tokens_per_s": next(speeds),
+                "ttft_ms": {"p50": 50.0, "p99": 90.0}, "itl_ms": {"p50": 5.0}, "foreign_cores": 0.01}
+
+    monkeypatch.setattr(bench, "run_cell", run_cell)
+    args = argparse.Namespace(systems=["llama-server", "minions-off"], repeats=2)
+    rows = bench.with_ratios(bench.repeated_cells(args, 1, tmp_path))
+    assert ran == [("llama-server", "repeat1"), ("minions-off", "repeat1"), ("minions-off", "repeat2"),
+                   ("llama-server", "repeat2")]
+    llama, off = rows
+    assert llama["tok_s"] == pytest.approx(105.0) and llama["tok_s_range"] == (100.0, 110.0)
+    assert llama["requests"] == 20
+    assert off["tok_s"] == pytest.approx(85.0) and off["tok_s_ratio"] == pytest.approx(85.0 / 105.0)
+    assert "| 85.0 (80.0–90.0, 2 runs) |" in bench.format_rows(rows)
+    single = bench.repeated_cells(argparse.Namespace(systems=["minions-off"], repeats=1), 1, tmp_path)
+    assert "runs" not in single[0], "one run: its row as it is"
