@@ -4,8 +4,8 @@
 runs the same, but without FLASH_ATTN_ROW_BLOCKS the batch-invariant engines' attention walks a prompt's
 cells one at a time, and a token on a long prompt costs up to half as much again; without
 `mul-mat-q4-1-tiles` a Q4_1 step of several tokens (a verification, several sequences) costs about a
-fifth more, and without `tiled-min-batch-avx2` a Q4_K_M step of 8–11 tokens up to 15% more
-(docs/engines.md).
+fifth more, without `tiled-min-batch-avx2` a Q4_K_M step of 8–11 tokens up to 15% more, and
+without `mul-mat-small-batch-chunks` a step of 2–4 tokens 5–15% more (docs/engines.md).
 """
 
 from __future__ import annotations
