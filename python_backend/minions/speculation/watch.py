@@ -49,6 +49,8 @@ class ProbeSchedule:
     gap: int = field(init=False)
     since: int = 0
     """Tokens arrived since the last probe (or since the request's stream began)."""
+    probes: int = 0
+    """Probes started for the request."""
 
     def __post_init__(self) -> None:
         self.gap = self.min_gap if self.first_gap is None else min(self.first_gap, self.max_gap)
@@ -60,8 +62,15 @@ class ProbeSchedule:
     def arrived(self, tokens: int) -> None:
         self.since += tokens
 
+    @property
+    def repeat_gap(self) -> int:
+        """Tokens after the last probe before a repeating tail brings the next: `min_gap`, and 1 before
+        the first probe (no last one)."""
+        return self.min_gap if self.probes else 1
+
     def probed(self) -> None:
         self.since = 0
+        self.probes += 1
 
     def found_nothing(self) -> None:
         self.gap = min(self.gap * 2, self.max_gap)
@@ -124,8 +133,6 @@ class DraftWatch:
         """Length of the sequence the running probe drafts from."""
         self._stopping = False
         """The running probe found a draft and is stopping the stream: it is waited for, never cancelled."""
-        self._probed = False
-        """A probe has started for this request."""
 
     def arrived(self, sequence: list[int], tokens: int, allowed: bool) -> None:
         """`tokens` new tokens have arrived (`sequence` holds them): start a probe if one is due and
@@ -136,7 +143,6 @@ class DraftWatch:
             self._task = None
         if self._task is None and allowed and self._due(sequence):
             self.schedule.probed()
-            self._probed = True
             self._asked_at = len(sequence)
             self._task = asyncio.ensure_future(self._probe(list(sequence)))
 
@@ -145,8 +151,8 @@ class DraftWatch:
         first token on before the first: a conversation's answer that starts as an earlier answer did)."""
         if self.schedule.due:
             return True
-        gap = self.schedule.min_gap if self._probed else 1
-        return self.repeats is not None and self.schedule.since >= gap and self.repeats.at_end(sequence)
+        return (self.repeats is not None and self.schedule.since >= self.schedule.repeat_gap
+                and self.repeats.at_end(sequence))
 
     async def _probe(self, sequence: list[int]) -> Proposal | None:
         try:
