@@ -336,9 +336,9 @@ def test_lookup_drafts_are_verified_only_where_their_own_chances_pay(client, eng
     is the LLM's either way."""
     prompt = PROMPTS[2]  # ends with (12, 2), which the prompt continued: prompt lookup drafts at once
     want = hf_greedy(tiny_llm, prompt, 14)
-    tokens, dear, _ = _decode_priced(client, prompt, per_draft_token=0.6)
+    tokens, dear, rounds = _decode_priced(client, prompt, per_draft_token=0.6)
     assert tokens == want and dear.drafts == 0
-    assert any(n > 0 for n in dear.planned_lengths), "the length policy asked for drafts: the cut refused them"
+    assert any(r.planned > 0 for r in rounds), "the length policy asked for drafts: the cut refused them"
     tokens, cheap, _ = _decode_priced(client, prompt, per_draft_token=0.0)
     assert tokens == want and cheap.drafts > 0
     tokens, fixed, _ = _decode_priced(client, prompt, per_draft_token=0.6, num_draft_tokens=4)
@@ -354,9 +354,9 @@ def test_lookup_drafts_are_asked_whole_and_cut_by_their_chances(client, engines,
     prompt = PROMPTS[2]
     want = hf_greedy(tiny_llm, prompt, 14)
     asked = lambda: max(r.request_output_len for m, r in client.calls if m == "ngram" and not r.stop)  # noqa: E731
-    tokens, cheap, _ = _decode_priced(client, prompt, per_draft_token=0.0)
+    tokens, cheap, rounds = _decode_priced(client, prompt, per_draft_token=0.0)
     assert tokens == want and cheap.drafts > 0
-    assert max(cheap.planned_lengths) < DEFAULTS.max_num_draft_tokens and asked() == DEFAULTS.max_num_draft_tokens
+    assert max(r.planned for r in rounds) < DEFAULTS.max_num_draft_tokens and asked() == DEFAULTS.max_num_draft_tokens
     client.calls.clear()
     tokens, fixed, _ = _decode_priced(client, prompt, per_draft_token=0.0, num_draft_tokens=4)
     assert tokens == want and fixed.drafts > 0 and asked() == 4

@@ -87,17 +87,19 @@ def test_early_drafts_take_up_the_selector_s_new_length(client, tiny_llm):
     tokens, stats, rounds = decode(client, full_plan(PROMPTS[0], 40, Speculation(SpeculationMode.SINGLE, ("self",)),
                                                      length_stats=shared))
     assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 40)
-    assert 6 in stats.planned_lengths, stats.planned_lengths
-    later = [r for r in rounds[stats.planned_lengths.index(6) + 1:] if not r.last]
+    planned = [r.planned for r in rounds]
+    assert 6 in planned, planned
+    later = [r for r in rounds[planned.index(6) + 1:] if not r.last]
     assert later and all(r.drafted == 6 and r.pipelined for r in later), [(r.drafted, r.pipelined) for r in rounds]
 
 
 def test_fixed_length_is_respected_and_adaptive_records_its_choices(client):
-    _, fixed, _ = decode(client, full_plan(PROMPTS[2], 20, Speculation(SpeculationMode.SINGLE, ("self",)), num_draft_tokens=2))
-    assert set(fixed.planned_lengths[1:]) == {2} and fixed.planned_lengths[0] == 0
+    _, _, fixed = decode(client, full_plan(PROMPTS[2], 20, Speculation(SpeculationMode.SINGLE, ("self",)), num_draft_tokens=2))
+    planned = [r.planned for r in fixed]
+    assert set(planned[1:]) == {2} and planned[0] == 0
     shared = SharedLengthStats()
-    _, adaptive, _ = decode(client, full_plan(PROMPTS[2], 30, Speculation(SpeculationMode.SINGLE, ("ngram",)), length_stats=shared))
-    assert len(adaptive.planned_lengths) == adaptive.rounds == adaptive.llm_calls
+    _, adaptive, rounds = decode(client, full_plan(PROMPTS[2], 30, Speculation(SpeculationMode.SINGLE, ("ngram",)), length_stats=shared))
+    assert len(rounds) == adaptive.rounds == adaptive.llm_calls
     assert shared.verify.cells, "verification costs were measured"
 
 
@@ -128,10 +130,11 @@ def test_adaptive_stops_drafting_when_drafts_are_always_wrong(client, engines):
 
     engines["wrong"] = WrongEngine()
     shared = SharedLengthStats()
-    _, stats, _ = decode(client, full_plan(PROMPTS[0], 50, Speculation(SpeculationMode.SINGLE, ("wrong",)), length_stats=shared,
-                                           max_draft_tokens=4))
-    tail = stats.planned_lengths[-20:]
-    assert tail.count(0) >= 16, stats.planned_lengths
+    _, _, rounds = decode(client, full_plan(PROMPTS[0], 50, Speculation(SpeculationMode.SINGLE, ("wrong",)), length_stats=shared,
+                                            max_draft_tokens=4))
+    planned = [r.planned for r in rounds]
+    tail = planned[-20:]
+    assert tail.count(0) >= 16, planned
 
 
 def test_sampled_pipelined_decoding_is_lossless(client, tiny_llm):

@@ -66,8 +66,6 @@ class DecodeStats:
     verify_seconds: float = 0.0
     control_seconds: float = 0.0
     accepted_per_position: list[int] = field(default_factory=list)
-    planned_lengths: list[int] = field(default_factory=list)
-    """The length policy's choice, each round."""
     call_draft_lengths: list[int] = field(default_factory=list)
     """The draft tokens each LLM call verified, in order (0: a plain call, round 1's or a streamed stretch)."""
     pipelined_drafts: int = 0
@@ -76,7 +74,6 @@ class DecodeStats:
     def add(self, r: Round) -> None:
         self.rounds += 1
         self.llm_calls += r.llm_call
-        self.planned_lengths.append(r.planned)
         if r.llm_call:
             self.call_draft_lengths.append(r.drafted)
         self.pipelined_drafts += r.pipelined
