@@ -1,7 +1,8 @@
 """Matrix products of several tokens give each token the one-token product bit for bit, through the
 installed libggml with random weights: Q4_1 in patches/llama-cpp-python's 2 x 2 tiles (0002), Q6_K on
 the stock path up to 11 tokens (0003; from 12 on llama.cpp's tiled K-quant kernels take it, and they
-round otherwise), Q8_0 (the SmolLM2 GGUF's output layer). Each column of a product with 2 to 11
+round otherwise), Q8_0 (the SmolLM2 GGUF's output layer: column by column up to 7 tokens (0005), in
+llamafile's tiles from 8). Each column of a product with 2 to 11
 activation columns equals that column's product alone, on 1 to 3 threads. This is what lets a verified
 draft keep plain decoding's tokens on the batch-invariant Q4_1 deployment, checked on the ggml
 operation itself (end to end on the GGUF: test_llamacpp_batch_invariance)."""

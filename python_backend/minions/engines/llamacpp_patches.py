@@ -5,7 +5,9 @@ runs the same, but without FLASH_ATTN_ROW_BLOCKS the batch-invariant engines' at
 cells one at a time, and a token on a long prompt costs up to half as much again; without
 `mul-mat-q4-1-tiles` a Q4_1 step of several tokens (a verification, several sequences) costs about a
 fifth more, without `tiled-min-batch-avx2` a Q4_K_M step of 8–11 tokens up to 15% more, and
-without `mul-mat-small-batch-chunks` a step of 2–4 tokens 5–15% more (docs/engines.md).
+without `mul-mat-small-batch-chunks` a step of 2–4 tokens 5–15% more, and without
+`quant-sgemm-min-columns` a Q4_1 file's Q8_0 output layer by 2–7 tokens (a short draft's
+verification, a step of a few sequences) 5–15% of the step more (docs/engines.md).
 """
 
 from __future__ import annotations
