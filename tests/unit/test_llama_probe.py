@@ -17,6 +17,20 @@ def test_a_file_that_runs_passes_once_and_is_remembered(tmp_path, smollm2_f16_gg
     check_runs(gguf, tmp_path, probe="raise SystemExit(3)")  # remembered: a failing probe is not run again
 
 
+def test_a_build_loaded_from_llama_cpp_lib_path_is_probed_as_a_build_of_its_own(tmp_path, monkeypatch):
+    """llama-cpp-python loads the libraries under LLAMA_CPP_LIB_PATH where it is set: a pass remembered
+    for the installed build must not stand for them."""
+    installed = build_id()
+    other = tmp_path / "lib"
+    other.mkdir()
+    (other / "libllama.so").write_bytes(b"another build")
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(other))
+    there = build_id()
+    assert there != installed
+    (other / "libllama.so").write_bytes(b"rebuilt there, larger")
+    assert build_id() not in (installed, there), "a rebuild in that folder is a build of its own too"
+
+
 def test_a_probe_killed_by_an_illegal_instruction_says_to_rebuild(tmp_path, smollm2_f16_gguf):
     """The child really dies by SIGILL, as a native build's first decode did on a CPU that advertises
     what it does not run (docs/operations.md)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import signal
 import subprocess
 import sys
@@ -29,13 +30,20 @@ class LlamaBuildError(RuntimeError):
     """The installed llama.cpp cannot run a deployment's GGUF on this machine."""
 
 
+LIB_PATH_ENV = "LLAMA_CPP_LIB_PATH"
+"""llama-cpp-python loads its shared libraries from this folder where it is set (another build of
+llama.cpp), else from its package's `lib`."""
+
+
 def build_id() -> str:
-    """The installed llama.cpp build, as the files of its shared libraries (path, size, mtime); found
-    without importing llama_cpp, which would load them into the process that starts the server."""
+    """The llama.cpp build that llama_cpp loads, as the files of its shared libraries (path, size,
+    mtime); found without importing llama_cpp, which would load them into the process that starts
+    the server."""
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or spec.origin is None:
         raise LlamaBuildError("llama-cpp-python is not installed in this environment (make venv)")
-    libs = sorted((Path(spec.origin).parent / "lib").glob("*.so*"))
+    override = os.environ.get(LIB_PATH_ENV)
+    libs = sorted((Path(override) if override else Path(spec.origin).parent / "lib").glob("*.so*"))
     stats = [f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in libs if p.is_file()]
     return hashlib.sha256("\n".join(stats).encode()).hexdigest()[:16]
 
