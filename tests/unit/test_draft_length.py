@@ -157,6 +157,36 @@ def test_a_length_seen_once_is_pulled_towards_the_line_of_the_well_measured_ones
     assert table.estimate(16, 8) == pytest.approx(0.70, abs=0.01)
 
 
+def test_a_slow_first_verification_that_prices_every_draft_out_is_forgotten_and_measured_again():
+    """One slow verification at one stream (80 ms for 8 tokens, a plain step 6 ms) cuts drafts whose
+    every token is 90% likely to nothing; nothing verifies again, so only forgetting it brings drafts
+    back: after `verify_memory_rounds` plain rounds the draft is verified, and its new measure is
+    taken as it is. A length measured again within that memory is kept."""
+    stats = SharedLengthStats()
+    stats.verify.plain_streams = True
+    chances = [math.log(0.9)] * 16
+
+    def worth() -> int:
+        return worth_verifying(chances, stats.verify.within_reach(1, range(17)))
+
+    for _ in range(50):
+        stats.observe(1, True, 0, 0, None, 0.006)
+    stats.observe(1, True, 8, 0, 0.0, 0.080)
+    assert worth() == 0
+    for _ in range(stats.policy.verify_memory_rounds):
+        stats.observe(1, True, 0, 0, None, 0.006)
+    assert worth() == 0, "still within memory"
+    stats.observe(1, True, 0, 0, None, 0.006)
+    assert worth() > 0, "forgotten: the next draft is verified and measures the length again"
+    stats.observe(1, True, 8, 7, 0.0, 0.024)
+    assert stats.verify.estimate(1, 8) == pytest.approx(0.024), "the new measure taken as it is"
+    for _ in range(3):
+        for _ in range(stats.policy.verify_memory_rounds // 2):
+            stats.observe(1, True, 0, 0, None, 0.006)
+        stats.observe(1, True, 8, 8, 0.0, 0.024)
+    assert stats.verify.measured_lengths(1)[8] == 4, "measured every half memory: never forgotten"
+
+
 def test_moves_at_most_one_length_beyond_the_longest_measured_at_its_load():
     """Longer drafts look ever better by extrapolation here; the selector climbs one candidate at a
     time, measuring each, and still reaches the longest."""

@@ -59,10 +59,29 @@ class VerifyCostTable:
     plain_streams: bool = False
     """t(b, 0) is a step of a stream, not a call (a streaming LLM: loop.py's `StreamPlain`): it is
     no point of the line the verifications lie on (`_fitted`)."""
+    memory_rounds: int = 0
+    """A verified length (s >= 1) that no round has measured for this many rounds (observations of any
+    length at any load) is forgotten, its next measure taken as it is (0: never). Only a verification
+    measures one, and a table whose costs price every draft out sees none: a fresh server whose first
+    few verifications came out slow cut every later draft to nothing and stayed plain for its next
+    347 requests (docs/experiments.md, "Open: a fresh server that stopped drafting for good")."""
     cells: dict[tuple[int, int], Ema] = field(default_factory=dict)
+    rounds: int = 0
+    """Observations so far: the clock of `memory_rounds`."""
+    measured_at: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def observe(self, batch: int, s: int, seconds: float) -> None:
-        self.cells.setdefault((load_bucket(batch), s), Ema(self.weight)).add(seconds, server_weight(self.weight, batch))
+        self.rounds += 1
+        key = (load_bucket(batch), s)
+        if key in self.cells and not self._remembered(key):
+            del self.cells[key]
+        self.cells.setdefault(key, Ema(self.weight)).add(seconds, server_weight(self.weight, batch))
+        self.measured_at[key] = self.rounds
+
+    def _remembered(self, key: tuple[int, int]) -> bool:
+        """Whether the cell still counts: plain steps (s = 0) always, a verified length within memory."""
+        return (key[1] == 0 or not self.memory_rounds
+                or self.rounds - self.measured_at.get(key, self.rounds) <= self.memory_rounds)
 
     def estimate(self, batch: int, s: int) -> float | None:
         """Interpolation over the nearest bucket's measured lengths, and beyond them their trend.
@@ -117,19 +136,20 @@ class VerifyCostTable:
         return calls if self.plain_streams and len(calls) >= 2 else points
 
     def measured_anywhere(self, s: int) -> bool:
-        """Whether length `s` has been measured at any load."""
-        return any(n == s and e.value is not None for (_, n), e in self.cells.items())
+        """Whether length `s` has been measured at any load (and is remembered)."""
+        return any(n == s and e.value is not None and self._remembered((b, n)) for (b, n), e in self.cells.items())
 
     def measured_lengths(self, batch: int) -> dict[int, int]:
         """The lengths measured at this load's own bucket (none borrowed), with their observation counts."""
         return {n: c for n, _, c in self._points(load_bucket(batch))}
 
     def _buckets_by_nearness(self, batch: int) -> list[int]:
-        return buckets_by_nearness({b for b, _ in self.cells}, batch)
+        return buckets_by_nearness({b for b, n in self.cells if self._remembered((b, n))}, batch)
 
     def _points(self, bucket: int) -> list[tuple[int, float, int]]:
-        """(length, seconds, observations) of each measured length of the bucket, by length."""
-        return sorted((n, e.value, e.count) for (b, n), e in self.cells.items() if b == bucket and e.value is not None)
+        """(length, seconds, observations) of each measured length of the bucket still remembered, by length."""
+        return sorted((n, e.value, e.count) for (b, n), e in self.cells.items()
+                      if b == bucket and e.value is not None and self._remembered((b, n)))
 
     def _smoothed(self, points: list[tuple[int, float, int]], line: tuple[float, float] | None) -> list[tuple[int, float]]:
         """Each length's seconds shrunk towards `line` by its observation count (as measured without one)."""
@@ -214,6 +234,11 @@ class LengthPolicy:
     """A drafting cost that no round of any request has measured for this many rounds is forgotten
     (`DraftCosts`): one slow draft (an SSM that stalled, a stub being reloaded) priced drafting out
     for good, since a request that does not draft measures nothing."""
+    verify_memory_rounds: int = 2048
+    """A verified length's cost that no round has measured for this many rounds is forgotten
+    (`VerifyCostTable.memory_rounds`), for the same reason. Longer than the drafting costs' memory:
+    a table forgotten at one stream has its next probe's draft verified whole (one draft in about 20
+    requests where chat verifies none)."""
     cost_seed_samples: int = 3
     """A drafting cost is unknown (taken as free) until this many rounds measured it, then starts from
     their median: its first sample alone, taken as it was, could be one stalled draft (`RobustCost`)."""
@@ -300,7 +325,7 @@ class SharedLengthStats:
         self.policy = policy or LengthPolicy()
         self.probe_min_draft = DEFAULTS.probe_min_draft
         """Services sets its own (`Services.probe_min_draft`)."""
-        self.verify = VerifyCostTable()
+        self.verify = VerifyCostTable(memory_rounds=self.policy.verify_memory_rounds)
         self.acceptances: dict[tuple[str, ...], AcceptanceModel] = {}
         """The acceptance a_j per set of SSMs a request drafts with (the 0.5B's drafts are not the
         lookups'): t(b, s) is the LLM's, whoever drafted, but what is accepted depends on the drafters."""
