@@ -50,6 +50,23 @@ class Ema:
 
 
 @dataclass
+class RoundMemory:
+    """When each cost was last measured, in rounds of a clock, and whether that is within `rounds` of
+    now: a cost that only its own kind of round measures, and that can keep those rounds from
+    happening (priced too dear), is forgotten then instead of deciding for good (DraftCosts,
+    VerifyCostTable)."""
+
+    rounds: int
+    measured_at: dict = field(default_factory=dict)
+
+    def measured(self, key: object, now: int) -> None:
+        self.measured_at[key] = now
+
+    def remembers(self, key: object, now: int) -> bool:
+        return now - self.measured_at.get(key, now) <= self.rounds
+
+
+@dataclass
 class VerifyCostTable:
     """t(b, s): measured LLM verification seconds per load bucket and the batch's mean draft length."""
 
@@ -69,7 +86,10 @@ class VerifyCostTable:
     cells: dict[tuple[int, int], Ema] = field(default_factory=dict)
     rounds: int = 0
     """Observations so far: the clock of `memory_rounds`."""
-    measured_at: dict[tuple[int, int], int] = field(default_factory=dict)
+    memory: RoundMemory = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.memory = RoundMemory(self.memory_rounds)
 
     def observe(self, batch: int, s: int, seconds: float) -> None:
         self.rounds += 1
@@ -77,12 +97,11 @@ class VerifyCostTable:
         if key in self.cells and not self._remembered(key):
             del self.cells[key]
         self.cells.setdefault(key, Ema(self.weight)).add(seconds, server_weight(self.weight, batch))
-        self.measured_at[key] = self.rounds
+        self.memory.measured(key, self.rounds)
 
     def _remembered(self, key: tuple[int, int]) -> bool:
         """Whether the cell still counts: plain steps (s = 0) always, a verified length within memory."""
-        return (key[1] == 0 or not self.memory_rounds
-                or self.rounds - self.measured_at.get(key, self.rounds) <= self.memory_rounds)
+        return key[1] == 0 or not self.memory_rounds or self.memory.remembers(key, self.rounds)
 
     def estimate(self, batch: int, s: int) -> float | None:
         """Interpolation over the nearest bucket's measured lengths, and beyond them their trend.
@@ -290,8 +309,8 @@ class DraftCosts:
     def __init__(self, policy: LengthPolicy) -> None:
         self.policy = policy
         self.table: dict[DraftKey, RobustCost] = {}
-        self.measured_at: dict[DraftKey, int] = {}
-        """The round (SharedLengthStats.rounds) of each key's latest measure."""
+        self.memory = RoundMemory(policy.cost_memory_rounds)
+        """Each key's latest measure, in SharedLengthStats.rounds."""
 
     def __bool__(self) -> bool:
         return bool(self.table)
@@ -303,10 +322,10 @@ class DraftCosts:
             self.table[key] = RobustCost(policy.cost_seed_samples, policy.cost_outlier_factor,
                                          policy.cost_outlier_floor_s)
         self.table[key].add(per_token, sample_weight)
-        self.measured_at[key] = now
+        self.memory.measured(key, now)
 
     def _remembered(self, key: DraftKey, now: int) -> bool:
-        return now - self.measured_at[key] <= self.policy.cost_memory_rounds
+        return self.memory.remembers(key, now)
 
     def nearest(self, batch: int, pipelined: bool, drafters: tuple[str, ...], now: int) -> float:
         """The value at the load bucket nearest `batch` among the drafters' known and measured within
