@@ -23,7 +23,8 @@ folded into "error") and a mix of modes in one run. Each request ends in one of:
   frontend ends its own (minions/frontend/orphans.py), so an OpenAI request that hangs is a problem.
 
 Faults are dealt from a shuffled deck of every (kind, model) pair, reshuffled when empty, so a run meets
-each before any repeats: `ssm_kill` (SIGKILL an SSM's stub), `llm_kill`, `minions_kill`, `reload`
+each before any repeats: `ssm_kill` (SIGKILL an SSM's stub, at a moment it holds no shared-memory lock:
+tests/support/stub_kill.py), `llm_kill`, `minions_kill`, `reload`
 (touch the model's files and load it through the repository API, as an operator after an edit). After
 each fault the tool waits until the model has recovered (a new stub of it runs and Triton logged it
 loaded again), for at most `--recovery-s`, then until a request sent after the fault has been served
@@ -84,6 +85,7 @@ from minions.errors import is_refusal
 from minions.text.datasets import DATASETS, mixed_prompts
 from minions.triton.shm import SHM_PREFIX, mapped_shm_regions
 from tests.support.openai_frontend import openai_frontend
+from tests.support.stub_kill import kill_outside_locks
 from tests.support.triton_process import ROOT, TritonProcess, stop_process
 
 from .trend import Trend, trend
@@ -542,7 +544,7 @@ class Injector(threading.Thread):
                 return record
         else:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(victim.pid, signal.SIGKILL)
+                kill_outside_locks(victim.pid)
         old = {s.pid for s in before}
         if self.wait_recovered(fault.model, old, loads, start + self.recovery_s):
             record.recovered_s = round(time.monotonic() - start, 2)

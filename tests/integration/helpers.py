@@ -4,8 +4,6 @@ client library would hide what is under test, metrics, near ties."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import threading
 import time
 import urllib.error
@@ -16,48 +14,46 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from minions.deploy.config import load_deployment
-from minions.deploy.render import orchestrator_settings
 from minions.settings import EngineSettings
-from tests.support.triton_process import ROOT, Stub, TritonProcess
-
-STREAM_INTERVAL_S = orchestrator_settings(load_deployment(ROOT / "deploy.yaml")).llm_stream_interval_ms / 1000
-"""How often a stream of the default deployment sends its tokens."""
+from tests.support.stub_kill import kill_outside_locks
+from tests.support.triton_process import Stub, TritonProcess
 
 
-def kill_between_responses(pid: int) -> threading.Timer:
-    """SIGKILL a stub half the deployment's stream interval from now (started; join it). A stub killed
-    as its response reaches the client may still be handing that response over (python_backend's
-    ResponseSendDecoupled waits on a mutex the stub holds), and tritonserver 2.51 then aborts itself
-    with `boost::interprocess::lock_exception` (docs/operations.md): seen twice in about eight CI runs
-    killing the LLM's stub as a chunk arrived, once killing the idle orchestrator's stub just after
-    its last response. A fault of Triton's Python backend, not what the tests that kill stubs are
-    about: they kill a stub that computes, or waits, between responses."""
-    def kill() -> None:
-        os.kill(pid, signal.SIGKILL)
-        timer.killed_at = time.monotonic()
+class StubKill(threading.Thread):
+    """SIGKILL a stub from a thread of its own (started; join it), at a moment it holds no shared-memory
+    lock (tests/support/stub_kill.py): killed inside one, it leaves tritonserver 2.51 to abort itself
+    with `boost::interprocess::lock_exception` (docs/operations.md), a fault of Triton's Python backend
+    and not what the tests that kill stubs are about. Seen in fresh-clone CI killing the LLM's stub
+    as a chunk arrived, the idle orchestrator's just after its last response and, killed 50 ms after a
+    chunk, an SSM's, which hands a draft over every round."""
 
-    timer = threading.Timer(STREAM_INTERVAL_S / 2, kill)
-    timer.killed_at = None  # time.monotonic() once killed
-    timer.start()
-    return timer
+    def __init__(self, pid: int) -> None:
+        super().__init__(name=f"kill-{pid}", daemon=True)
+        self.pid = pid
+        self.killed_at: float | None = None
+        """time.monotonic() once killed."""
+        self.start()
+
+    def run(self) -> None:
+        kill_outside_locks(self.pid)
+        self.killed_at = time.monotonic()
 
 
 class KillAfterChunk:
     """A stream's `on_text` callback that notes each chunk's arrival and, after the `n`-th, kills `pid`
-    between responses (`kill_between_responses`)."""
+    (`StubKill`)."""
 
     def __init__(self, pid: int, n: int) -> None:
         self.pid, self.n = pid, n
         self.arrivals: list[float] = []
-        self.kill: threading.Timer | None = None
+        self.kill: StubKill | None = None
 
     def __call__(self, chunk: str) -> None:
         self.arrivals.append(time.monotonic())
         if len(self.arrivals) == self.n:
-            self.kill = kill_between_responses(self.pid)
+            self.kill = StubKill(self.pid)
 
-    def join(self) -> threading.Timer:
+    def join(self) -> StubKill:
         """The kill, once done; fails if the stream ended before its `n`-th chunk."""
         assert self.kill is not None, f"the stream ended after {len(self.arrivals)} chunks, before the kill"
         self.kill.join()

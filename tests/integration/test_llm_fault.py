@@ -8,9 +8,7 @@ Runs its own server (the default deployment), since it breaks its LLM on purpose
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import time
 import urllib.request
 
@@ -19,6 +17,7 @@ import tritonclient.grpc as grpcclient
 
 from client.api import GenerationParams, MinionsClientError, generate_grpc
 from tests.integration.helpers import KillAfterChunk, metric_above, metric_value, sole_stub, wait_until
+from tests.support.stub_kill import kill_outside_locks
 from tests.support.triton_process import KILLED_STUBS_EXIT_TIMEOUT, ROOT, TritonProcess
 
 PROMPT = "Explain in a few sentences why the sky is blue."
@@ -109,7 +108,7 @@ def test_the_llm_stub_killed_before_any_request_is_reloaded_without_one(tmp_path
                        triton_args=KILLED_STUBS_EXIT_TIMEOUT) as server:
         wait_until(lambda: _llm_ready(server) == 1.0, 30, "minions_llm_ready == 1 with no request sent", interval=0.1)
         victim = server.stubs()["llm_0_0"].pid
-        os.kill(victim, signal.SIGKILL)
+        kill_outside_locks(victim)
         assert metric_above(server.metrics_url, "minions_llm_reloads", 0, timeout=60, outcome="success") > 0, \
             "the dead LLM's model was not loaded again"
         wait_until(lambda: _llm_ready(server) == 1.0, 30, "minions_llm_ready == 1 after the reload", interval=0.1)

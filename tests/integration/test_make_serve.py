@@ -17,7 +17,7 @@ import yaml
 from minions.deploy.server import EXTRA_ARGS_ENV, free_ports, server_env
 from minions.triton.stubs import live_stub_pids
 from minions.triton.shm import sweep_orphaned_shm
-from tests.integration.helpers import http_ok, kill_between_responses, wait_until
+from tests.integration.helpers import StubKill, http_ok, wait_until
 from tests.support.triton_process import KILLED_STUBS_EXIT_TIMEOUT, ROOT
 
 
@@ -78,7 +78,7 @@ def test_serve_loads_the_orchestrator_again_when_its_stub_dies(tmp_path):
         before = _completion(base)
         model_dir = build / "model_repository" / "minions"
         [victim] = live_stub_pids(model_dir)
-        kill_between_responses(victim).join()  # not as it hands its last response over
+        StubKill(victim).join()
         wait_until(lambda: "minions: model loaded again" in log_path.read_text(errors="replace"), 60,
                    "the orchestrator's model loaded again", interval=0.2)
         assert "minions: its stub has died" in log_path.read_text(errors="replace")
@@ -97,7 +97,7 @@ def test_an_openai_generation_under_way_when_the_orchestrator_dies_ends_with_503
         stream = api.completions.create(model="minions", prompt="Count: 1, 2, 3,", max_tokens=1000,
                                         temperature=0, stream=True, extra_body={"min_tokens": 1000})
         assert next(stream).choices  # under way
-        kill = kill_between_responses(victim)
+        kill = StubKill(victim)
         with pytest.raises(openai.APIError) as ended:
             for _ in stream:
                 pass
