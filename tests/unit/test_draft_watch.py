@@ -255,24 +255,36 @@ def test_without_a_stop_a_found_draft_waits_for_the_stream_s_own_end():
 
 
 def test_each_probe_s_outcome_is_told_once_as_it_ends():
-    """Too short a draft is `empty`, one at least min_draft long `found`, one cancelled by the stream's
-    own end `cancelled`; a probe still running has told nothing."""
+    """Too short a draft is `empty`, or `priced_out` where it was long enough before the costs cut it,
+    one at least min_draft long `found`, one cancelled by the stream's own end `cancelled`; a probe
+    still running has told nothing."""
     async def run():
         outcomes: list[str] = []
-        drafters = Drafters([[5], [6, 7, 8], [9, 9, 9]])
+        drafters = Drafters([[5], [4], [6, 7, 8], [9, 9, 9]])
         drafters.release.set()
-        watch = DraftWatch(ProbeSchedule(1, 1), 3, drafters.ask, drafters.stop, on_end=outcomes.append)
+        ask = drafters.ask
+
+        async def cut_by_costs(sequence: list[int]) -> Proposal:
+            proposal = await ask(sequence)
+            if len(drafters.asked) == 2:  # drafted [4, 4, 4]: the costs left one token
+                proposal.priced_out = 2
+            return proposal
+
+        watch = DraftWatch(ProbeSchedule(1, 1), 3, cut_by_costs, drafters.stop, on_end=outcomes.append)
         watch.arrived([1], 1, allowed=True)
         await asyncio.sleep(0)
         assert outcomes == ["empty"]
+        watch.arrived([1], 1, allowed=True)
+        await asyncio.sleep(0)
+        assert outcomes == ["empty", "priced_out"]
         watch.arrived([1, 2], 1, allowed=True)
         await asyncio.sleep(0)
-        assert outcomes == ["empty", "found"]
+        assert outcomes[2:] == ["found"]
         assert await watch.settle([1, 2, 6]) is not None
         drafters.release.clear()
         watch.arrived([1, 2, 6, 7], 1, allowed=True)
         await asyncio.sleep(0)
-        assert outcomes == ["empty", "found"], "still drafting"
+        assert outcomes[2:] == ["found"], "still drafting"
         assert await watch.settle([1, 2, 6, 7, 8]) is None
-        assert outcomes == ["empty", "found", "cancelled"]
+        assert outcomes[2:] == ["found", "cancelled"]
     asyncio.run(run())

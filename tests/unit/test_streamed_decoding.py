@@ -137,6 +137,24 @@ def test_a_probe_s_draft_stops_the_stream_and_is_verified(client, llm):
     assert stats_.call_draft_lengths == [len(call.draft) for call in calls], "one length per call, a stream's 0 once"
 
 
+def test_probes_whose_drafts_the_verification_costs_price_out_say_so(client, llm):
+    """A lookup that gives its tokens' chances has its probe drafts cut to what is worth verifying at
+    the load: where the measured verifications cost far more than plain steps, a repeating text's
+    drafts are cut to nothing, nothing is verified, and the probes end `priced_out`, not `empty`
+    (a server that stopped drafting on its costs tells so in minions_probes)."""
+    stats = SharedLengthStats(LengthPolicy(candidates=(0,)))
+    for s in range(17):  # a plain step 6 ms, a verification of any draft 10 s
+        stats.verify.observe(1, s, 0.006 if s == 0 else 10.0)
+    outcomes: list[str] = []
+    plan = make_plan(REPEATING, N, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
+                     num_draft_tokens=None, length_stats=stats, probe_tokens=6, probe_min_draft=3, probe_first_gap=1,
+                     probe_min_gap=1, on_probe=outcomes.append, confident_ssms=frozenset({"ngram"}))
+    tokens, _, _ = decode(client, plan)
+    assert tokens == reference(llm, REPEATING)
+    assert not [call for model, call in client.calls if model == "llm" and call.draft], "a draft was verified"
+    assert "priced_out" in outcomes and "found" not in outcomes, outcomes
+
+
 def test_no_probes_above_the_load_limit(client, llm):
     """Under load a probe's stop and verification cost a step every request shares: above
     probe_max_load the selector's s = 0 is plain streaming, drafters unasked."""

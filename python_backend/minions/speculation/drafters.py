@@ -64,6 +64,8 @@ class Proposal:
     log_probs: list[float] | None = None
     """The draft's tokens' estimated log chance of being right, each given the ones before it were, when
     the SSM that drafted it gives one (DraftRound.confident); None otherwise."""
+    priced_out: int = 0
+    """Tokens cut off the draft's end as not worth verifying at the load (loop.py's `_cut_to_worth`)."""
 
     def skip(self, made: list[int]) -> None:
         """Drop the draft's first len(made) tokens, which the LLM has since made (as they were drafted:

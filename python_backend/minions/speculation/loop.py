@@ -123,6 +123,7 @@ class _Decode:
             worth = worth_verifying(chances, costs, self.calibration.factor)
             if worth == 0:
                 self.calibration.priced_out(at, proposal.draft, chances)
+            proposal.priced_out += len(proposal.draft) - worth
             proposal.cut(worth)
 
     async def stream_plain(self, plan: StreamPlain) -> AsyncIterator[Round]:

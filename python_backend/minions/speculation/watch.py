@@ -33,9 +33,11 @@ from dataclasses import dataclass, field
 
 from minions.speculation.drafters import Proposal
 
-PROBE_OUTCOMES = ("found", "empty", "cancelled")
+PROBE_OUTCOMES = ("found", "empty", "priced_out", "cancelled")
 """How a probe ends: a draft worth verifying (the stream is stopped for it), nothing at least
-`min_draft` tokens long, or cancelled unanswered (its stream ended on its own, or the request did)."""
+`min_draft` tokens long, a draft that long cut shorter as not worth verifying at the load (the
+verification costs against its chances: a server whose probes all end so has stopped drafting on
+costs, not on its drafters), or cancelled unanswered (its stream ended on its own, or the request did)."""
 
 
 @dataclass
@@ -161,7 +163,7 @@ class DraftWatch:
             self._on_end("cancelled")
             raise
         if len(proposal.draft) < self.min_draft:
-            self._on_end("empty")
+            self._on_end("priced_out" if len(proposal.draft) + proposal.priced_out >= self.min_draft else "empty")
             return None
         self._on_end("found")
         if self._stop is not None:

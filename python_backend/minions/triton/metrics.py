@@ -20,6 +20,7 @@ COUNTERS = {
     "minions_num_llm_calls": "Calls to the LLM: verifications and streamed stretches of plain tokens",
     "minions_requests": "Finished requests by speculation mode and outcome",
     "minions_probes": ("Probes of a plain stream's drafters by outcome: found (a draft worth verifying), empty, "
+                       "priced_out (a draft cut short as not worth its verification's cost at the load), "
                        "cancelled (the stream or request ended first)"),
     "minions_ssm_failures": "SSM calls that failed or missed the vote's deadline; the round went on without them",
     "minions_ssm_drafts": "Rounds in which an SSM drafted (under a vote, every SSM asked)",
