@@ -92,6 +92,30 @@ def test_an_answered_request_stops_counting_as_decoding_but_keeps_its_slot_until
     asyncio.run(scenario())
 
 
+def test_a_request_whose_llm_release_is_queued_gives_its_slot_to_the_next_but_keeps_its_tokens():
+    async def scenario():
+        admission = Admission(max_sequences=1, capacity_tokens=100)
+        first = await admission.reserve(60)
+        first.answer_sent()
+        second = asyncio.ensure_future(admission.reserve(30))
+        third = asyncio.ensure_future(admission.reserve(30))
+        await asyncio.sleep(0)
+        assert not second.done()
+        first.sequence_released()
+        first.sequence_released()  # said twice, counted once
+        await asyncio.sleep(0)
+        assert second.done() and not third.done(), "one slot given back, one request in"
+        assert admission.running == 2 and admission.in_use == 90, "the tokens stay held until the release"
+        first.release()
+        await asyncio.sleep(0)
+        assert not third.done(), "the slot is the second's"
+        (await second).release()
+        (await third).release()
+        assert admission.running == admission.in_use == admission.slots_given_back == 0
+
+    asyncio.run(scenario())
+
+
 def test_it_tells_every_change_of_the_requests_running_and_waiting():
     async def scenario():
         seen: list[tuple[int, int]] = []

@@ -16,6 +16,7 @@ from minions.deploy.artifacts import smollm2_gguf
 from minions.engines.llamacpp_engine import LlamaCppEngine
 from minions.engines.ngram_engine import NgramEngine, ngram_draft
 from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
+from minions.speculation.loop import speculative_decode
 from minions.speculation.mode import Speculation
 
 N = 40
@@ -153,6 +154,23 @@ def test_probes_whose_drafts_the_verification_costs_price_out_say_so(client, llm
     assert tokens == reference(llm, REPEATING)
     assert not [call for model, call in client.calls if model == "llm" and call.draft], "a draft was verified"
     assert "priced_out" in outcomes and "found" not in outcomes, outcomes
+
+
+def test_the_llm_s_release_is_queued_first_and_told_before_the_ssms_are_released(client, llm):
+    """The orchestrator hands a finished request's slot to the next one when told: by then the LLM's
+    release is on its way (a later call reaches the engine behind it), the SSMs' not yet."""
+    plan = make_plan(REPEATING, 8, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True)
+    seen: list[list[tuple[str, str]]] = []
+
+    async def run() -> list[int]:
+        rounds = speculative_decode(client, plan.request, plan.services(), "req",
+                                    lambda: seen.append(list(client.released)))
+        async with aclosing(rounds):
+            return [t async for r in rounds for t in r.tokens]
+
+    assert asyncio.run(run()) == reference(llm, REPEATING)[:8]
+    assert seen == [[("llm", "req")]], "told once, the LLM's release alone queued"
+    assert ("ngram", "req") in client.released and "req" not in llm.cache
 
 
 def test_no_probes_above_the_load_limit(client, llm):

@@ -2,7 +2,11 @@
 
 Room is a sequence slot (the LLM engine's `max_sequences`: beyond it, engines evict live sequences
 and recompute them, and throughput collapses) and, where the deployment sets a KV budget, the
-request's worst case in KV tokens (prompt + max new tokens + one round's draft). A request without
+request's worst case in KV tokens (prompt + max new tokens + one round's draft). A finished request
+gives its slot back once its LLM release is queued (`Reservation.sequence_released`), its tokens once
+the release is done: a client that sends its next request on the last one's answer does not wait a
+whole LLM step for the release's answer before its prompt goes in (in-flight engines take a stop
+before the new calls behind it at the same step boundary). A request without
 room waits, first come first served. Nothing is dropped, unless the wait queue is full: then the
 request is refused at once (ServerBusy, Triton's UNAVAILABLE), and a request that could never fit is
 refused with an error that says why. Plain asyncio; a reservation is released in a `finally` clause,
@@ -24,6 +28,7 @@ class Reservation:
     tokens: int
     admission: Admission | None
     answered: bool = False
+    slot_given_back: bool = False
 
     def answer_sent(self) -> None:
         """The client has its final response: the request no longer counts as decoding (the load that
@@ -32,10 +37,22 @@ class Reservation:
             self.answered = True
             self.admission.answered += 1
 
+    def sequence_released(self) -> None:
+        """The LLM's release of the request's sequence is queued: any call sent to the LLM from now on
+        reaches it behind the release, so the slot may go to the next request; the tokens stay held
+        until `release`."""
+        if self.admission is not None and not self.slot_given_back:
+            self.slot_given_back = True
+            self.admission.slots_given_back += 1
+            self.admission._admit()
+            self.admission._changed()
+
     def release(self) -> None:
         if self.admission is not None:
             if self.answered:
                 self.admission.answered -= 1
+            if self.slot_given_back:
+                self.admission.slots_given_back -= 1
             self.admission._give_back(self.tokens)
             self.admission = None
 
@@ -55,6 +72,8 @@ class Admission:
         self.running = 0
         self.answered = 0
         """Running requests whose final response is sent, freeing their engines' state."""
+        self.slots_given_back = 0
+        """Running requests whose LLM release is queued: their slots count as free."""
         self.in_use = 0
         self.peak = 0
         self._queue: deque[tuple[int, asyncio.Future]] = deque()
@@ -74,7 +93,8 @@ class Admission:
         return len(self._queue)
 
     def _room(self, need: int) -> bool:
-        return self.running < self.max_sequences and (not self.capacity or self.in_use + need <= self.capacity)
+        return (self.running - self.slots_given_back < self.max_sequences
+                and (not self.capacity or self.in_use + need <= self.capacity))
 
     def fits_now(self, tokens: int) -> bool:
         """Whether reserve(tokens) would be granted at once (room, and nobody queued before it)."""

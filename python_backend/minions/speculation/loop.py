@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -37,12 +37,15 @@ from minions.speculation.watch import DraftWatch, ProbeSchedule, TailRepeats
 
 
 async def speculative_decode(client: EngineClient, request: DecodeRequest, services: Services,
-                             request_id: str) -> AsyncIterator[Round]:
+                             request_id: str, on_llm_release: Callable[[], None] = lambda: None
+                             ) -> AsyncIterator[Round]:
     """Yield one Round per LLM verification or streamed plain token until max_new_tokens or end_id;
     release caches at the end.
 
     Close the generator (e.g. with contextlib.aclosing) to stop early: the finally clause frees the
     engines' state for this request (after any early draft still running has finished).
+    `on_llm_release` is called once the LLM's release of the request's sequence is queued: a call
+    sent to the LLM after that reaches the engine behind it (_Decode.release).
     """
     decode = _Decode(client, request, services, request_id)
     try:
@@ -57,7 +60,7 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
     finally:
         services.length_stats.forget(request_id)
         # Shielded: a request cancelled while it cleans up still frees every engine's state.
-        await asyncio.shield(decode.release())
+        await asyncio.shield(decode.release(on_llm_release))
 
 
 class _Decode:
@@ -238,16 +241,24 @@ class _Decode:
         self.drafted_before = self.drafted_before or drafted > 0
         return last
 
-    async def release(self) -> None:
-        """Free a finished request's state in every engine, once its early drafts are done. Every SSM,
-        even one whose breaker is open (one that was only slow still holds state), and concurrently, so
-        a dead stub's failing call costs that once; this runs after the request's final response."""
+    async def release(self, on_llm_release: Callable[[], None]) -> None:
+        """Free a finished request's state in every engine; this runs after the request's final response.
+        The LLM's first, at once: only SSMs draft early, and a probe's interrupt that reaches the LLM
+        after the release ends nothing. Once its `stop` is queued on the LLM's stream (the release's
+        first step), `on_llm_release` is told, so that the orchestrator can start the next request
+        there: its calls reach the engine behind the stop, which frees the slot at the same step
+        boundary, instead of the next request waiting a whole step for the stop's answer. Every SSM
+        once its early drafts are done, even one whose breaker is open (one that was only slow still
+        holds state), and concurrently, so a dead stub's failing call costs that once."""
+        llm = asyncio.ensure_future(self.client.release(self.services.llm, self.request_id))
+        await asyncio.sleep(0)  # the release's first step: its message queued
+        on_llm_release()
         if self.watch is not None:
             await self.watch.close()
         if self.source is not None:
             await self.source.close()
         ssms = self.drafter.ssms if self.drafter else ()
-        await asyncio.gather(*(self.client.release(m, self.request_id) for m in [self.services.llm, *ssms]))
+        await asyncio.gather(llm, *(self.client.release(m, self.request_id) for m in ssms))
 
 
 @dataclass

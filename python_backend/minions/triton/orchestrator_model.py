@@ -208,7 +208,8 @@ class TritonPythonModel:
         """Stream the request's text; returns what the request's log line says about its decoding."""
         text = TextStream(greq, self.tokenizer, request.end_id, perf)
         start = time.perf_counter()
-        async with aclosing(speculative_decode(self.client, request, self.services, request_id)) as rounds:
+        async with aclosing(speculative_decode(self.client, request, self.services, request_id,
+                                               reservation.sequence_released)) as rounds:
             async for r in rounds:
                 done = text.add(r)
                 self.metrics.tally.observe_round(r, greq.speculation.label)
