@@ -32,11 +32,22 @@ class StubKill(threading.Thread):
         self.pid = pid
         self.killed_at: float | None = None
         """time.monotonic() once killed."""
+        self.error: BaseException | None = None
         self.start()
 
     def run(self) -> None:
-        kill_outside_locks(self.pid)
+        try:
+            kill_outside_locks(self.pid)
+        except BaseException as exc:  # raised again by join(), on the test's thread
+            self.error = exc
+            return
         self.killed_at = time.monotonic()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the kill; raises what stopped it (the stub gone, or always found inside a lock)."""
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
 
 
 class KillAfterChunk:

@@ -106,6 +106,7 @@ def test_a_request_whose_llm_release_is_queued_gives_its_slot_to_the_next_but_ke
         await asyncio.sleep(0)
         assert second.done() and not third.done(), "one slot given back, one request in"
         assert admission.running == 2 and admission.in_use == 90, "the tokens stay held until the release"
+        assert admission.holding_slots == 1
         first.release()
         await asyncio.sleep(0)
         assert not third.done(), "the slot is the second's"

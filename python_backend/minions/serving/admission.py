@@ -89,12 +89,16 @@ class Admission:
         return self.running - self.answered
 
     @property
+    def holding_slots(self) -> int:
+        """Requests holding a sequence slot: the running ones but those whose LLM release is queued."""
+        return self.running - self.slots_given_back
+
+    @property
     def waiting(self) -> int:
         return len(self._queue)
 
     def _room(self, need: int) -> bool:
-        return (self.running - self.slots_given_back < self.max_sequences
-                and (not self.capacity or self.in_use + need <= self.capacity))
+        return self.holding_slots < self.max_sequences and (not self.capacity or self.in_use + need <= self.capacity)
 
     def fits_now(self, tokens: int) -> bool:
         """Whether reserve(tokens) would be granted at once (room, and nobody queued before it)."""

@@ -77,7 +77,7 @@ async def admit(admission: Admission, request: DecodeRequest, request_id: str) -
     worst = len(request.prompt_ids) + request.max_new_tokens + request.max_draft_tokens + 1
     if not admission.fits_now(worst):
         log.info("%s: waiting for room (%d requests decoding of %d, %d KV tokens in use of %d, %d waiting)",
-                 request_id, admission.running, admission.max_sequences, admission.in_use, admission.capacity,
+                 request_id, admission.holding_slots, admission.max_sequences, admission.in_use, admission.capacity,
                  admission.waiting)
     return await admission.reserve(worst)
 
