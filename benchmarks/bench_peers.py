@@ -20,10 +20,12 @@ computes with it). Writes tables, JSON (with every output) and PNG under bench_r
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from client.api import GenerationParams, generate_grpc
 from minions.deploy.config import Deployment, load_deployment
 from minions.settings import OrchestratorSettings
 from minions.text.datasets import COPY_HEAVY, DATASETS, category_prompts, load_prompts, mixed_prompts
+from tests.integration.helpers import metric_value
 from tests.support.triton_process import ROOT, TritonProcess
 
 from .bench_load import RESPONSE_TIMEOUT_S
@@ -62,6 +65,8 @@ MULTI_TURN_FROM = 48
 the blocks the single-turn cells take at the default counts."""
 SPEC_DRAFT_N_MAX = 8
 MINIONS_OFF = "minions off"
+DRAFTED_METRIC = "minions_spec_decode_num_draft_tokens"
+"""Draft tokens a Minions server sent its LLM to verify (every SSM's together): Cell.drafted_tokens."""
 SYSTEM_KEYS = ("minions-off", "minions-default", "minions-single", "plain", "draft", "ngram")
 """`minions-single`: a Minions server per SSM of the deployment, drafting with that SSM alone."""
 SINGLE = "minions single:"
@@ -149,10 +154,11 @@ def slice_bounds(count: int, streams: int, slices: int) -> list[tuple[int, int]]
 
 
 def run_single_turn(workloads: list[str], args: argparse.Namespace, systems: dict[str, Request],
-                    sessions: set[int]) -> list[Cell]:
+                    sessions: set[int], drafted: dict[str, Callable[[], float]]) -> list[Cell]:
     """Each cell through every system. With --slices, the systems take turns slice by slice, in an
     order reversed every slice (A B, B A, ...), so that a machine whose speed drifts over minutes
-    weighs on every system alike; a system's cell is its slices together."""
+    weighs on every system alike; a system's cell is its slices together. `drafted`: for the systems
+    that say, their running count of draft tokens verified (Cell.drafted_tokens)."""
     cells = []
     for workload, streams, prompts in [cell for w in workloads for cell in single_turn_cells(w, args)]:
         here = {name: Cell(name, workload, streams) for name in systems}
@@ -160,9 +166,12 @@ def run_single_turn(workloads: list[str], args: argparse.Namespace, systems: dic
         for j, (a, b) in enumerate(slice_bounds(len(prompts), streams, args.slices)):
             for name in (list(systems) if j % 2 == 0 else list(systems)[::-1]):
                 before = here[name].wall_s
+                count = drafted[name]() if name in drafted else None
                 with ForeignCpu(sessions) as foreign:
                     run_cell(name, workload, systems[name], prompts[a:b], streams, into=here[name], first=a)
                 foreign_core_s[name] += (foreign.cores or 0.0) * (here[name].wall_s - before)
+                if count is not None:
+                    here[name].drafted_tokens = (here[name].drafted_tokens or 0.0) + drafted[name]() - count
         for name, cell in here.items():
             cell.foreign_cores = foreign_core_s[name] / cell.wall_s if cell.wall_s else None
             cells.append(cell)
@@ -227,6 +236,7 @@ def main() -> None:
     conversers: dict[str, Converse] = {}
     sessions: set[int] = set()
     """The servers' process sessions, whose CPU time is the benchmark's own."""
+    drafted: dict[str, Callable[[], float]] = {}
     commands: dict[str, str] = {}
     # Each Minions mode has a server of its own, as each llama-server configuration has: no mode finds
     # another's prompts in its prefix cache, and drafters that learn from finished requests (suffix)
@@ -240,6 +250,7 @@ def main() -> None:
             log_name = "tritonserver-minions-" + (speculation or "default").replace(":", "-") + ".log"
             triton = stack.enter_context(TritonProcess(args.deploy, log_path=out / log_name))
             sessions.add(triton.proc.pid)
+            drafted[label] = functools.partial(metric_value, triton.metrics_url, DRAFTED_METRIC)
             systems[label] = minions_request(triton.grpc_url, orchestrator.model_name, speculation, args.max_tokens)
             conversers[label] = minions_converse(triton.grpc_url, orchestrator.model_name, speculation,
                                                  args.max_tokens)
@@ -252,7 +263,7 @@ def main() -> None:
             commands[config.label] = " ".join(server.command)
         for name, request in systems.items():  # first calls pay one-off costs
             run_cell(name, "warm-up", request, mixed_prompts(2), 2)
-        cells = run_single_turn([w for w in args.workloads if w not in MULTI_TURN], args, systems, sessions)
+        cells = run_single_turn([w for w in args.workloads if w not in MULTI_TURN], args, systems, sessions, drafted)
         # Multi-turn: Minions' modes and llama-server plain on the file the deployment computes with.
         turn_systems = {default_label, MINIONS_OFF, reference_label}
         turn_cells = run_multi_turn([w for w in args.workloads if w in MULTI_TURN], args,

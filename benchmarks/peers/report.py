@@ -54,12 +54,13 @@ def plain_winner(rows: list[dict], plain: list[str]) -> dict:
 
 def format_table(rows: list[dict], winner: dict, reference: str) -> str:
     head = (f"{'workload':<13} {'streams':>7} {'system':<26} {'tok/s':>7} {'vs plain':>8} {'TTFT mean':>9} "
-            f"{'TTFT p50':>8} {'TTFT p99':>8} {'ITL ms':>7} {'same':>6} {'others':>6}")
+            f"{'TTFT p50':>8} {'TTFT p99':>8} {'ITL ms':>7} {'drafted':>7} {'same':>6} {'others':>6}")
     title = (f"## Minions against llama-server (greedy; vs plain = tokens/s over {winner['faster']}, the faster "
-             f"llama-server plain configuration, in the same cell; same = outputs identical to {reference}; "
-             "others = CPU cores other processes used meanwhile)")
+             f"llama-server plain configuration, in the same cell; drafted = draft tokens the LLM verified per "
+             f"request; same = outputs identical to {reference}; others = CPU cores other processes used meanwhile)")
     if winner["faster"] is None:
-        title = f"## Minions (greedy; no llama-server in this run; same = outputs identical to {reference})"
+        title = (f"## Minions (greedy; no llama-server in this run; drafted = draft tokens the LLM verified per "
+                 f"request; same = outputs identical to {reference})")
     lines = [title, head, "-" * len(head)]
     for r in rows:
         ttft_mean, ttft_p50, ttft_p99, itl = (_ms(r.get(key)) for key in ("ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms",
@@ -67,8 +68,9 @@ def format_table(rows: list[dict], winner: dict, reference: str) -> str:
         others = f"{r['foreign_cores']:.2f}" if r.get("foreign_cores") is not None else "-"
         ratio = f"{r['vs_plain']:.2f}x" if r["vs_plain"] is not None else "-"
         same = f"{r['same_as_ref']}/{r['requests']}" if r["same_as_ref"] is not None else "-"
+        drafted = f"{r['drafted_per_request']:.1f}" if r.get("drafted_per_request") is not None else "-"
         lines.append(f"{r['workload']:<13} {r['streams']:>7} {r['system']:<26} {r['tokens_per_s']:>7.1f} {ratio:>8} "
-                     f"{ttft_mean:>9} {ttft_p50:>8} {ttft_p99:>8} {itl:>7} {same:>6} {others:>6}"
+                     f"{ttft_mean:>9} {ttft_p50:>8} {ttft_p99:>8} {itl:>7} {drafted:>7} {same:>6} {others:>6}"
                      + (f"  ({r['errors']} errors)" if r["errors"] else ""))
     wins = ", ".join(f"{name} won {n} cells at {winner['mean_tokens_per_s'][name]:.1f} tok/s mean"
                      for name, n in winner["cells_won"].items())

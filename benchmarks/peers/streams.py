@@ -54,6 +54,9 @@ class Cell:
     errors: list[str] = field(default_factory=list)
     foreign_cores: float | None = None
     """Mean CPU cores that processes outside the benchmark used meanwhile (foreign_cpu.py)."""
+    drafted_tokens: float | None = None
+    """Draft tokens the server's LLM verified during the cell (Minions' metrics; None where the server
+    says nothing): a default that verified none decoded as `off` does there."""
 
     def row(self) -> dict:
         samples = list(self.samples.values())
@@ -68,6 +71,8 @@ class Cell:
             "ttft_p50_ms": 1000 * statistics.median(ttfts) if ttfts else None,
             "ttft_p99_ms": 1000 * float(np.percentile(ttfts, 99)) if ttfts else None,
             "itl_ms": 1000 * statistics.mean(itls) if itls else None,
+            "drafted_per_request": (self.drafted_tokens / len(samples)
+                                    if self.drafted_tokens is not None and samples else None),
             "errors": len(self.errors), "foreign_cores": self.foreign_cores,
         }
 

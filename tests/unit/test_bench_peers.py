@@ -12,7 +12,7 @@ import pytest
 import benchmarks.bench_peers as bench_peers
 from benchmarks.bench_peers import HELD_OUT, slice_bounds, workload_prompts
 from benchmarks.peers.llama_server_build import CMAKE_FLAGS, cmake_flags, features, pinned_version, same_build
-from benchmarks.peers.report import format_drafters, summarize
+from benchmarks.peers.report import format_drafters, format_table, summarize
 from benchmarks.peers.streams import Cell, Sample
 from minions.text.datasets import COPY_HEAVY, DATASETS, category_prompts, load_prompts
 from tests.support.stand_in_library import needs_cc, stand_in_library
@@ -86,6 +86,21 @@ def test_the_default_is_compared_with_its_fastest_single_drafter_in_each_cell():
     assert table[3].split() == ["chat", "8", "90.0", "ssm_suffix", "100.0", "0.90x"]
     assert table[4].split() == ["code", "8", "120.0", "ssm_ngram", "100.0", "1.20x"]
     assert len(table) == 5
+
+
+def test_the_table_says_how_many_draft_tokens_each_minions_system_had_verified_per_request():
+    """A default that verified no draft in a cell decoded as `off` there: its ratio to `off` is the
+    spread between two servers, and the table shows it (0.0); llama-server says nothing (-)."""
+    default = _cell("minions vote", "chat", 90.0, ["a", "b"])
+    default.drafted_tokens = 15.0
+    quiet = _cell("minions vote", "code", 90.0, ["a"])
+    quiet.drafted_tokens = 0.0
+    cells = [default, _cell("f16", "chat", 95.0, ["a", "b"]), quiet, _cell("f16", "code", 95.0, ["a"])]
+    rows, winner = summarize(cells, ["f16"], "minions vote")
+    assert [r["drafted_per_request"] for r in rows] == [7.5, None, 0.0, None]
+    lines = format_table(rows, winner, "minions vote").splitlines()
+    at = lines[1].index(" drafted") + 1
+    assert [line[at: at + len("drafted")].strip() for line in lines[3:7]] == ["7.5", "-", "0.0", "-"]
 
 
 def test_sample_itl_spreads_the_time_after_the_first_token_over_the_rest():
@@ -173,24 +188,30 @@ def test_a_cell_reports_its_slowest_first_tokens_as_well_as_its_median():
 
 def test_with_slices_the_systems_take_turns_and_each_cell_holds_all_its_prompts(monkeypatch):
     """--slices 4 on 8 prompts at one stream: slices of 2, the systems in the order A B, B A, A B, B A;
-    each system's cell has every prompt under its own index and the slices' wall time together."""
+    each system's cell has every prompt under its own index, the slices' wall time together, and the
+    draft tokens its server counted during its own slices only (B's server counts too, but never
+    says)."""
     prompts = [f"p{i}" for i in range(8)]
     monkeypatch.setattr(bench_peers, "single_turn_cells", lambda workload, args: [(workload, 1, prompts)])
     calls: list[tuple[str, str]] = []
+    counted = {"A": 0.0, "B": 0.0}
 
-    def system(name: str):
+    def system(name: str, drafts: float):
         def request(prompt: str) -> Sample:
             calls.append((name, prompt))
+            counted[name] += drafts
             return Sample(f"{name}:{prompt}", 3, 0.01, 0.02)
         return request
 
-    cells = bench_peers.run_single_turn(["chat"], argparse.Namespace(slices=4), {"A": system("A"), "B": system("B")},
-                                        set())
+    cells = bench_peers.run_single_turn(["chat"], argparse.Namespace(slices=4),
+                                        {"A": system("A", 5.0), "B": system("B", 7.0)}, set(),
+                                        {"A": lambda: counted["A"]})
     firsts = [calls[i][0] for i in range(0, len(calls), 2)]
     assert firsts == ["A", "B", "B", "A", "A", "B", "B", "A"], calls
     for cell in cells:
         assert {i: s.text for i, s in cell.samples.items()} == {i: f"{cell.system}:p{i}" for i in range(8)}
         assert cell.wall_s > 0 and cell.row()["tokens"] == 24
+    assert {c.system: c.row()["drafted_per_request"] for c in cells} == {"A": 5.0, "B": None}
 
 
 @pytest.mark.parametrize("count, streams, slices, bounds", [
