@@ -20,12 +20,12 @@ import argparse
 import json
 import statistics
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from client.api import Completion, GenerationParams, generate_grpc
 from minions.text.datasets import DATASETS, load_prompts
+from tests.integration.helpers import metric_value
 from tests.support.triton_process import ROOT, TritonProcess
 
 from .replay import replay_deployment
@@ -187,9 +187,7 @@ def default_modes(deploy: str) -> list[str]:
 
 def control_seconds(metrics_url: str) -> float:
     """The server's minions_control_seconds, all modes together (requests here run one at a time)."""
-    with urllib.request.urlopen(metrics_url, timeout=30) as resp:
-        lines = resp.read().decode().splitlines()
-    return sum(float(l.rsplit(" ", 1)[1]) for l in lines if l.startswith("minions_control_seconds{"))
+    return metric_value(metrics_url, "minions_control_seconds")
 
 
 def _complete(url: str, prompt: str, mode: Mode, max_tokens: int, temperature: float) -> Completion:
