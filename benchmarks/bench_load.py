@@ -305,7 +305,8 @@ def main() -> None:
     p.add_argument("--min-requests", type=int, default=4, help="requests per cell at low concurrency")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--modes", nargs="+", help="labels from: " + ", ".join(m.label for m in default_modes())
-                   + f"; or single:<ssm> (that SSM alone, adaptive length); or {DEPLOYED.label} (what a request "
+                   + f"; or single:<ssm> (that SSM alone, adaptive length, the deployment's pipeline: the "
+                   f"default with one drafter); or {DEPLOYED.label} (what a request "
                    "that names no speculation gets: the deployment's default mode, length and pipeline)")
     p.add_argument("--datasets", nargs="+", choices=list(DATASETS | COPY_HEAVY),
                    help="prompts from these only (default: the chat sets, mixed)")
@@ -314,7 +315,7 @@ def main() -> None:
                    "show medians and ranges (a cell at 8-16 streams swings by 10%% between runs)")
     args = p.parse_args()
     modes = [m for m in default_modes() if not args.modes or m.label in args.modes or m.label == "off"]
-    modes += [LoadMode(label, label, None, False) for label in args.modes or () if label.startswith("single:")]
+    modes += [LoadMode(label, label, None, None) for label in args.modes or () if label.startswith("single:")]
     modes += [DEPLOYED] if DEPLOYED.label in (args.modes or ()) else []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -31,9 +31,9 @@ together one step at a time and measure each.
 It does not oscillate: the estimates are moving averages, a change needs a `margin` gain over the
 current s by the same estimates, and after a change the choice holds for `dwell` rounds (the paper's
 "wait until requests drafted with the old s are through"). Lengths it has not measured are tried
-every `explore_every` rounds (a neighbour of the current s, alternately above and below), so that
-t(b, s) and the acceptance of further positions stay measured, and so that a request whose
-acceptance collapsed to s = 0 still notices when it recovers.
+every `explore_every` rounds (a neighbour of the current s, alternately above and below; from s = 0,
+1 and the starting length), so that t(b, s) and the acceptance of further positions stay measured,
+and so that a request whose acceptance collapsed to s = 0 still notices when it recovers.
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ class DraftLengthSelector:
         self.policy = policy
         self.candidates = tuple(s for s in policy.candidates if s <= max_length) or (0,)
         self.acceptance = AcceptanceModel(policy.request_decay)
-        self.current = min(self.candidates, key=lambda s: abs(s - policy.initial))
+        self.start = min(self.candidates, key=lambda s: abs(s - policy.initial))
+        """The length a request starts at, and the one plain decoding explores besides s = 1 (`_neighbour`)."""
+        self.current = self.start
         self.held = 0
         self.rounds = 0
         self.explore_up = True
@@ -156,9 +158,16 @@ class DraftLengthSelector:
         return trusted
 
     def _neighbour(self) -> int:
+        """The length to explore: a neighbour of the current one, alternately above and below. From plain
+        decoding, "below" is the starting length: where every verification and every draft call cost
+        more than their tokens (torch on a CPU), a 1-token draft does not pay when longer ones would,
+        and the line through t(0) and t(1) priced every longer draft out: a request at 0 stayed there
+        (docs/adaptive-draft-length.md, "Exploring from plain decoding")."""
         i = self.candidates.index(self.current)
         step = 1 if self.explore_up else -1
         self.explore_up = not self.explore_up
+        if i + step < 0 and self.start > self.current:
+            return self.start
         j = i + step if 0 <= i + step < len(self.candidates) else i - step
         return self.candidates[min(max(j, 0), len(self.candidates) - 1)]
 
