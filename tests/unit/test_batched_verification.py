@@ -9,11 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 from minions.decoding.engine_call import EngineRequest
-from minions.decoding.sampling import SamplingParams
+from minions.decoding.sampling import SamplingParams, target_probs
 from minions.engines.packed_forward import ForwardRow, PackedLlamaForward, SerialForward
 from minions.engines.torch_engine import TorchEngine
 from minions.errors import InvalidRequest
-from tiny_models import VOCAB, full_logits, hf_greedy
+from laws import goodness_of_fit
+from tiny_models import VOCAB, full_logits, hf_greedy, next_logits
 
 PROMPTS = [[3, 7, 1, 9, 4], [0, 0, 5], [12, 2, 8, 8, 1, 6, 15], [4, 4]]
 
@@ -130,3 +131,30 @@ def test_a_release_is_not_counted_as_an_eviction(tiny_llm):
     engine.generate(EngineRequest("r", PROMPTS[0], 1))
     engine.release("r")
     assert len(engine.cache) == 0 and engine.cache.evictions == 0
+
+
+def test_sampled_verifications_batched_together_keep_each_requests_law(tiny_llm):
+    """Three requests verified in each pass at T = 1, with drafts of 1, 2 and 3 tokens drawn from
+    draft logits of their own (the min(1, p/q) rule): each request's first emitted token follows its
+    own LLM law (chi-square over 1,500 passes). The prompts' laws differ, so a row of logits, a draft's
+    logits or a seed's draws handed to the wrong request of the batch would move a law."""
+    engine = TorchEngine(tiny_llm, max_sequences=8)
+    params = SamplingParams(temperature=1.0)
+    prompts, lengths, passes = PROMPTS[:3], (1, 2, 3), 1500
+    laws = [target_probs(next_logits(tiny_llm, p), params) for p in prompts]
+    assert min(np.abs(a - b).sum() for a, b in [(laws[0], laws[1]), (laws[1], laws[2]), (laws[0], laws[2])]) > 0.2
+    rng = np.random.default_rng(5)
+    draft_logits = [rng.normal(0.0, 2.0, (k, VOCAB)).astype(np.float32) for k in lengths]
+    draft_probs = [np.exp(q) / np.exp(q).sum(axis=1, keepdims=True) for q in draft_logits]
+    counts = np.zeros((len(prompts), VOCAB), dtype=np.int64)
+    for n in range(passes):
+        requests = [EngineRequest(f"r{i}", prompt, k + 1, sampling=params, seed=n * len(prompts) + i,
+                                  draft=[int(rng.choice(VOCAB, p=row)) for row in draft_probs[i]],
+                                  draft_logits=draft_logits[i], exclude_input_in_output=True)
+                    for i, (prompt, k) in enumerate(zip(prompts, lengths))]
+        for i, result in enumerate(engine.generate_batch(requests)):
+            counts[i, result.tokens[0]] += 1
+    assert engine.stats.passes == passes, "each pass verified the three requests together"
+    for i, law in enumerate(laws):
+        assert goodness_of_fit(counts[i], law) > 1e-3, i
+    assert goodness_of_fit(counts[0], laws[1]) < 1e-6, "the test tells one request's law from another's"
