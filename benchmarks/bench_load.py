@@ -18,12 +18,12 @@ import argparse
 import json
 import re
 import statistics
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from client.api import GenerationParams, generate_grpc
 from minions.text.datasets import COPY_HEAVY, DATASETS, mixed_prompts
+from tests.integration.helpers import metric_samples
 from tests.support.triton_process import ROOT, TritonProcess
 
 from .workers import run_streams
@@ -98,13 +98,9 @@ class Cell:
 
 
 def engine_totals(metrics_url: str, model: str = "llm") -> dict[str, float]:
-    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("minions_engine_batch_total{") and f'model="{model}"' in line:
-            what = line.split('what="')[1].split('"')[0]
-            out[what] = float(line.rsplit(" ", 1)[1])
-    return out
+    """An engine's batching counters (`minions_engine_batch_total`) by what they count."""
+    return {labels["what"]: value
+            for labels, value in metric_samples(metrics_url, "minions_engine_batch_total", model=model)}
 
 
 def run_cell(url: str, metrics_url: str, mode: LoadMode, streams: int, prompts: list[str], max_tokens: int,

@@ -4,6 +4,7 @@ client library would hide what is under test, metrics, near ties."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import urllib.error
@@ -129,15 +130,24 @@ def grpc_tensors(arrays: dict[str, np.ndarray]) -> list:
             for name, array in arrays.items()]
 
 
-def metric_value(metrics_url: str, name: str, **labels: str) -> float:
-    """Sum of a Prometheus metric's samples on Triton's metrics port whose labels include `labels`."""
+def metric_samples(metrics_url: str, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of a Prometheus metric on Triton's metrics port whose labels include `labels`: each
+    sample's labels and value."""
     with urllib.request.urlopen(metrics_url, timeout=30) as resp:
         text = resp.read().decode()
-    total = 0.0
+    samples = []
     for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+        if line.startswith(name + "{"):
+            head, value = line.rsplit(" ", 1)
+            found = dict(re.findall(r'(\w+)="([^"]*)"', head))
+            if all(found.get(k) == v for k, v in labels.items()):
+                samples.append((found, float(value)))
+    return samples
+
+
+def metric_value(metrics_url: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus metric's samples on Triton's metrics port whose labels include `labels`."""
+    return sum(value for _, value in metric_samples(metrics_url, name, **labels))
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.05) -> float:

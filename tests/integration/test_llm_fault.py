@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import re
 import time
-import urllib.request
 
 import pytest
 import tritonclient.grpc as grpcclient
 
 from client.api import GenerationParams, MinionsClientError, generate_grpc
-from tests.integration.helpers import KillAfterChunk, metric_above, metric_value, sole_stub, wait_until
+from tests.integration.helpers import KillAfterChunk, metric_above, metric_samples, metric_value, sole_stub, wait_until
 from tests.support.stub_kill import kill_outside_locks
 from tests.support.triton_process import KILLED_STUBS_EXIT_TIMEOUT, ROOT, TritonProcess
 
@@ -56,9 +55,8 @@ def _refusal(server) -> tuple[str, float]:
 
 def _llm_ready(server) -> float | None:
     """The gauge's value; None until the orchestrator has exported it."""
-    with urllib.request.urlopen(server.metrics_url, timeout=30) as resp:
-        lines = [line for line in resp.read().decode().splitlines() if line.startswith("minions_llm_ready{")]
-    return float(lines[0].rsplit(" ", 1)[1]) if lines else None
+    samples = metric_samples(server.metrics_url, "minions_llm_ready")
+    return samples[0][1] if samples else None
 
 
 def test_requests_are_refused_while_the_llm_is_unloaded(llm_server, plain):
