@@ -43,17 +43,12 @@ class Reservation:
         until `release`."""
         if self.admission is not None and not self.slot_given_back:
             self.slot_given_back = True
-            self.admission.slots_given_back += 1
-            self.admission._admit()
-            self.admission._changed()
+            self.admission.slot_freed()
 
     def release(self) -> None:
+        """The request's engines' state is freed: its slot and tokens go back (once)."""
         if self.admission is not None:
-            if self.answered:
-                self.admission.answered -= 1
-            if self.slot_given_back:
-                self.admission.slots_given_back -= 1
-            self.admission._give_back(self.tokens)
+            self.admission.give_back(self)
             self.admission = None
 
 
@@ -133,6 +128,18 @@ class Admission:
                 self._give_back(need)
             raise
         return Reservation(need, self)
+
+    def slot_freed(self) -> None:
+        """A running request's LLM release is queued: its slot counts as free, and waiters that fit start."""
+        self.slots_given_back += 1
+        self._admit()
+        self._changed()
+
+    def give_back(self, reservation: Reservation) -> None:
+        """A reservation ends: what it held (and counted as answered or as a slot freed) comes back."""
+        self.answered -= int(reservation.answered)
+        self.slots_given_back -= int(reservation.slot_given_back)
+        self._give_back(reservation.tokens)
 
     def _take(self, need: int) -> None:
         """Its callers tell on_change once they are done (a release that admits a waiter: once)."""
