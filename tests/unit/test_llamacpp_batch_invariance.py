@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from laws import goodness_of_fit
 from minions.decoding.engine_call import EngineRequest
+from minions.decoding.sampling import SamplingParams, target_probs
 from minions.deploy.artifacts import smollm2_gguf
 from minions.engines.llamacpp_engine import LlamaCppEngine
 
@@ -41,3 +43,45 @@ def test_a_tokens_logits_do_not_depend_on_how_its_step_was_batched():
     assert verified.tokens[: GENERATED - 1] == own.tokens[1:]
     assert own.logits is not None and verified.logits is not None
     np.testing.assert_array_equal(verified.logits[: GENERATED - 1], own.logits[1:])
+
+
+def test_sampled_verifications_batched_together_keep_each_requests_law():
+    """The deployed LLM (Q4_1, batch invariant, a KV stream per sequence) verifies three sampled
+    requests in each step, with drafts of 1, 2 and 3 tokens drawn from draft logits of their own (the
+    min(1, p/q) rule) at T = 1, top-k 3: each request's first emitted token follows its own law, the
+    top 3 of its prompt's logits computed alone (chi-square over 100 steps). A row of logits, a
+    draft's logits or a seed's draws handed to another request of the step would move a law."""
+    params, lengths, passes = SamplingParams(temperature=1.0, top_k=3), (1, 2, 3), 100
+    prompts = [[int(t) for t in np.random.default_rng(seed).integers(100, 40000, 2 + seed)] for seed in range(3)]
+    engine = _engine(max_sequences=4)
+    try:
+        logits = [engine.generate(EngineRequest(f"alone{i}", p, 1, return_generation_logits=True)).logits[0]
+                  for i, p in enumerate(prompts)]
+        laws = [target_probs(row, params) for row in logits]
+        rng = np.random.default_rng(7)
+        draft_logits, draft_probs = [], []
+        for row, k in zip(logits, lengths):  # q: the prompt's 8 likeliest tokens, reweighted at random
+            q = np.full((k, len(row)), -1e9, np.float32)
+            top = np.argsort(row)[-8:]
+            q[:, top] = row[top] + rng.normal(0.0, 1.0, (k, len(top)))
+            draft_logits.append(q)
+            draft_probs.append([target_probs(r, params) for r in q])  # the SSM samples with the request's params
+        counts = np.zeros((len(prompts), len(logits[0])), dtype=np.int64)
+        steps, sequences = engine.stats.passes, engine.stats.sequences
+        for n in range(passes):
+            requests = [EngineRequest(f"r{i}", prompt, k + 1, sampling=params, seed=n * len(prompts) + i,
+                                      draft=[int(rng.choice(len(probs), p=probs)) for probs in draft_probs[i]],
+                                      draft_logits=draft_logits[i], exclude_input_in_output=True)
+                        for i, (prompt, k) in enumerate(zip(prompts, lengths))]
+            for i, result in enumerate(engine.generate_batch(requests)):
+                assert not isinstance(result, Exception), result
+                counts[i, result.tokens[0]] += 1
+            for r in requests:
+                engine.release(r.request_id)
+        assert engine.stats.passes - steps == passes, "one step verified the three requests each time"
+        assert engine.stats.sequences - sequences == len(prompts) * passes
+    finally:
+        engine.close()
+    for i, law in enumerate(laws):
+        assert goodness_of_fit(counts[i], law) > 1e-3, i
+    assert goodness_of_fit(counts[0], laws[1]) == 0.0, "the laws' supports differ: a mix-up shows"
