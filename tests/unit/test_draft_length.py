@@ -123,6 +123,32 @@ def test_plain_decoding_is_left_where_only_drafts_longer_than_one_token_pay():
     assert world.true_cost(1, settled) < 0.6 * world.true_cost(1, 0), (settled, trace)
 
 
+def test_a_plain_pass_that_held_a_waves_prompts_is_no_plain_step():
+    """Eight requests arrive at once (deploy.torch.yaml at 8 streams): one's plain call goes out while
+    the other seven report their prompts, which the LLM computes in the same pass (2.6 s); by its
+    answer they have reported short rounds. Read at the answer, the batch looked plain and t(8, 0)
+    took 2.6 s, so that drafting looked free and every request crept up from s = 0. Read as the pass
+    its call went into, it held prefills: it is left out, and plain steps set t(8, 0)."""
+    def wave(stats: SharedLengthStats, request_id: str | None) -> None:
+        stats.report("a", 0)
+        for other in "bcdefgh":
+            stats.report(other, 80)  # their prompts, in a's pass
+        for other in "bcdefgh":
+            stats.report(other, 0)  # their next rounds, sent before a's answer
+        stats.observe(8, False, 0, 0, None, 2.6, request_id=request_id)
+
+    at_the_answer = SharedLengthStats()
+    wave(at_the_answer, None)
+    assert at_the_answer.verify.estimate(8, 0) == pytest.approx(2.6), "the fault this guards against"
+    stats = SharedLengthStats()
+    wave(stats, "a")
+    stats.answered("a")
+    assert 0 not in stats.verify.measured_lengths(8)
+    stats.report("a", 0)
+    stats.observe(8, False, 0, 0, None, 0.22, request_id="a")
+    assert stats.verify.estimate(8, 0) == pytest.approx(0.22)
+
+
 def test_adapts_per_request_when_acceptance_collapses_and_recovers():
     shared = SharedLengthStats()
     selector = DraftLengthSelector(shared, max_length=8)

@@ -50,11 +50,13 @@ class DraftLengthSelector:
     """One request's selector: per-request acceptance and draft cost over the shared statistics."""
 
     def __init__(self, shared: SharedLengthStats, max_length: int, pipelined: bool = False,
-                 drafters: tuple[str, ...] = ()) -> None:
+                 drafters: tuple[str, ...] = (), request_id: str | None = None) -> None:
         self.shared = shared
         self.pipelined = pipelined
         self.drafters = drafters
         """The SSMs the request drafts with: drafting's cost is theirs (`SharedLengthStats.draft_per_token`)."""
+        self.request_id = request_id
+        """Whose rounds these are: the pass each measured is the one its call went into (`pass_length`)."""
         policy = shared.policy
         self.policy = policy
         self.candidates = tuple(s for s in policy.candidates if s <= max_length) or (0,)
@@ -175,7 +177,8 @@ class DraftLengthSelector:
     def observe(self, batch: int, drafted: int, accepted: int, draft_seconds: float | None,
                 verify_seconds: float) -> None:
         """One round's outcome, into this request's estimates and the server's (`SharedLengthStats.observe`)."""
-        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds, self.drafters)
+        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds, self.drafters,
+                            self.request_id)
         if drafted > 0:
             self.acceptance.observe(drafted, accepted)
 
@@ -261,11 +264,12 @@ class FixedLength:
     measure the LLM and the SSMs for the server's statistics, whoever chose the length."""
 
     def __init__(self, length: int, shared: SharedLengthStats, pipelined: bool = False,
-                 drafters: tuple[str, ...] = ()) -> None:
+                 drafters: tuple[str, ...] = (), request_id: str | None = None) -> None:
         self.current = length
         self.shared = shared
         self.pipelined = pipelined
         self.drafters = drafters
+        self.request_id = request_id
 
     def choose(self, batch: int) -> int:
         return self.current
@@ -276,4 +280,5 @@ class FixedLength:
 
     def observe(self, batch: int, drafted: int, accepted: int, draft_seconds: float | None,
                 verify_seconds: float) -> None:
-        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds, self.drafters)
+        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds, self.drafters,
+                            self.request_id)

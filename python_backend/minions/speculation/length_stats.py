@@ -365,14 +365,38 @@ class SharedLengthStats:
         cost per token above the gate and closed the probes that would have measured it again."""
         self.drafting: dict[str, int] = {}
         """Each request being decoded: its latest round's LLM work as a draft length (see `report`)."""
+        self.longest: dict[str, int] = {}
+        """Each request being decoded: the batch length at its longest since the request's last report or
+        observation, what the passes its call went into held (`pass_length`)."""
 
     def report(self, request_id: str, drafted: int) -> None:
         """A request sends a call to the LLM now, as much work as a draft of this length: the tokens it
         puts through the LLM, less one (0 for plain decoding, the prompt's length for a prefill)."""
         self.drafting[request_id] = drafted
+        now = self.batch_length(default=drafted)
+        for other in self.longest:
+            self.longest[other] = max(self.longest[other], now)
+        self.longest[request_id] = now
 
     def forget(self, request_id: str) -> None:
         self.drafting.pop(request_id, None)
+        self.longest.pop(request_id, None)
+
+    def pass_length(self, request_id: str | None, default: int) -> int:
+        """The batch length of the passes a request's latest answer measured: the longest since its call
+        went out (or since its previous answer on a stream), not the one at the answer. A wave's prompts
+        reported while a plain call was out share its pass, and by its answer their requests have
+        reported their next, short rounds: read at the answer, a pass of eight prefills (2.6 s on
+        deploy.torch.yaml) went into t(8, 0) as a plain step, and the wave crept up from s = 0 one
+        length at a time (docs/adaptive-draft-length.md)."""
+        if request_id is None or request_id not in self.longest:
+            return self.batch_length(default)
+        return self.longest[request_id]
+
+    def answered(self, request_id: str) -> None:
+        """A request's answer is observed: the passes its next answer measures start now."""
+        if request_id in self.longest:
+            self.longest[request_id] = self.batch_length(default=self.drafting.get(request_id, 0))
 
     def batch_length(self, default: int) -> int:
         """The mean draft length of the requests being decoded (`default` when none has reported)."""
@@ -390,7 +414,7 @@ class SharedLengthStats:
         return self.acceptance_of()
 
     def observe(self, batch: int, pipelined: bool, drafted: int, accepted: int, draft_seconds: float | None,
-                verify_seconds: float, drafters: tuple[str, ...] = ()) -> None:
+                verify_seconds: float, drafters: tuple[str, ...] = (), request_id: str | None = None) -> None:
         """One round of any request (fixed lengths and plain decoding too: the LLM's verification time
         and the SSMs' acceptance are the server's, whoever chose the length): its length, how much was
         accepted, what drafting (exposed) and verification cost. draft_seconds None: not
@@ -399,9 +423,10 @@ class SharedLengthStats:
 
         A pass whose mean work is longer than the longest candidate holds prompts' prefills: no choice
         of length makes it, so it is not put in t, where a few such far points would set the slope of
-        the least-squares line by their leverage alone."""
+        the least-squares line by their leverage alone. `request_id`: whose round it is, so that the
+        pass is the one its call went into (`pass_length`)."""
         self.rounds += 1
-        length = self.batch_length(default=drafted)
+        length = self.pass_length(request_id, default=drafted)
         if length <= max(self.policy.candidates):
             self.verify.observe(batch, length, verify_seconds)
         if drafted > 0:

@@ -70,7 +70,7 @@ class _Decode:
         self.client, self.request, self.services, self.request_id = client, request, services, request_id
         self.progress = _Progress(list(request.prompt_ids), request.max_new_tokens, request.end_id)
         self.drafter = services.drafter(request)
-        self.length = services.draft_length(request, drafting=self.drafter is not None)
+        self.length = services.draft_length(request, drafting=self.drafter is not None, request_id=request_id)
         # Drafts are cut by their chances only when the length is adaptive: a request that fixed its
         # num_draft_tokens has its drafts verified as asked, so its SSMs are not asked for chances.
         confident = services.confident_ssms if request.num_draft_tokens is None else frozenset()
@@ -238,6 +238,7 @@ class _Decode:
             for _ in range(steps):
                 self.length.observe(batch, drafted, accepted, draft_seconds if self.drafted_before else None,
                                     llm_seconds / steps)
+        self.services.length_stats.answered(self.request_id)
         self.drafted_before = self.drafted_before or drafted > 0
         return last
 

@@ -130,13 +130,15 @@ class Services:
             return BanditDrafter(spec.ssms, self.health, self.bandit, sampled)
         return SingleDrafter(spec.ssms[0], self.health, sampled)
 
-    def draft_length(self, request: DecodeRequest, drafting: bool) -> DraftLengthSelector | FixedLength:
+    def draft_length(self, request: DecodeRequest, drafting: bool,
+                     request_id: str | None = None) -> DraftLengthSelector | FixedLength:
         """The adaptive selector when the request drafts with no fixed length, else its fixed length
         (0 for plain decoding); both feed the server's length statistics."""
         drafters = request.speculation.ssms
         if drafting and request.num_draft_tokens is None:
-            return DraftLengthSelector(self.length_stats, request.max_draft_tokens, request.pipeline, drafters)
-        return FixedLength(request.num_draft_tokens or 0, self.length_stats, request.pipeline, drafters)
+            return DraftLengthSelector(self.length_stats, request.max_draft_tokens, request.pipeline, drafters,
+                                       request_id)
+        return FixedLength(request.num_draft_tokens or 0, self.length_stats, request.pipeline, drafters, request_id)
 
     def probe_pays(self, length: DraftLengthSelector | FixedLength, batch: int) -> bool:
         """Whether a request's plain stream may ask its drafters for a draft now (watch.py): only when
