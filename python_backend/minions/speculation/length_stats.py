@@ -367,7 +367,7 @@ class SharedLengthStats:
         """Each request being decoded: its latest round's LLM work as a draft length (see `report`)."""
         self.longest: dict[str, int] = {}
         """Each request being decoded: the batch length at its longest since the request's last report or
-        observation, what the passes its call went into held (`pass_length`)."""
+        answer, what the passes its call went into held (`pass_length`)."""
 
     def report(self, request_id: str, drafted: int) -> None:
         """A request sends a call to the LLM now, as much work as a draft of this length: the tokens it
