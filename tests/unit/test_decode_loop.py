@@ -372,3 +372,21 @@ def test_only_a_requests_first_llm_call_asks_for_the_prompt_tokens_found_cached(
     llm = [r for model, r in client.calls if model == "llm" and not r.stop]
     assert len(llm) > 1 and llm[0].input_ids == prompt and llm[0].return_perf_metrics
     assert not any(r.return_perf_metrics for r in llm[1:])
+
+
+@pytest.mark.parametrize("ssm,length", [("self", None), ("self", 3), (None, None)])
+def test_every_round_is_read_as_the_pass_its_own_call_went_into(client, ssm, length):
+    """The loop tells the length statistics whose rounds they observe (adaptive, fixed and plain alike),
+    so that each is keyed on the batch length of the passes its call went into
+    (`SharedLengthStats.pass_length`), and forgets the request when it ends."""
+    asked: list[str | None] = []
+
+    class Recording(SharedLengthStats):
+        def pass_length(self, request_id: str | None, default: int) -> int:
+            asked.append(request_id)
+            return super().pass_length(request_id, default)
+
+    stats = Recording()
+    decode(client, plan(PROMPTS[0], 12, ssm, num_draft_tokens=length, length_stats=stats), "req-7")
+    assert asked and set(asked) == {"req-7"}
+    assert "req-7" not in stats.longest and "req-7" not in stats.drafting
