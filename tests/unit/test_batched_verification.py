@@ -13,7 +13,7 @@ from minions.decoding.sampling import SamplingParams, target_probs
 from minions.engines.packed_forward import ForwardRow, PackedLlamaForward, SerialForward
 from minions.engines.torch_engine import TorchEngine
 from minions.errors import InvalidRequest
-from laws import goodness_of_fit
+from laws import batched_first_tokens, goodness_of_fit
 from tiny_models import VOCAB, full_logits, hf_greedy, next_logits
 
 PROMPTS = [[3, 7, 1, 9, 4], [0, 0, 5], [12, 2, 8, 8, 1, 6, 15], [4, 4]]
@@ -145,15 +145,7 @@ def test_sampled_verifications_batched_together_keep_each_requests_law(tiny_llm)
     assert min(np.abs(a - b).sum() for a, b in [(laws[0], laws[1]), (laws[1], laws[2]), (laws[0], laws[2])]) > 0.2
     rng = np.random.default_rng(5)
     draft_logits = [rng.normal(0.0, 2.0, (k, VOCAB)).astype(np.float32) for k in lengths]
-    draft_probs = [np.exp(q) / np.exp(q).sum(axis=1, keepdims=True) for q in draft_logits]
-    counts = np.zeros((len(prompts), VOCAB), dtype=np.int64)
-    for n in range(passes):
-        requests = [EngineRequest(f"r{i}", prompt, k + 1, sampling=params, seed=n * len(prompts) + i,
-                                  draft=[int(rng.choice(VOCAB, p=row)) for row in draft_probs[i]],
-                                  draft_logits=draft_logits[i], exclude_input_in_output=True)
-                    for i, (prompt, k) in enumerate(zip(prompts, lengths))]
-        for i, result in enumerate(engine.generate_batch(requests)):
-            counts[i, result.tokens[0]] += 1
+    counts = batched_first_tokens(engine, prompts, draft_logits, params, passes, rng)
     assert engine.stats.passes == passes, "each pass verified the three requests together"
     for i, law in enumerate(laws):
         assert goodness_of_fit(counts[i], law) > 1e-3, i

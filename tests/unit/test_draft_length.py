@@ -113,9 +113,8 @@ def test_plain_decoding_is_left_where_only_drafts_longer_than_one_token_pay():
     shared = SharedLengthStats()
     for _ in range(200):  # a server that has decoded plainly, and verified one 1-token draft
         shared.observe(1, False, 0, 0, None, world.verify_seconds(1, 0))
-    shared.observe(1, False, 1, 1, world.draft_seconds(1), world.verify_seconds(1, 1))
-    shared.observe(1, False, 1, 1, world.draft_seconds(1), world.verify_seconds(1, 1))
-    shared.observe(1, False, 1, 1, world.draft_seconds(1), world.verify_seconds(1, 1))
+    for _ in range(3):
+        shared.observe(1, False, 1, 1, world.draft_seconds(1), world.verify_seconds(1, 1))
     selector = DraftLengthSelector(shared, max_length=16)
     selector.current = 0
     trace = world.run(selector, 1, 120)

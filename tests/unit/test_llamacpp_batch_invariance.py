@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from laws import goodness_of_fit
+from laws import batched_first_tokens, goodness_of_fit
 from minions.decoding.engine_call import EngineRequest
 from minions.decoding.sampling import SamplingParams, target_probs
 from minions.deploy.artifacts import smollm2_gguf
@@ -59,25 +59,14 @@ def test_sampled_verifications_batched_together_keep_each_requests_law():
                   for i, p in enumerate(prompts)]
         laws = [target_probs(row, params) for row in logits]
         rng = np.random.default_rng(7)
-        draft_logits, draft_probs = [], []
+        draft_logits = []
         for row, k in zip(logits, lengths):  # q: the prompt's 8 likeliest tokens, reweighted at random
             q = np.full((k, len(row)), -1e9, np.float32)
             top = np.argsort(row)[-8:]
             q[:, top] = row[top] + rng.normal(0.0, 1.0, (k, len(top)))
             draft_logits.append(q)
-            draft_probs.append([target_probs(r, params) for r in q])  # the SSM samples with the request's params
-        counts = np.zeros((len(prompts), len(logits[0])), dtype=np.int64)
         steps, sequences = engine.stats.passes, engine.stats.sequences
-        for n in range(passes):
-            requests = [EngineRequest(f"r{i}", prompt, k + 1, sampling=params, seed=n * len(prompts) + i,
-                                      draft=[int(rng.choice(len(probs), p=probs)) for probs in draft_probs[i]],
-                                      draft_logits=draft_logits[i], exclude_input_in_output=True)
-                        for i, (prompt, k) in enumerate(zip(prompts, lengths))]
-            for i, result in enumerate(engine.generate_batch(requests)):
-                assert not isinstance(result, Exception), result
-                counts[i, result.tokens[0]] += 1
-            for r in requests:
-                engine.release(r.request_id)
+        counts = batched_first_tokens(engine, prompts, draft_logits, params, passes, rng)
         assert engine.stats.passes - steps == passes, "one step verified the three requests each time"
         assert engine.stats.sequences - sequences == len(prompts) * passes
     finally:
