@@ -314,18 +314,23 @@ def test_ngram_drafts_fall_back_to_the_deterministic_rule(client):
     assert decode(client, p, request_id="again")[0] == first, "same seed, same output"
 
 
-def _decode_priced(client, prompt, per_draft_token: float, num_draft_tokens: int | None = None):
-    """single:ngram, asked for its drafts' chances, on a server whose measured verification of k draft
-    tokens costs 1 + per_draft_token * k plain steps, and whose drafts so far were accepted whole (so
-    that the length policy drafts 4 tokens: it prices lengths by that history, not by the draft)."""
+def _priced(per_draft_token: float) -> SharedLengthStats:
+    """A server whose measured verification of k draft tokens costs 1 + per_draft_token * k plain steps,
+    and whose drafts so far were accepted whole (so that the length policy drafts 4 tokens or more: it
+    prices lengths by that history, not by the draft)."""
     stats = SharedLengthStats()
     for k in range(9):
         for _ in range(4):
             stats.verify.observe(1, k, 0.01 * (1 + per_draft_token * k))
     for _ in range(50):
         stats.observe(1, False, 4, 4, None, 0.01 * (1 + per_draft_token * 4), ("ngram",))
+    return stats
+
+
+def _decode_priced(client, prompt, per_draft_token: float, num_draft_tokens: int | None = None):
+    """single:ngram, asked for its drafts' chances, on a server `_priced` so."""
     return decode(client, plan(prompt, 14, "ngram", num_draft_tokens=num_draft_tokens,
-                               confident_ssms=frozenset({"ngram"}), length_stats=stats))
+                               confident_ssms=frozenset({"ngram"}), length_stats=_priced(per_draft_token)))
 
 
 def test_lookup_drafts_are_verified_only_where_their_own_chances_pay(client, engines, tiny_llm):
@@ -343,6 +348,23 @@ def test_lookup_drafts_are_verified_only_where_their_own_chances_pay(client, eng
     assert tokens == want and cheap.drafts > 0
     tokens, fixed, _ = _decode_priced(client, prompt, per_draft_token=0.6, num_draft_tokens=4)
     assert tokens == want and fixed.drafts > 0
+    assert_all_released(engines)
+
+
+def test_on_an_llm_that_does_not_stream_a_lookup_whose_drafts_are_priced_out_rests(client, engines, tiny_llm):
+    """Where every lookup draft is cut to nothing (a draft token costs 0.6 plain steps), a request on an
+    LLM that does not stream stops asking its lookup before each plain step: after the first empty
+    draft, min_gap tokens (4 here) pass before the next ask, and each empty ask doubles the rest up to
+    max_gap (watch.DraftRest). Greedy output is the LLM's."""
+    prompt, n = PROMPTS[0], 50
+    tokens, drafted, _ = decode(client, plan(prompt, n, "ngram", num_draft_tokens=None,
+                                             confident_ssms=frozenset({"ngram"}), length_stats=_priced(0.6),
+                                             probe_repeat_tokens=0, probe_min_gap=4, probe_max_gap=16))
+    assert tokens == hf_greedy(tiny_llm, prompt, n) and drafted.drafts == 0
+    asks = [len(r.input_ids) - len(prompt) for m, r in client.calls if m == "ngram" and not r.stop]
+    assert len(asks) >= 3 and asks[0] == 1, "round 2 asks"
+    gaps = [b - a for a, b in zip(asks, asks[1:])]
+    assert all(gap >= min(4 * 2 ** i, 16) for i, gap in enumerate(gaps)), gaps
     assert_all_released(engines)
 
 

@@ -1,5 +1,6 @@
 """speculation.watch: the probe schedule's back-off and where a repeating tail skips it, a found
-draft aligned to what the stream made meanwhile, and the watch's probes (one at a time, a found draft
+draft aligned to what the stream made meanwhile, the rests of a request on an LLM that does not
+stream, and the watch's probes (one at a time, a found draft
 stops the stream, a late one is cancelled). `asyncio.sleep(0)` lets a probe task take its next step;
 no time passes."""
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from minions.engines.ngram_engine import ngram_draft
 from minions.speculation.drafters import Proposal
-from minions.speculation.watch import DraftWatch, ProbeSchedule, TailRepeats, aligned
+from minions.speculation.watch import DraftRest, DraftWatch, ProbeSchedule, TailRepeats, aligned
 
 
 def test_the_gap_doubles_after_probes_that_find_nothing_up_to_its_cap():
@@ -156,6 +157,50 @@ def test_without_repeats_the_back_off_alone_decides():
         assert len(drafters.asked) == 1, "the tail repeats, but the doubled gap (4) has not passed"
         await watch.close()
     asyncio.run(run())
+
+
+def _asks(rest: DraftRest, rounds: list[tuple[list[int], bool | None]]) -> list[bool]:
+    """Whether each round asks; a round that asks finds a draft or not (its bool), each emits one token."""
+    asked = []
+    for sequence, found in rounds:
+        asked.append(rest.asks(sequence))
+        if asked[-1]:
+            rest.asked(found=bool(found))
+        rest.arrived(1)
+    return asked
+
+
+def test_a_rest_begins_at_an_empty_draft_and_each_empty_ask_doubles_it_up_to_the_cap():
+    """Until a draft comes back empty every round asks; then min_gap tokens pass before the next ask,
+    and each ask that finds nothing doubles the rest (4, 8, 16, 16)."""
+    rest = DraftRest(ProbeSchedule(min_gap=4, max_gap=16))
+    asked = _asks(rest, [([9], True)] * 3 + [([9], False)] * 70)
+    assert asked[:4] == [True] * 4
+    where = [i for i, a in enumerate(asked) if a][3:]
+    assert [b - a for a, b in zip(where, where[1:])] == [4, 8, 16, 16, 16]
+
+
+def test_a_draft_found_ends_the_rest_and_a_good_verification_shortens_the_next():
+    rest = DraftRest(ProbeSchedule(min_gap=4, max_gap=64))
+    assert _asks(rest, [([9], False)] + [([9], None)] * 3 + [([9], False)] + [([9], None)] * 7) == (
+        [True] + [False] * 3 + [True] + [False] * 7)
+    assert _asks(rest, [([9], True), ([9], True)]) == [True, True], "found after a rest of 8: asks every round"
+    rest.verified(drafted=6, accepted=5)
+    assert _asks(rest, [([9], False)] + [([9], None)] * 4) == [True, False, False, False, True]
+
+
+def test_a_repeating_tail_ends_a_rest_min_gap_tokens_after_the_last_ask():
+    rest = DraftRest(ProbeSchedule(min_gap=2, max_gap=64), TailRepeats(3))
+    for _ in range(3):  # rests of 2, 4, 8 tokens now
+        rest.asked(found=False)
+    sequence = [1, 2, 3, 10, 11, 1, 2]
+    rest.arrived(1)
+    assert not rest.asks(sequence + [3]), "(1, 2, 3) occurred earlier, but 1 token since the last ask"
+    rest.arrived(1)
+    assert not rest.asks(sequence + [3, 12]), "2 tokens since the last ask, but (2, 3, 12) is new"
+    rest.arrived(3)
+    assert rest.asks(sequence + [3, 12, 1, 2, 3]), "(1, 2, 3) occurred earlier: 5 tokens of a rest of 8"
+    assert not DraftRest(ProbeSchedule(min_gap=2, max_gap=64)).resting, "a request starts asking every round"
 
 
 def test_aligned_drops_the_tokens_the_stream_made_when_the_draft_predicted_them():

@@ -33,7 +33,7 @@ from minions.speculation.pipelining import DraftSource
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
 from minions.speculation.rounds import Round
 from minions.speculation.services import Services
-from minions.speculation.watch import DraftWatch, ProbeSchedule, TailRepeats
+from minions.speculation.watch import DraftRest, DraftWatch, ProbeSchedule, TailRepeats
 
 
 async def speculative_decode(client: EngineClient, request: DecodeRequest, services: Services,
@@ -83,16 +83,20 @@ class _Decode:
         repeats = TailRepeats(services.probe_repeat_tokens) if services.probe_repeat_tokens > 0 else None
         schedule = ProbeSchedule(services.probe_min_gap, services.probe_max_gap, services.probe_first_gap)
         self.watch = (DraftWatch(schedule, services.probe_min_draft, self._probe, stop, repeats, services.on_probe)
-                      if self.drafter and services.probe_tokens > 0 else None)
+                      if self.drafter and services.llm_streams and services.probe_tokens > 0 else None)
         self.asked_whole = bool(confident) and self.drafter is not None and set(self.drafter.ssms) <= confident
         """Every SSM of the request's drafter sends its tokens' chances: drafts are asked whole (`_asked`)."""
+        self.rest = (DraftRest(ProbeSchedule(services.probe_min_gap, services.probe_max_gap), repeats)
+                     if self.asked_whole and not services.llm_streams else None)
+        """On an LLM that does not stream, a lookup request's rounds ask its drafters only as DraftRest says."""
         self.calibration = ChanceCalibration()
         """How this request's verified drafts fared against their chances (`_cut_to_worth`)."""
         self.found: Proposal | None = None
         """A draft a probe found during the last plain stream, for the next round to verify."""
 
     def plan(self) -> StreamPlain | Verify:
-        plan = plan_round(self.services, self.length, drafting=self.drafter is not None,
+        asks = self.drafter is not None and (self.rest is None or self.rest.asks(self.progress.sequence))
+        plan = plan_round(self.services, self.length, drafting=asks,
                           first=self.progress.produced == 0, remaining=self.progress.remaining,
                           drafts_came_back_empty=self.drafts_came_back_empty,
                           found=len(self.found.draft) if self.found else 0,
@@ -174,6 +178,8 @@ class _Decode:
         proposal.cut(min(asked, progress.remaining - 1))
         self._cut_to_worth(proposal, plan.batch, len(progress.sequence))
         draft = proposal.draft
+        if self.rest is not None and plan.k > 0:
+            self.rest.asked(found=bool(draft))
         t1 = time.perf_counter()
         if services.llm_streams and progress.produced > 0 and not draft:
             # The drafters found nothing: a one-token call would cost a round trip to the LLM model;
@@ -214,6 +220,9 @@ class _Decode:
         last = self._observe(emitted, plan.batch, len(draft), accepted, measured, t2 - t1)
         if self.watch is not None:
             self.watch.schedule.verified(len(draft), accepted)
+        if self.rest is not None:
+            self.rest.arrived(len(emitted))
+            self.rest.verified(len(draft), accepted)
         yield Round(tokens=emitted, ssm=proposal.chosen if draft else None, drafted=len(draft), accepted=accepted,
                     draft_seconds=draft_seconds, verify_seconds=t2 - t1, failed=proposal.failed, last=last,
                     drafts=proposal.drafts, control_seconds=control, planned=plan.planned, pipelined=pipelined,

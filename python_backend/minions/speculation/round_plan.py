@@ -42,8 +42,10 @@ RoundPlan = StreamPlain | Verify
 
 def plan_round(services: Services, length: DraftLengthSelector | FixedLength, *, drafting: bool, first: bool,
                remaining: int, drafts_came_back_empty: bool, found: int = 0, lookups_only: bool = False) -> RoundPlan:
-    """The next round's plan. `drafting`: the request has a drafter; `first`: nothing emitted yet
-    (round 1 is plain decoding, so the first token costs one LLM prefill, as in `off`);
+    """The next round's plan. `drafting`: the request has a drafter and asks it this round (on an LLM
+    that does not stream, a lookup request resting after an empty draft does not: watch.DraftRest);
+    `first`: nothing emitted yet (round 1 is plain decoding, so the first token costs one LLM prefill,
+    as in `off`);
     `drafts_came_back_empty`: the last Verify found nothing worth verifying; `found`: the length of
     a draft a probe found during the last plain stream (0: none); `lookups_only`: the request's
     drafters are lookups and its length adaptive (it is probed). Above `speculation_max_load`

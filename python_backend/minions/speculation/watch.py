@@ -106,6 +106,51 @@ class TailRepeats:
         return tuple(sequence[tail:]) in self.seen
 
 
+def probe_due(schedule: ProbeSchedule, repeats: TailRepeats | None, sequence: list[int]) -> bool:
+    """By the schedule, or where the tail repeats `min_gap` tokens after the last probe (from the
+    first token on before the first: a conversation's answer that starts as an earlier answer did)."""
+    if schedule.due:
+        return True
+    return repeats is not None and schedule.since >= schedule.repeat_gap and repeats.at_end(sequence)
+
+
+class DraftRest:
+    """On an LLM that does not stream (each plain token a call of its own, as the torch engine's), which
+    rounds of a request whose drafters are all lookups ask them for a draft. Each ask is a call through
+    Triton before the round's LLM call: where it comes back with nothing worth verifying, the round is a
+    plain step that started late, and under load the LLM's dynamic batcher then starts its passes with
+    fewer requests (docs/benchmarks.md). So after a round whose draft came back empty, the request rests:
+    its rounds decode plainly without asking until a probe would be due on a stream (the same schedule:
+    `min_gap` tokens, doubling after each empty ask up to `max_gap`; a repeating tail brings the next ask
+    `min_gap` tokens after the last). A draft found ends the rest."""
+
+    def __init__(self, schedule: ProbeSchedule, repeats: TailRepeats | None = None) -> None:
+        self.schedule, self.repeats = schedule, repeats
+        self.resting = False
+
+    def asks(self, sequence: list[int]) -> bool:
+        """Whether the next round continuing `sequence` asks the drafters."""
+        return not self.resting or probe_due(self.schedule, self.repeats, sequence)
+
+    def asked(self, found: bool) -> None:
+        """A round asked the drafters and `found` a draft worth verifying, or not (a rest begins, or
+        the one it ended goes on with a doubled gap)."""
+        if found:
+            self.resting = False
+            return
+        if self.resting:
+            self.schedule.found_nothing()
+        self.resting = True
+        self.schedule.probed()
+
+    def arrived(self, tokens: int) -> None:
+        self.schedule.arrived(tokens)
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        """A verified draft's outcome sets the next rest's first gap (ProbeSchedule.verified)."""
+        self.schedule.verified(drafted, accepted)
+
+
 def aligned(proposal: Proposal, made: list[int]) -> Proposal | None:
     """The proposal less the tokens the stream `made` after the probe's sequence, when it predicted them
     all; None when it did not or nothing is left of it."""
@@ -149,12 +194,7 @@ class DraftWatch:
             self._task = asyncio.ensure_future(self._probe(list(sequence)))
 
     def _due(self, sequence: list[int]) -> bool:
-        """By the schedule, or where the tail repeats `min_gap` tokens after the last probe (from the
-        first token on before the first: a conversation's answer that starts as an earlier answer did)."""
-        if self.schedule.due:
-            return True
-        return (self.repeats is not None and self.schedule.since >= self.schedule.repeat_gap
-                and self.repeats.at_end(sequence))
+        return probe_due(self.schedule, self.repeats, sequence)
 
     async def _probe(self, sequence: list[int]) -> Proposal | None:
         try:
