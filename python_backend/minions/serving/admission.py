@@ -35,7 +35,7 @@ class Reservation:
         speculation reads), though it holds its slot and tokens until its engines' state is freed."""
         if self.admission is not None and not self.answered:
             self.answered = True
-            self.admission.answered += 1
+            self.admission.answer_sent()
 
     def sequence_released(self) -> None:
         """The LLM's release of the request's sequence is queued: any call sent to the LLM from now on
@@ -128,6 +128,10 @@ class Admission:
                 self._give_back(need)
             raise
         return Reservation(need, self)
+
+    def answer_sent(self) -> None:
+        """A running request's final response is sent: it no longer counts as decoding."""
+        self.answered += 1
 
     def slot_freed(self) -> None:
         """A running request's LLM release is queued: its slot counts as free, and waiters that fit start."""
