@@ -11,9 +11,10 @@ from decoding import PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_re
 from laws import goodness_of_fit
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.decoding.sampling import SamplingParams, target_probs
+from minions.settings import DEFAULTS
 from minions.speculation.bandit import Ucb1
 from minions.speculation.health import SsmHealth
-from minions.speculation.length_stats import SharedLengthStats
+from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.mode import Speculation, SpeculationMode
 from minions.speculation.weights import SsmWeights
 from tiny_models import VOCAB, hf_greedy, next_logits
@@ -263,3 +264,37 @@ def test_a_round_that_waited_for_a_late_ssm_is_not_a_measure_of_drafting(engines
     in_time = [r for r in drafted[1:] if not r.failed]  # (a request's first draft is never a measure)
     assert in_time and len(in_time) < len(drafted) - 1, "some rounds waited for the late SSM, some did not"
     assert stats.draft_per_token.table[ALL, False, 1].count == len(in_time)
+
+
+
+
+def _frozen_costs(drafters: tuple[str, ...], draft_per_token: float, candidates: tuple[int, ...]) -> SharedLengthStats:
+    """A server whose measured costs no round moves: verifying costs a plain step (10 ms) whatever the
+    draft, and the vote of `drafters` drafted at `draft_per_token` seconds a token, each draft accepted
+    whole (so that the length policy drafts the longest of `candidates`)."""
+    stats = SharedLengthStats(LengthPolicy(candidates=candidates))
+    for k in range(17):
+        for _ in range(8):
+            stats.verify.observe(1, k, 0.01)
+    for _ in range(50):
+        stats.observe(1, False, 1, 1, draft_per_token, 0.01, drafters)
+    stats.verify.weight = 0.0  # the cost tables' (and drafting's) averages take no more samples
+    return stats
+
+
+def test_a_vote_verifies_a_lookup_s_whole_copy_instead_of_asking_its_model_ssm(client, engines, tiny_llm):
+    """A vote of a model SSM and prompt lookup whose model drafts one token for 9 ms (the policy plans
+    k = 1): where the lookup's draft, asked whole, costs less per token than the model's would, it is
+    verified in their place, longer than k, and the model is not asked that round
+    (test_lookups_first.py has the rule). Greedy output is the LLM's."""
+    ssms = ("self", "ngram")
+    prompt, n = PROMPTS[0], 40  # the LLM's answer repeats (0, 5, 9): lookup drafts it
+    p = vote_plan(prompt, n, ssms, num_draft_tokens=None, confident_ssms=frozenset({"ngram"}),
+                  length_stats=_frozen_costs(ssms, draft_per_token=0.009, candidates=(0, 1)))
+    tokens, _, rounds = decode(client, p)
+    assert tokens == hf_greedy(tiny_llm, prompt, n)
+    assert max(r.planned for r in rounds) == 1
+    instead = [r for r in rounds if r.ssm == "ngram" and set(r.drafts) == {"ngram"}]
+    assert instead and max(r.drafted for r in instead) > 1, "lookup drafts longer than k, verified alone"
+    assert any(r.request_output_len == DEFAULTS.max_num_draft_tokens
+               for m, r in client.calls if m == "ngram" and not r.stop), "asked whole"

@@ -190,7 +190,14 @@ def survival(log_probs: Sequence[float]) -> list[float]:
 
 
 def worth_verifying(log_probs: Sequence[float], verify: Mapping[int, float | None], scale: float = 1.0) -> int:
-    """How many of a draft's tokens to verify, from the drafter's own estimate of each token's chance
+    """`cheapest_verification`'s length."""
+    return cheapest_verification(log_probs, verify, scale)[0]
+
+
+def cheapest_verification(log_probs: Sequence[float], verify: Mapping[int, float | None],
+                          scale: float = 1.0) -> tuple[int, float | None]:
+    """How many of a draft's tokens to verify, and the expected seconds per emitted token that costs
+    (None while unmeasured), from the drafter's own estimate of each token's chance
     (`log_probs`: of being right given the ones before it were): the k with the least expected time
     per emitted token, t(k) / E(k) with E(k) = 1 + sum_{i<=k} min(1, scale * prod_{j<=i} p_j), and 0
     (no verification) when no k beats a plain step, t(0) / 1. `verify`: the LLM's t(b, k) at the
@@ -203,14 +210,14 @@ def worth_verifying(log_probs: Sequence[float], verify: Mapping[int, float | Non
     (docs/adaptive-draft-length.md, "Drafts cut by their own chances")."""
     n = len(log_probs)
     if n == 0 or any(verify.get(k) is None for k in range(n + 1)):
-        return n
+        return n, None
     best, best_cost, expected = 0, verify[0], 1.0
     for k, alive in enumerate(survival(log_probs), start=1):
         expected += min(1.0, scale * alive)
         cost = verify[k] / expected  # type: ignore[operator]
         if cost < best_cost:
             best, best_cost = k, cost
-    return best
+    return best, best_cost
 
 
 class ChanceCalibration:

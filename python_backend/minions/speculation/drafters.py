@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,6 +38,11 @@ class DraftRound:
     """Round number within the request (for exploration schedules)."""
     confident: frozenset[str] = frozenset()
     """SSMs asked for their draft tokens' estimated chances (log probs): the lookup engines'."""
+    whole: int = 0
+    """Tokens a vote asks its confident SSMs for when they draft ahead of its model SSMs (0: k)."""
+    instead: Callable[[list[float], int], int] | None = None
+    """How many tokens of a confident SSM's draft (its tokens' log chances) to verify in place of the
+    model SSMs' k, 0: ask them (the decode loop's pricing; None: a vote asks all its SSMs together)."""
 
     def engine_request(self, ssm: str, sampled: bool) -> EngineRequest:
         return EngineRequest(
@@ -66,6 +72,8 @@ class Proposal:
     the SSM that drafted it gives one (DraftRound.confident); None otherwise."""
     priced_out: int = 0
     """Tokens cut off the draft's end as not worth verifying at the load (loop.py's `_cut_to_worth`)."""
+    ballot_log_probs: dict[str, list[float]] = field(default_factory=dict)
+    """Each confident SSM's tokens' log chances, by SSM, where a vote asked its lookups first."""
 
     def skip(self, made: list[int]) -> None:
         """Drop the draft's first len(made) tokens, which the LLM has since made (as they were drafted:

@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from minions.decoding.engine_call import EngineClient, EngineRequest, EngineResult
 from minions.decoding.tokens import common_prefix_len
 from minions.speculation.decode_request import DecodeRequest
-from minions.speculation.draft_length import ChanceCalibration, worth_verifying
+from minions.speculation.draft_length import ChanceCalibration, DraftLengthSelector, cheapest_verification
 from minions.speculation.drafters import Proposal
 from minions.speculation.pipelining import DraftSource
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
 from minions.speculation.rounds import Round
 from minions.speculation.services import Services
-from minions.speculation.watch import DraftRest, DraftWatch, ProbeSchedule, TailRepeats
+from minions.speculation.watch import DraftWatch, ProbeSchedule, TailRepeats
 
 
 async def speculative_decode(client: EngineClient, request: DecodeRequest, services: Services,
@@ -75,7 +75,8 @@ class _Decode:
         # num_draft_tokens has its drafts verified as asked, so its SSMs are not asked for chances.
         confident = services.confident_ssms if request.num_draft_tokens is None else frozenset()
         self.source = (DraftSource(client, self.drafter, services.pool, request_id, request.sampling, request.seed,
-                                   confident) if self.drafter else None)
+                                   confident, request.max_draft_tokens, self._instead if confident else None)
+                       if self.drafter else None)
         self.drafted_before = False
         """The first draft also pays the SSMs' prefill of the prompt: its drafting time is not a sample."""
         self.drafts_came_back_empty = False
@@ -86,8 +87,7 @@ class _Decode:
                       if self.drafter and services.llm_streams and services.probe_tokens > 0 else None)
         self.asked_whole = bool(confident) and self.drafter is not None and set(self.drafter.ssms) <= confident
         """Every SSM of the request's drafter sends its tokens' chances: drafts are asked whole (`_asked`)."""
-        self.rest = (DraftRest(ProbeSchedule(services.probe_min_gap, services.probe_max_gap), repeats)
-                     if self.asked_whole and not services.llm_streams else None)
+        self.rest = services.draft_rest() if self.asked_whole and not services.llm_streams else None
         """On an LLM that does not stream, a lookup request's rounds ask its drafters only as DraftRest says."""
         self.calibration = ChanceCalibration()
         """How this request's verified drafts fared against their chances (`_cut_to_worth`)."""
@@ -119,15 +119,32 @@ class _Decode:
         draft at all (k = 0: plain decoding)."""
         return max(k, self.request.max_draft_tokens) if k > 0 and self.asked_whole else k
 
+    def _instead(self, log_probs: list[float], k: int) -> int:
+        """How many tokens of a lookup draft whose tokens carry these log chances to verify in place of
+        k tokens of the vote's model SSMs (DraftRound.instead): its cheapest verification
+        (`_cut_to_worth`'s), where that costs less per emitted token than the length policy expects of
+        the models' k, drafting included; 0: ask the models."""
+        batch = self.services.load()
+        n, per_token = self._cheapest(log_probs, batch)
+        if n == 0 or per_token is None or not isinstance(self.length, DraftLengthSelector):
+            return 0
+        models = self.length.time_per_token(k, batch)
+        return n if models is None or per_token < models else 0
+
+    def _cheapest(self, log_probs: list[float], batch: int) -> tuple[int, float | None]:
+        """The cheapest verification of a draft whose tokens carry these log chances, at this load, by
+        this request's calibration (draft_length.cheapest_verification)."""
+        costs = self.services.length_stats.verify.within_reach(batch, range(len(log_probs) + 1))
+        return cheapest_verification(log_probs, costs, self.calibration.factor)
+
     def _cut_to_worth(self, proposal: Proposal, batch: int, at: int) -> None:
         """A draft that carries its tokens' chances (asked only with an adaptive length) is cut to the
-        length worth verifying at this load (draft_length.worth_verifying); others are verified as the
-        length policy asked for them. A draft cut to nothing is left to the calibration, which scores it
-        against the text that follows the sequence's first `at` tokens."""
+        length worth verifying at this load (`_cheapest`); others are verified as the length policy
+        asked for them. A draft cut to nothing is left to the calibration, which scores it against the
+        text that follows the sequence's first `at` tokens."""
         chances = proposal.log_probs
         if chances is not None and 0 < len(proposal.draft) == len(chances):
-            costs = self.services.length_stats.verify.within_reach(batch, range(len(proposal.draft) + 1))
-            worth = worth_verifying(chances, costs, self.calibration.factor)
+            worth = self._cheapest(chances, batch)[0]
             if worth == 0:
                 self.calibration.priced_out(at, proposal.draft, chances)
             proposal.priced_out += len(proposal.draft) - worth
@@ -175,7 +192,9 @@ class _Decode:
         else:
             proposal, pipelined = (await self.source.draft(progress.sequence, asked, progress.index, progress.emitted)
                                    if self.source else (Proposal(), False))
-        proposal.cut(min(asked, progress.remaining - 1))
+        # A draft priced by its own chances (a lookup's, asked whole) is cut by them below, not to k.
+        whole = asked if proposal.log_probs is None else max(asked, self.request.max_draft_tokens)
+        proposal.cut(min(whole, progress.remaining - 1))
         self._cut_to_worth(proposal, plan.batch, len(progress.sequence))
         draft = proposal.draft
         if self.rest is not None and plan.k > 0:

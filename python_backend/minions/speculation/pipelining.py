@@ -17,6 +17,7 @@ off the critical path.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from minions.decoding.engine_call import EngineClient
@@ -58,10 +59,13 @@ class DraftSource:
     slot until it reaches the LLM; early drafts for the next round while this one verifies."""
 
     def __init__(self, client: EngineClient, drafter: Drafter, pool: DraftPool | None, request_id: str,
-                 sampling: SamplingParams, seed: int | None, confident: frozenset[str] = frozenset()) -> None:
-        """`confident`: the SSMs to ask for their draft tokens' chances (DraftRound.confident)."""
+                 sampling: SamplingParams, seed: int | None, confident: frozenset[str] = frozenset(),
+                 whole: int = 0, instead: Callable[[list[float], int], int] | None = None) -> None:
+        """`confident`: the SSMs to ask for their draft tokens' chances (DraftRound.confident); `whole`
+        and `instead`: a vote's lookups asked ahead of its models (DraftRound's)."""
         self.client, self.drafter, self.pool = client, drafter, pool
         self.confident = confident
+        self.whole, self.instead = whole, instead
         self.request_id, self.sampling = request_id, sampling
         self.seed = derived_seed(seed, DRAFT_STREAM)  # the SSMs' draws, independent of the LLM's
         self.early: EarlyDraft | None = None
@@ -70,7 +74,8 @@ class DraftSource:
 
     def round(self, sequence: list[int], k: int, index: int) -> DraftRound:
         """Round `index`'s request to the drafters: up to k tokens continuing `sequence`."""
-        return DraftRound(self.request_id, list(sequence), k, self.sampling, self.seed, index, self.confident)
+        return DraftRound(self.request_id, list(sequence), k, self.sampling, self.seed, index, self.confident,
+                          self.whole, self.instead)
 
     async def draft(self, sequence: list[int], k: int, index: int, last_emitted: list[int]) -> tuple[Proposal, bool]:
         """Round `index`'s proposal of up to k tokens (none for k = 0), and whether it was drafted early.

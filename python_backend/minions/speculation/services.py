@@ -16,6 +16,7 @@ from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.mode import SpeculationMode
 from minions.speculation.pool import DraftPool
 from minions.speculation.vote_drafter import VoteDrafter
+from minions.speculation.watch import DraftRest, ProbeSchedule, TailRepeats
 from minions.speculation.weights import SsmWeights
 
 
@@ -124,11 +125,19 @@ class Services:
         if not spec.drafts:
             return None
         if spec.mode == SpeculationMode.VOTE:
+            lookups = set(spec.ssms) & self.confident_ssms
+            rest = self.draft_rest() if lookups and lookups != set(spec.ssms) else None
             return VoteDrafter(spec.ssms, self.health, self.weights, self.vote_deadline_s, self.vote_explore_every,
-                               sampled)
+                               sampled, rest)
         if spec.mode == SpeculationMode.BANDIT:
             return BanditDrafter(spec.ssms, self.health, self.bandit, sampled)
         return SingleDrafter(spec.ssms[0], self.health, sampled)
+
+    def draft_rest(self) -> DraftRest:
+        """When a request's lookups are asked where each ask precedes an LLM call (watch.DraftRest): on
+        the probes' schedule, a fresh one per request."""
+        repeats = TailRepeats(self.probe_repeat_tokens) if self.probe_repeat_tokens > 0 else None
+        return DraftRest(ProbeSchedule(self.probe_min_gap, self.probe_max_gap), repeats)
 
     def draft_length(self, request: DecodeRequest, drafting: bool,
                      request_id: str | None = None) -> DraftLengthSelector | FixedLength:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 from minions.decoding.engine_call import EngineClient
 from minions.speculation.drafters import DraftRound, Proposal, ask_one
 from minions.speculation.health import SsmHealth
 from minions.speculation.voting import dominant, vote
+from minions.speculation.watch import DraftRest
 from minions.speculation.weights import SsmWeights, draft_score
 
 log = logging.getLogger("minions.draft")
@@ -26,10 +28,18 @@ class VoteDrafter:
     scored once verification is over (or dropped, if still drafting), so exploring never delays a
     round. A lone SSM may sample its draft (and send logits); a vote of several uses greedy drafts,
     judged by the deterministic rule.
+
+    A vote of lookups (SSMs whose drafts carry their tokens' chances) and model SSMs asks the lookups
+    first, whole (`DraftRound.whole`): a lookup draft that the decode loop prices cheaper per token
+    than the models' k tokens (`DraftRound.instead`) is the round's draft, and the models are not
+    asked (a copy costs them a forward pass a token, a lookup next to nothing). Otherwise the lookups'
+    drafts join the vote of the models' as if asked with them. After a round whose lookups lost, they
+    rest as a lookup request does on an LLM that does not stream (`rest`, watch.DraftRest).
     """
 
     def __init__(self, ssms: tuple[str, ...], health: SsmHealth, weights: SsmWeights, deadline_s: float,
-                 explore_every: int, sampled: bool) -> None:
+                 explore_every: int, sampled: bool, rest: DraftRest | None = None) -> None:
+        """`rest`: when the lookups are asked ahead of the models (None: every round that can)."""
         self.ssms = ssms
         self.health = health
         self.global_weights = weights
@@ -37,6 +47,9 @@ class VoteDrafter:
         self.deadline_s = deadline_s
         self.explore_every = max(1, explore_every)
         self.sampled = sampled
+        self.rest = rest
+        self._seen = 0
+        """The longest sequence drafted from so far: the rest counts the tokens since (`_lookups_first`)."""
         self._inflight: dict[str, asyncio.Future] = {}
 
     def _busy(self, ssm: str) -> bool:
@@ -65,9 +78,20 @@ class VoteDrafter:
         return [top, challengers[(index // self.explore_every) % len(challengers)]], top
 
     async def propose(self, client: EngineClient, rnd: DraftRound) -> Proposal:
+        first = await self._lookups_first(client, rnd)
+        if first is not None and first.draft:
+            return first
         asked, top = self.ballot(rnd.index)
-        if len(asked) <= 1:
-            return await ask_one(client, self.health, asked[0], rnd, self.sampled) if asked else Proposal()
+        if first is not None:  # the lookups have answered: their drafts join the vote
+            asked = [s for s in asked if s not in first.drafts and s not in first.failed]
+            top = top if top in asked else None
+        if len(asked) == 1:  # drafting alone, it may sample; the lookups' drafts are scored beside it
+            alone = await ask_one(client, self.health, asked[0], rnd, self.sampled)
+            if first is not None:
+                alone.drafts, alone.failed = first.drafts | alone.drafts, first.failed + alone.failed
+            return alone
+        if not asked and first is None:
+            return Proposal()
         tasks = {ssm: asyncio.ensure_future(ask_one(client, self.health, ssm, rnd, False)) for ssm in asked}
         self._inflight.update(tasks)
         if top is not None:
@@ -76,12 +100,13 @@ class VoteDrafter:
             # 16-token draft of the batched ssm_q4 takes longer than the deadline: it was dropped in
             # these rounds, which then decoded plainly.)
             await asyncio.wait([tasks[top]])
-        else:
+        elif tasks:
             await asyncio.wait(tasks.values(), timeout=self.deadline_s)
-        failed: list[str] = []
+        ballots = first or Proposal()
+        failed: list[str] = list(ballots.failed)
         late: list[str] = []
-        drafts: dict[str, list[int]] = {}
-        log_probs: dict[str, list[float]] = {}
+        drafts: dict[str, list[int]] = dict(ballots.drafts)
+        log_probs: dict[str, list[float]] = dict(ballots.ballot_log_probs)
         exploring: dict[str, asyncio.Future] = {}
         for ssm, task in tasks.items():
             if task.done():
@@ -104,6 +129,45 @@ class VoteDrafter:
             proposal.draft, proposal.chosen = chosen.draft, chosen.supporters[0]
             proposal.log_probs = log_probs.get(proposal.chosen)  # the voted path is its whole draft (voting.py)
         return proposal
+
+    async def _lookups_first(self, client: EngineClient, rnd: DraftRound) -> Proposal | None:
+        """The lookups' ballots, asked whole ahead of the model SSMs, with the round's draft in it if one
+        of theirs is priced cheaper than the models' (`DraftRound.instead`); None where they are not
+        asked first (no pricing, no lookup or no model SSM available, or resting)."""
+        available = [s for s in self.ssms if self.health.available(s) and not self._busy(s)]
+        lookups = [s for s in available if s in rnd.confident]
+        if rnd.instead is None or not lookups or len(lookups) == len(available):
+            return None
+        if self.rest is not None:
+            self.rest.arrived(max(0, len(rnd.sequence) - self._seen))
+            self._seen = max(self._seen, len(rnd.sequence))
+            if not self.rest.asks(rnd.sequence):
+                return None
+        whole = replace(rnd, k=max(rnd.k, rnd.whole))
+        tasks = {ssm: asyncio.ensure_future(ask_one(client, self.health, ssm, whole, False)) for ssm in lookups}
+        self._inflight.update(tasks)
+        done, _ = await asyncio.wait(tasks.values(), timeout=self.deadline_s)
+        ballots = Proposal()
+        for ssm, task in tasks.items():
+            if task not in done:  # it finishes on its own; its draft is dropped, as a late voter's
+                log.warning("%s: SSM %s missed the %.0f ms deadline", rnd.request_id, ssm, self.deadline_s * 1000)
+                ballots.failed += (ssm,)
+                continue
+            result = task.result()
+            ballots.failed += result.failed
+            ballots.drafts.update(result.drafts)
+            if result.log_probs is not None and result.draft:
+                ballots.ballot_log_probs[ssm] = result.log_probs
+        priced = {ssm: rnd.instead(chances, rnd.k) for ssm, chances in ballots.ballot_log_probs.items()}
+        weights = self.weights.snapshot(lookups)
+        best = max(priced, key=lambda s: (priced[s], weights[s]), default=None)
+        won = best is not None and priced[best] > 0
+        if self.rest is not None:
+            self.rest.asked(found=won)
+        if won:
+            ballots.draft, ballots.chosen = list(ballots.drafts[best]), best
+            ballots.log_probs = list(ballots.ballot_log_probs[best])
+        return ballots
 
     def observe(self, proposal: Proposal, emitted: list[int], draft_seconds: float, verify_seconds: float) -> float:
         t0 = time.perf_counter()
