@@ -120,6 +120,26 @@ class InProcessClient:
         await done
 
 
+class HungClient(InProcessClient):
+    """An SSM that never answers a draft (a stalled stub); releasing it still works. `waiting`: the
+    draft calls hanging now (wait for one with `until`)."""
+
+    def __init__(self, engines: dict, hung: str) -> None:
+        super().__init__(engines)
+        self.hung = hung
+        self.waiting = 0
+
+    async def generate(self, model: str, request):
+        if model == self.hung and not request.stop:
+            self.waiting += 1
+            self.notify()
+            try:
+                await asyncio.Event().wait()
+            finally:
+                self.waiting -= 1
+        return await super().generate(model, request)
+
+
 class BrokenEngine:
     """An SSM whose drafting fails after `working_calls` calls, as a crashed stub or a timeout would."""
 

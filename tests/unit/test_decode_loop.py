@@ -9,8 +9,8 @@ from contextlib import aclosing
 import numpy as np
 import pytest
 
-from decoding import (PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_released, decode, make_plan, rounds_of,
-                      within)
+from decoding import (PROMPTS, BrokenEngine, HungClient, InProcessClient, Plan, assert_all_released, decode, make_plan,
+                      rounds_of, within)
 from minions.decoding.penalties import NO_PENALTIES, Penalties
 from minions.decoding.sampling import SamplingParams, log_prob
 from minions.engines.torch_engine import TorchEngine
@@ -214,26 +214,6 @@ def test_a_failing_ssm_never_fails_the_request(engines, tiny_llm):
     # the breaker is shared: the next request does not ask the broken SSM at all
     decode(client, plan(prompt, 8, ssm="broken", num_draft_tokens=2, health=health), request_id="next")
     assert broken.calls == 5
-
-
-class HungClient(InProcessClient):
-    """An SSM that never answers a draft (a stalled stub); releasing it still works. `waiting`: the
-    draft calls hanging now (wait for one with `until`)."""
-
-    def __init__(self, engines: dict, hung: str) -> None:
-        super().__init__(engines)
-        self.hung = hung
-        self.waiting = 0
-
-    async def generate(self, model: str, request):
-        if model == self.hung and not request.stop:
-            self.waiting += 1
-            self.notify()
-            try:
-                await asyncio.Event().wait()
-            finally:
-                self.waiting -= 1
-        return await super().generate(model, request)
 
 
 @pytest.mark.parametrize("speculation", [

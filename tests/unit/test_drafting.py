@@ -7,7 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from decoding import PROMPTS, BrokenEngine, InProcessClient, Plan, assert_all_released, collect, decode, make_plan, within
+from decoding import (PROMPTS, BrokenEngine, HungClient, InProcessClient, Plan, assert_all_released, collect, decode,
+                      make_plan, within)
 from laws import goodness_of_fit
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.decoding.sampling import SamplingParams, target_probs
@@ -298,3 +299,25 @@ def test_a_vote_verifies_a_lookup_s_whole_copy_instead_of_asking_its_model_ssm(c
     assert instead and max(r.drafted for r in instead) > 1, "lookup drafts longer than k, verified alone"
     assert any(r.request_output_len == DEFAULTS.max_num_draft_tokens
                for m, r in client.calls if m == "ngram" and not r.stop), "asked whole"
+
+
+@pytest.mark.parametrize("fault", ["broken", "hung"])
+def test_a_lookup_that_fails_or_hangs_when_asked_first_never_fails_the_request(engines, tiny_llm, fault):
+    """The lookup a vote asks ahead of its model SSM fails (a dead stub) or never answers: the round goes
+    on with the model's draft (a hung lookup costs the vote's deadline once: its call stays in flight,
+    and it is not asked again meanwhile), and the output is the LLM's."""
+    ssms = ("self", "ngram")
+    if fault == "broken":
+        client = InProcessClient({**engines, "ngram": BrokenEngine(engines["ngram"], working_calls=1)})
+    else:
+        client = HungClient(engines, hung="ngram")
+    prompt, n = PROMPTS[0], 24
+    p = vote_plan(prompt, n, ssms, num_draft_tokens=None, confident_ssms=frozenset({"ngram"}), vote_deadline_s=0.05,
+                  health=SsmHealth(threshold=2, cooldown_s=3600), length_stats=_frozen_costs(ssms, 0.009, (0, 1)))
+    tokens, _, rounds = decode(client, p)
+    assert tokens == hf_greedy(tiny_llm, prompt, n)
+    assert any("ngram" in r.failed for r in rounds), "the lookup's failure or lateness was seen"
+    assert any(r.ssm == "self" for r in rounds), "the model drafted on"
+    asked = [r for m, r in client.calls if m == "ngram" and not r.stop]
+    assert len(asked) <= (2 if fault == "broken" else 1) + 1, "a broken lookup trips its breaker, a hung one stays busy"
+    assert_all_released(engines)
