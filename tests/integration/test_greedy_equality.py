@@ -15,11 +15,14 @@ from client.api import GenerationParams, generate_grpc
 from tests.integration.helpers import kept_prompts
 
 PROMPTS = kept_prompts("greedy_equality")
+DEFAULT = "default"
 MODES = {
     "server": ["single:ssm_suffix", "single:ssm_ngram", "vote", "bandit"],
-    "torch_server": ["single:ssm_q4", "single:ssm_ngram", "vote", "bandit"],
+    "torch_server": ["single:ssm_q4", "single:ssm_ngram", "vote", "bandit", DEFAULT],
 }
-"""Per deployment (its fixture): the modes compared with `off`."""
+"""Per deployment (its fixture): the modes compared with `off` (each with a fixed draft length but
+DEFAULT, the request that names neither: the torch deployment's vote with its adaptive length, which
+asks prompt lookup ahead of ssm_q4)."""
 TORCH_PROMPTS = 5
 """The torch deployment runs the first 5 prompts (draft lengths 4..8 each once): a torch step of the
 135M model costs about 50 ms on 2 cores, so its 10 prompts took 150 s of `make test`'s 20 minutes."""
@@ -33,8 +36,9 @@ def test_speculative_modes_equal_plain_greedy(request, deployment, index):
     prompt = PROMPTS[index]
 
     def run(mode: str, k: int = 4):
-        return generate_grpc(server.grpc_url, "minions", prompt,
-                             GenerationParams(max_tokens=48, chat=True, speculation=mode, num_draft_tokens=k))
+        params = (GenerationParams(max_tokens=48, chat=True) if mode == DEFAULT else
+                  GenerationParams(max_tokens=48, chat=True, speculation=mode, num_draft_tokens=k))
+        return generate_grpc(server.grpc_url, "minions", prompt, params)
 
     plain = run("off")
     assert plain.num_output_tokens > 0
