@@ -175,10 +175,12 @@ class DraftLengthSelector:
 
     # -- feedback ----------------------------------------------------------------------------------
     def observe(self, batch: int, drafted: int, accepted: int, draft_seconds: float | None,
-                verify_seconds: float) -> None:
-        """One round's outcome, into this request's estimates and the server's (`SharedLengthStats.observe`)."""
-        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds, self.drafters,
-                            self.request_id)
+                verify_seconds: float, drafters: tuple[str, ...] | None = None) -> None:
+        """One round's outcome, into this request's estimates and the server's (`SharedLengthStats.observe`),
+        the latter under `drafters` where the round's draft came from some of the request's SSMs alone
+        (a lookup asked ahead of the vote's models: Proposal.ahead)."""
+        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds,
+                            drafters or self.drafters, self.request_id)
         if drafted > 0:
             self.acceptance.observe(drafted, accepted)
 
@@ -286,6 +288,6 @@ class FixedLength:
         return None
 
     def observe(self, batch: int, drafted: int, accepted: int, draft_seconds: float | None,
-                verify_seconds: float) -> None:
-        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds, self.drafters,
-                            self.request_id)
+                verify_seconds: float, drafters: tuple[str, ...] | None = None) -> None:
+        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds,
+                            drafters or self.drafters, self.request_id)

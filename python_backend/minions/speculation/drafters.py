@@ -74,6 +74,9 @@ class Proposal:
     """Tokens cut off the draft's end as not worth verifying at the load (loop.py's `_cut_to_worth`)."""
     ballot_log_probs: dict[str, list[float]] = field(default_factory=dict)
     """Each confident SSM's tokens' log chances, by SSM, where a vote asked its lookups first."""
+    ahead: bool = False
+    """The draft is a lookup's, asked ahead of the vote's model SSMs, which were not asked: the length
+    statistics take the round as that lookup's own (its drafting cost, its acceptance)."""
 
     def skip(self, made: list[int]) -> None:
         """Drop the draft's first len(made) tokens, which the LLM has since made (as they were drafted:

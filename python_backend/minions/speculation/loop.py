@@ -236,7 +236,8 @@ class _Decode:
         # A round that waited for an SSM which failed or missed the vote's deadline measured the wait,
         # not drafting: as a sample it priced drafting out (docs/adaptive-draft-length.md).
         measured = None if proposal.failed else draft_seconds
-        last = self._observe(emitted, plan.batch, len(draft), accepted, measured, t2 - t1)
+        last = self._observe(emitted, plan.batch, len(draft), accepted, measured, t2 - t1,
+                             drafters=(proposal.chosen,) if proposal.ahead and draft else None)
         if self.watch is not None:
             self.watch.schedule.verified(len(draft), accepted)
         if self.rest is not None:
@@ -255,17 +256,18 @@ class _Decode:
         self.services.length_stats.report(self.request_id, len(self.progress.sequence) - 1 if first else drafted)
 
     def _observe(self, tokens: list[int], batch: int, drafted: int, accepted: int, draft_seconds: float | None,
-                 llm_seconds: float, steps: int = 1) -> bool:
+                 llm_seconds: float, steps: int = 1, drafters: tuple[str, ...] | None = None) -> bool:
         """Advance by a round's tokens and let the length policy learn from it, verified or streamed
         (round 1 is the prompt's prefill, not a step of decoding; `steps` plain steps share
-        `llm_seconds`); True once no round follows."""
+        `llm_seconds`; `drafters`: the SSMs whose round it was, where not all of the request's); True
+        once no round follows."""
         last = self.progress.advance(tokens)
         self.calibration.settle(self.progress.sequence)
         if self.progress.index > 1:
             steps = max(steps, 1)
             for _ in range(steps):
                 self.length.observe(batch, drafted, accepted, draft_seconds if self.drafted_before else None,
-                                    llm_seconds / steps)
+                                    llm_seconds / steps, drafters)
         self.services.length_stats.answered(self.request_id)
         self.drafted_before = self.drafted_before or drafted > 0
         return last

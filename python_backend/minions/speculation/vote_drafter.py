@@ -165,7 +165,7 @@ class VoteDrafter:
         if self.rest is not None:
             self.rest.asked(found=won)
         if won:
-            ballots.draft, ballots.chosen = list(ballots.drafts[best]), best
+            ballots.draft, ballots.chosen, ballots.ahead = list(ballots.drafts[best]), best, True
             ballots.log_probs = list(ballots.ballot_log_probs[best])
         return ballots
 
