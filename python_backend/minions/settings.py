@@ -294,7 +294,8 @@ class OrchestratorSettings(_Settings):
     set of SSMs, over drafts of at least `probe_min_draft` tokens)."""
     probe_max_load: int = 4
     """Probes only while at most this many requests decode: a probe's stop and verification cost a step
-    every request shares."""
+    every request shares. A vote asks its lookups ahead of its model SSMs only as long: each ask delays
+    the round's model draft and LLM call, and under load the LLM's passes then hold fewer requests."""
     speculation_max_load: int = ranged(0, 0)
     """Above this many requests decoding, a drafting request decodes plainly (0: no limit), as
     TensorRT-LLM's `max_concurrency` and vLLM's `speculative_disable_by_batch_size` do: where a step's

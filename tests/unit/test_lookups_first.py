@@ -39,11 +39,11 @@ class Drafts:
         return EngineResult([7] * request.request_output_len)
 
 
-def drafter(rest: DraftRest | None = None, sampled: bool = False) -> VoteDrafter:
+def drafter(rest: DraftRest | None = None, sampled: bool = False, ahead=lambda: True) -> VoteDrafter:
     weights = SsmWeights((MODEL, LOOKUP))
     weights.update({MODEL: 1.0, LOOKUP: 0.0})  # the model dominates, as ssm_q4 does in deploy.torch.yaml
     return VoteDrafter((MODEL, LOOKUP), SsmHealth(), weights, deadline_s=5.0, explore_every=8, sampled=sampled,
-                       rest=rest)
+                       rest=rest, ahead=ahead)
 
 
 def round_(sequence: list[int], instead, index: int = 1, k: int = 4) -> DraftRound:
@@ -125,3 +125,11 @@ def test_lookups_that_lost_rest_and_the_model_drafts_alone_meanwhile():
     engines.asked.clear()
     asyncio.run(vote.propose(engines, round_(sequence + [5], won, index=12)))
     assert engines.asked == [(LOOKUP, 16)], "a lookup that won is asked first again at the next round"
+
+
+def test_under_load_the_model_drafts_as_it_did_without_asking_the_lookups_first():
+    """Above the load the vote is given (`ahead`: services, probe_max_load) a lookup's ask would delay
+    every round's model call: the vote asks as it always did."""
+    engines = Drafts()
+    proposal = asyncio.run(drafter(ahead=lambda: False).propose(engines, round_([1, 2, 3], lambda log_probs, k: 16)))
+    assert engines.asked == [(MODEL, 4)] and proposal.chosen == MODEL

@@ -128,7 +128,7 @@ class Services:
             lookups = set(spec.ssms) & self.confident_ssms
             rest = self.draft_rest() if lookups and lookups != set(spec.ssms) else None
             return VoteDrafter(spec.ssms, self.health, self.weights, self.vote_deadline_s, self.vote_explore_every,
-                               sampled, rest)
+                               sampled, rest, lambda: self.load() <= self.probe_max_load)
         if spec.mode == SpeculationMode.BANDIT:
             return BanditDrafter(spec.ssms, self.health, self.bandit, sampled)
         return SingleDrafter(spec.ssms[0], self.health, sampled)

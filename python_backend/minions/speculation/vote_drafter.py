@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from minions.decoding.engine_call import EngineClient
@@ -38,8 +39,10 @@ class VoteDrafter:
     """
 
     def __init__(self, ssms: tuple[str, ...], health: SsmHealth, weights: SsmWeights, deadline_s: float,
-                 explore_every: int, sampled: bool, rest: DraftRest | None = None) -> None:
-        """`rest`: when the lookups are asked ahead of the models (None: every round that can)."""
+                 explore_every: int, sampled: bool, rest: DraftRest | None = None,
+                 ahead: Callable[[], bool] = lambda: True) -> None:
+        """`rest`: when the lookups are asked ahead of the models (None: every round that can), and only
+        while `ahead()` (the load allows it: each ask delays the round's model call)."""
         self.ssms = ssms
         self.health = health
         self.global_weights = weights
@@ -48,6 +51,7 @@ class VoteDrafter:
         self.explore_every = max(1, explore_every)
         self.sampled = sampled
         self.rest = rest
+        self.ahead = ahead
         self._seen = 0
         """The longest sequence drafted from so far: the rest counts the tokens since (`_lookups_first`)."""
         self._inflight: dict[str, asyncio.Future] = {}
@@ -133,10 +137,11 @@ class VoteDrafter:
     async def _lookups_first(self, client: EngineClient, rnd: DraftRound) -> Proposal | None:
         """The lookups' ballots, asked whole ahead of the model SSMs, with the round's draft in it if one
         of theirs is priced cheaper than the models' (`DraftRound.instead`); None where they are not
-        asked first (no pricing, no lookup or no model SSM available, or resting)."""
+        asked first (no pricing, no lookup or no model SSM available, too many requests decoding, or
+        resting)."""
         available = [s for s in self.ssms if self.health.available(s) and not self._busy(s)]
         lookups = [s for s in available if s in rnd.confident]
-        if rnd.instead is None or not lookups or len(lookups) == len(available):
+        if rnd.instead is None or not lookups or len(lookups) == len(available) or not self.ahead():
             return None
         if self.rest is not None:
             self.rest.arrived(max(0, len(rnd.sequence) - self._seen))
