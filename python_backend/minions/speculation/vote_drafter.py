@@ -60,6 +60,10 @@ class VoteDrafter:
         call = self._inflight.get(ssm)
         return call is not None and not call.done()
 
+    def _available(self) -> list[str]:
+        """The healthy SSMs with no call of this request still in flight (`ballot`)."""
+        return [s for s in self.ssms if self.health.available(s) and not self._busy(s)]
+
     def ballot(self, index: int) -> tuple[list[str], str | None]:
         """The SSMs to ask this round (healthy ones whose previous draft for this request is done),
         and the dominant one among them, if any.
@@ -68,7 +72,7 @@ class VoteDrafter:
         would queue a second call behind the first, and under load such calls pile up in the
         SSM's queue faster than it drains them (seen: 11 s per draft). At most one call per SSM
         per request is ever in flight."""
-        available = [s for s in self.ssms if self.health.available(s) and not self._busy(s)]
+        available = self._available()
         top = dominant(self.weights.snapshot(available))
         if top is None:
             return available, None
@@ -139,7 +143,7 @@ class VoteDrafter:
         of theirs is priced cheaper than the models' (`DraftRound.instead`); None where they are not
         asked first (no pricing, no lookup or no model SSM available, too many requests decoding, or
         resting)."""
-        available = [s for s in self.ssms if self.health.available(s) and not self._busy(s)]
+        available = self._available()
         lookups = [s for s in available if s in rnd.confident]
         if rnd.instead is None or not lookups or len(lookups) == len(available) or not self.ahead():
             return None

@@ -115,8 +115,9 @@ def probe_due(schedule: ProbeSchedule, repeats: TailRepeats | None, sequence: li
 
 
 class DraftRest:
-    """On an LLM that does not stream (each plain token a call of its own, as the torch engine's), which
-    rounds of a request whose drafters are all lookups ask them for a draft. Each ask is a call through
+    """Which rounds of a request ask its lookups where each ask precedes the round's LLM call: a lookup
+    request on an LLM that does not stream (each plain token a call of its own, as the torch engine's),
+    and a vote's lookups asked ahead of its model SSMs (vote_drafter.py). Each ask is a call through
     Triton before the round's LLM call: where it comes back with nothing worth verifying, the round is a
     plain step that started late, and under load the LLM's dynamic batcher then starts its passes with
     fewer requests (docs/benchmarks.md). So after a round whose draft came back empty, the request rests:
