@@ -112,11 +112,14 @@ class EngineSettings(_Settings):
     max_sequences: int = ranged(8, 1)
     """Sequences whose state (KV cache, llama.cpp sequence) the engine keeps, LRU beyond."""
     prefix_caching: bool = True
-    """llama.cpp: finished sequences stay as prefixes that new requests share (engines/prefix_cache.py)."""
+    """llama.cpp and torch: finished sequences stay as prefixes that new requests share
+    (engines/prefix_cache.py, engines/torch_engine.py)."""
     prefix_cache_ram_mib: float = ranged(1024.0, 0)
     """llama.cpp: finished sequences' KV cells are kept in host memory up to this size, least recently
     used first, instead of idle in the KV buffer, where every step's attention visits them (llama-server's
-    --cache-ram). 0: idle in the KV buffer."""
+    --cache-ram). 0: idle in the KV buffer. torch: finished sequences' KV is kept up to this size where
+    the engine computes (host or GPU memory), within `kv_budget_mb`, which evicts it first; 0: not kept
+    (a new request still shares a live sequence's prefix)."""
     kv_unified: bool = True
     """llama.cpp: one KV buffer for every sequence (True), or a stream of cells per sequence, as
     llama-server runs. In one buffer every token's attention spans every sequence's cells, so long

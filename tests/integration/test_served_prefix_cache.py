@@ -1,6 +1,6 @@
-"""The LLM's prefix cache on the real server: a re-sent prompt, or a conversation's next turn, is not
-prefilled again (engines/prefix_cache.py), and vLLM's prefix-cache counters, the perf outputs and an
-OpenAI answer's usage say so."""
+"""The LLM's prefix cache on the real server, with either engine: a re-sent prompt, or a
+conversation's next turn, is not prefilled again (engines/prefix_cache.py, engines/torch_engine.py),
+and vLLM's prefix-cache counters, the perf outputs and an OpenAI answer's usage say so."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import dataclasses
 import uuid
 
 import openai
+import pytest
 
 from client.api import GenerationParams, generate_grpc
 from tests.integration.helpers import kept_prompts, metric_above, metric_value
@@ -27,7 +28,14 @@ def long_prompt() -> str:
     return f"[{uuid.uuid4().hex}] Summarise these questions in one line.\n\n{text[:3200]}"
 
 
-def test_a_repeated_prompt_skips_its_prefill_and_the_counters_count_it(server):
+@pytest.fixture(params=["server", "torch_server"])
+def any_server(request):
+    """Either LLM engine: llama.cpp (deploy.yaml) or torch (deploy.torch.yaml)."""
+    return request.getfixturevalue(request.param)
+
+
+def test_a_repeated_prompt_skips_its_prefill_and_the_counters_count_it(any_server):
+    server = any_server
     prompt = long_prompt()
     queries, hits = (metric_value(server.metrics_url, f"minions_prefix_cache_{what}", model="llm")
                      for what in ("queries", "hits"))
@@ -52,7 +60,8 @@ def test_a_repeated_prompt_skips_its_prefill_and_the_counters_count_it(server):
         queries + 2 * first.num_input_tokens
 
 
-def test_a_conversation_s_next_turn_reuses_the_first_turn_and_its_answer(server):
+def test_a_conversation_s_next_turn_reuses_the_first_turn_and_its_answer(any_server):
+    server = any_server
     turn1 = long_prompt()
     answer = generate_grpc(server.grpc_url, "minions", turn1, OFF)
     hits = metric_value(server.metrics_url, "minions_prefix_cache_hits", model="llm")

@@ -186,7 +186,7 @@ def test_the_store_keeps_its_bytes_least_recently_used_first_and_drops_what_a_ne
     placed(cache, "z", [3000 + i for i in range(8)])
     finish_and_store(cache, "z", [3000 + i for i in range(8)], 100)  # 300 bytes > 250: y, the oldest, goes
     assert [s.blob for s in cache.stored] == ["blob of x again", "blob of z"]
-    assert cache.stored_size() == 200
+    assert cache.stored.size() == 200
 
 
 def test_a_sequence_larger_than_the_store_is_not_kept():

@@ -71,6 +71,13 @@ class EngineRequest:
         is empty."""
         return cls(request_id, [0], 1, stop=True, keep_sequence=True, exclude_input_in_output=True)
 
+    @property
+    def shares_prefix(self) -> bool:
+        """Whether the engine may start this sequence from another's cached prefix, and keep it for later
+        ones. Not a seeded sampled request's: a cached prefix rounds its logits otherwise than a
+        recomputed one, and a repeated seed must repeat its draws."""
+        return self.seed is None or self.sampling.greedy
+
     def next_token(self, logits: np.ndarray, sequence: list[int], rng: Randomness) -> int:
         """The next generated token after `sequence`: drawn with the request's sampling and penalties, bad
         words banned."""

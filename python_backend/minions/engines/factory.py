@@ -26,13 +26,13 @@ def build_engine(settings: EngineSettings, step_lock_path: str | None = None) ->
             from minions.engines.torch_engine import load_causal_lm
 
             model = load_causal_lm(settings.model_path, settings.dtype, device=settings.device)
-            return TorchEngine(model, settings.max_sequences,
-                               settings.max_context, settings.min_forward_tokens, settings.kv_budget_bytes())
+            return TorchEngine(model, settings.max_sequences, settings.max_context, settings.min_forward_tokens,
+                               **_torch_caches(settings))
         from minions.engines.distilled_model import load_draft_model
 
         # min_forward_tokens (padding small passes) is the `torch` engine's setting only.
         return TorchEngine(load_draft_model(settings.model_path), settings.max_sequences, settings.max_context,
-                           kv_budget_bytes=settings.kv_budget_bytes())
+                           **_torch_caches(settings))
     if kind == EngineKind.LLAMACPP:
         from minions.engines.llamacpp_engine import LlamaCppEngine
 
@@ -56,3 +56,9 @@ def build_engine(settings: EngineSettings, step_lock_path: str | None = None) ->
                             settle_margin=settings.max_draft_tokens)
     raise ValueError(f"engine {kind!r} is not run by minions.engines (one of {EngineKind.listed()}; "
                      f"{EngineKind.TENSORRTLLM} is Triton's own backend)")
+
+
+def _torch_caches(settings: EngineSettings) -> dict:
+    """A TorchEngine's KV bounds and prefix cache, from the model's settings."""
+    return dict(kv_budget_bytes=settings.kv_budget_bytes(), prefix_caching=settings.prefix_caching,
+                prefix_cache_bytes=int(settings.prefix_cache_ram_mib * 2**20))

@@ -373,10 +373,9 @@ class LlamaCppStepper:
         entry = self.slots.live.get(request.request_id)
         if entry is not None:
             return entry
-        # The batcher starts at most max_sequences calls at once, so a slot is always found. A seeded
-        # sampled request is computed from scratch, so that the same seed repeats the same draws.
-        seeded = request.seed is not None and not request.sampling.greedy
-        entry, choice = self.slots.place(request.request_id, sequence, busy=self._stepping, share=not seeded)
+        # The batcher starts at most max_sequences calls at once, so a slot is always found.
+        entry, choice = self.slots.place(request.request_id, sequence, busy=self._stepping,
+                                         share=request.shares_prefix)
         self._clear(choice.evicted)
         if not self._share(choice):  # no room for its cells: computed from scratch
             entry.tokens = []

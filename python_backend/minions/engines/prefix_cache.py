@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from minions.decoding.tokens import common_prefix_len
 from minions.engines.sequence_cache import CachedSequence, SequenceCache
+from minions.engines.stored_prefixes import StoredPrefixes
 
 
 @dataclass
@@ -65,23 +66,14 @@ class SlotChoice:
     restore: object | None = None
 
 
-@dataclass
-class StoredPrefix:
-    """A finished sequence's tokens and its KV cells in host memory (the engine's blob, `size` bytes)."""
-
-    tokens: list[int]
-    blob: object
-    size: int
-
-
 class PrefixCache:
     """Slot bookkeeping: live sequences by request id, idle prefixes by age, free slots."""
 
     def __init__(self, num_slots: int, enabled: bool = True, stored_bytes: int = 0) -> None:
         self.enabled = enabled
         self.stored_bytes = stored_bytes if enabled else 0
-        self.stored: list[StoredPrefix] = []
-        """Host-memory prefixes, least recently used first."""
+        self.stored = StoredPrefixes(self.stored_bytes)
+        """Host-memory prefixes (blobs: the engine's copies of their cells)."""
         self.live: SequenceCache[int] = SequenceCache(num_slots)
         self.idle: OrderedDict[int, CachedSequence[int]] = OrderedDict()  # slot -> entry, oldest first
         self.free = list(range(num_slots))
@@ -101,7 +93,7 @@ class PrefixCache:
         holds a sequence with a call in progress."""
         share = share and self.enabled
         donor, shared = self._best_donor(tokens) if share else (None, 0)
-        stored, from_store = self._best_stored(tokens) if share else (None, 0)
+        stored, from_store = self.stored.longest(tokens) if share else (None, 0)
         if from_store > shared:
             donor, shared = None, from_store
         else:
@@ -115,9 +107,8 @@ class PrefixCache:
             self.stats.hits += shared
         else:
             self.private.add(slot)
-        if stored is not None:  # most recently used now
-            self.stored.remove(stored)
-            self.stored.append(stored)
+        if stored is not None:
+            self.stored.touch(stored)
         entry = CachedSequence(slot, list(tokens[:shared]))
         self.live.put(request_id, entry)
         return entry, SlotChoice(slot, donor.state if donor is not None else None, shared, evicted,
@@ -143,12 +134,7 @@ class PrefixCache:
     def store(self, tokens: list[int], blob: object, size: int) -> None:
         """Keep a finished sequence's cells in host memory: the stored prefixes it extends go, and the
         least recently used ones beyond `stored_bytes`."""
-        if size > self.stored_bytes:
-            return
-        self.stored = [s for s in self.stored if common_prefix_len(s.tokens, tokens) < len(s.tokens)]
-        self.stored.append(StoredPrefix(list(tokens), blob, size))
-        while self.stored_size() > self.stored_bytes:
-            self.stored.pop(0)
+        self.stored.add(tokens, blob, size)
 
     def drop(self, request_id: str) -> int | None:
         """Forget a live sequence whose cells are unknown (a failed step): its slot, now free, to clear."""
@@ -179,10 +165,6 @@ class PrefixCache:
     def cached_tokens(self) -> int:
         return self.live.cached_tokens() + sum(len(e.tokens) for e in self.idle.values())
 
-    def stored_size(self) -> int:
-        """Bytes of host memory the stored prefixes take."""
-        return sum(s.size for s in self.stored)
-
     # -- internals ---------------------------------------------------------------------------------
     def _best_donor(self, tokens: list[int]) -> tuple[CachedSequence[int] | None, int]:
         best, length = None, 0
@@ -192,13 +174,6 @@ class PrefixCache:
         for entry in self.idle.values():
             if (n := common_prefix_len(entry.tokens, tokens)) > length:
                 best, length = entry, n
-        return best, length
-
-    def _best_stored(self, tokens: list[int]) -> tuple[StoredPrefix | None, int]:
-        best, length = None, 0
-        for stored in self.stored:
-            if (n := common_prefix_len(stored.tokens, tokens)) > length:
-                best, length = stored, n
         return best, length
 
     def _free_slot(self, donor: CachedSequence[int] | None, shared: int, busy: Container[str]

@@ -2,7 +2,11 @@
 
 This is the CPU stand-in for a TensorRT-LLM engine. Each sequence (request id) keeps its own KV cache;
 every call computes only the tokens past the longest common prefix of what is cached and what is sent,
-and KV of rejected draft tokens is cropped away at once, so only the accepted prefix survives.
+and KV of rejected draft tokens is cropped away at once, so only the accepted prefix survives. Across
+requests the caches are a prefix cache: a finished sequence's KV is stored (stored_prefixes.py, within
+`prefix_cache_bytes`), and a new request starts from the longest prefix it shares with a stored or live
+sequence (taking over a stored one of which it keeps at least half, copying the prefix otherwise), so
+a repeated prompt or a conversation's next turn prefills only what is new.
 
 `generate_batch` serves all the requests Triton's dynamic batcher hands over in one forward pass per
 step (see packed_forward): verification of ragged drafts and plain decoding steps share the pass, so
@@ -26,7 +30,9 @@ from minions.decoding.tokens import common_prefix_len
 from minions.decoding.verification import verify_draft
 from minions.engines.api import WARM_UP_TOKENS, BatchStats, SplitBatchEngine
 from minions.engines.packed_forward import ForwardBackend, ForwardRow, forward_backend
+from minions.engines.prefix_cache import PrefixCacheStats
 from minions.engines.sequence_cache import CachedSequence, SequenceCache
+from minions.engines.stored_prefixes import StoredPrefixes
 from minions.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -69,7 +75,8 @@ class _Job:
 
 
 class TorchEngine(SplitBatchEngine):
-    """A BatchEngine and MeteredEngine (engines/api.py) over a transformers model."""
+    """A BatchEngine, MeteredEngine and PrefixCachingEngine (engines/api.py) over a transformers model.
+    `prefix_caching` false: every new request is computed from scratch and nothing is stored."""
 
     def __init__(
         self,
@@ -78,6 +85,8 @@ class TorchEngine(SplitBatchEngine):
         max_context: int | None = None,
         min_forward_tokens: int = 1,
         kv_budget_bytes: int | None = None,
+        prefix_caching: bool = True,
+        prefix_cache_bytes: int = 0,
     ) -> None:
         self.model = model.eval()
         self.backend: ForwardBackend = forward_backend(self.model)
@@ -89,10 +98,15 @@ class TorchEngine(SplitBatchEngine):
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 2048))
         self.cache: SequenceCache = SequenceCache(max_sequences)
         self.kv_budget_bytes = kv_budget_bytes
+        self.prefix_caching = prefix_caching
+        self.stored = StoredPrefixes(prefix_cache_bytes if prefix_caching else 0)
+        self._private: set[str] = set()
+        """Live request ids that share no prefix (EngineRequest.shares_prefix false)."""
         self._lock = threading.Lock()
         self.stats = BatchStats()
+        self.prefix_stats = PrefixCacheStats()
         self._warm_up()
-        self.stats = BatchStats()  # the warm-up is not served work
+        self.stats, self.prefix_stats = BatchStats(), PrefixCacheStats()  # the warm-up is not served work
 
     # -- BatchEngine (generate, generate_batch: SplitBatchEngine) ----------------------------------
     def _generate_distinct(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
@@ -106,12 +120,16 @@ class TorchEngine(SplitBatchEngine):
                 continue
             jobs.append(_Job(i, request, request_randomness(request.seed), list(request.input_ids)))
         with self._lock, torch.inference_mode():
+            known = {job.request.request_id for job in jobs if job.request.request_id in self.cache}
             while jobs:
                 try:
                     logits = self._forward_jobs(jobs)
                 except InvalidRequest as exc:
                     for job in jobs:
                         out[job.index] = exc
+                        if job.request.request_id not in known:  # a refused batch leaves no new sequence
+                            self.cache.release(job.request.request_id)
+                            self._private.discard(job.request.request_id)
                     break
                 still = []
                 for job, rows in zip(jobs, logits):
@@ -126,8 +144,13 @@ class TorchEngine(SplitBatchEngine):
         return out  # type: ignore[return-value]
 
     def release(self, request_id: str) -> None:
+        """The request is done: its KV is stored for later requests (unless it shares none), else freed."""
         with self._lock:
-            self.cache.release(request_id)
+            entry = self.cache.release(request_id)
+            private = request_id in self._private
+            self._private.discard(request_id)
+            if entry is not None and entry.tokens and self.prefix_caching and not private:
+                self.stored.add(entry.tokens, entry.state, self.backend.state_bytes(entry.state))
 
     @property
     def forward_tokens(self) -> int:
@@ -135,8 +158,8 @@ class TorchEngine(SplitBatchEngine):
         return self.stats.tokens - self.stats.pad_tokens
 
     def cached_bytes(self) -> int:
-        """Bytes the KV caches of every cached sequence hold."""
-        return sum(self.backend.state_bytes(e.state) for _, e in self.cache.items())
+        """Bytes the KV caches of every cached sequence hold, live or stored."""
+        return sum(self.backend.state_bytes(e.state) for _, e in self.cache.items()) + self.stored.size()
 
     # -- internals ---------------------------------------------------------------------------------
     def _warm_up(self) -> None:
@@ -144,7 +167,7 @@ class TorchEngine(SplitBatchEngine):
         (SmolLM2 fp32 on this CPU: the first request took 0.76 s against 0.47 s for the next)."""
         request = EngineRequest("warm-up", [0] * min(WARM_UP_TOKENS, self.max_context - 2), 2)
         self._generate_distinct([request])
-        self.release(request.request_id)
+        self.cache.release(request.request_id)  # not stored: no request starts with it
 
     @staticmethod
     def _draft(request: EngineRequest) -> list[int]:
@@ -155,7 +178,7 @@ class TorchEngine(SplitBatchEngine):
         rows = []
         for job in jobs:
             extra = self._draft(job.request) if job.request.draft else []
-            job.entry = self._entry(job.request.request_id, job.sequence)
+            job.entry = self._entry(job.request, job.sequence)
             if job.cached is None:
                 job.cached = self.backend.length(job.entry.state)
             rows.append((job.sequence, extra, len(extra) + 1))
@@ -182,20 +205,57 @@ class TorchEngine(SplitBatchEngine):
         self.stats.pad_tokens += pad
         return logits
 
-    def _entry(self, request_id: str, tokens: list[int]) -> CachedSequence:
+    def _entry(self, request: EngineRequest, tokens: list[int]) -> CachedSequence:
         """The request's cache, cropped to the longest prefix it shares with `tokens` (at least one token left)."""
-        entry = self.cache.get(request_id)
+        entry = self.cache.get(request.request_id)
         if entry is None:
-            entry = CachedSequence(self.backend.new_state(), [])
-            self.cache.put(request_id, entry)
+            entry = self._start(request, tokens)
+            self.cache.put(request.request_id, entry)
+            return entry
         keep = min(common_prefix_len(entry.tokens, tokens), len(tokens) - 1)
         if keep == 0:
             entry.state, entry.tokens = self.backend.new_state(), []
         self._crop(entry, keep)
         return entry
 
+    def _start(self, request: EngineRequest, tokens: list[int]) -> CachedSequence:
+        """A new sequence's cache: the longest prefix of `tokens` (all but the last, evaluated for its
+        logits) that a stored or live sequence holds; a stored one is taken over when the request keeps
+        at least half of it, otherwise the prefix is copied."""
+        if not (self.prefix_caching and request.shares_prefix):
+            self._private.add(request.request_id)
+            return CachedSequence(self.backend.new_state(), [])
+        stored, shared = self.stored.longest(tokens)
+        live, from_live = self._longest_live(tokens)
+        if from_live > shared:
+            stored, shared = None, from_live
+        shared = min(shared, len(tokens) - 1)
+        self.prefix_stats.queries += len(tokens)
+        self.prefix_stats.hits += max(shared, 0)
+        if shared <= 0:
+            return CachedSequence(self.backend.new_state(), [])
+        if stored is not None and 2 * shared >= len(stored.tokens):
+            entry = CachedSequence(self.stored.take(stored).blob, stored.tokens)
+            self._crop(entry, shared)
+            return entry
+        if stored is not None:
+            self.stored.touch(stored)
+        donor = stored.blob if stored is not None else live.state
+        return CachedSequence(self.backend.copy_prefix(donor, shared), list(tokens[:shared]))
+
+    def _longest_live(self, tokens: list[int]) -> tuple[CachedSequence | None, int]:
+        """The live sequence (sharing prefixes) with the most leading tokens in common with `tokens`."""
+        best, length = None, 0
+        for request_id, entry in self.cache.items():
+            if request_id in self._private:
+                continue
+            if (n := min(common_prefix_len(entry.tokens, tokens), self.backend.length(entry.state))) > length:
+                best, length = entry, n
+        return best, length
+
     def _fit_budget(self, entries: list[CachedSequence], rows: list[ForwardRow]) -> None:
-        """Evict least recently used sequences outside the batch until the batch's growth fits the budget."""
+        """Evict stored prefixes, then least recently used sequences outside the batch, until the batch's
+        growth fits the budget."""
         if self.kv_budget_bytes is None:
             return
         needed = sum(self.backend.projected_bytes(r.state, self.backend.length(r.state) + len(r.new_tokens))
@@ -205,12 +265,15 @@ class TorchEngine(SplitBatchEngine):
                                  f"{self.kv_budget_bytes}")
         in_batch = {id(e) for e in entries}
         others = [(rid, e) for rid, e in self.cache.items() if id(e) not in in_batch]
-        held = sum(self.backend.state_bytes(e.state) for _, e in others)
+        held = sum(self.backend.state_bytes(e.state) for _, e in others) + self.stored.size()
+        while held + needed > self.kv_budget_bytes and (stored := self.stored.pop_oldest()) is not None:
+            held -= stored.size
         while others and held + needed > self.kv_budget_bytes:
             request_id, entry = others.pop(0)
             held -= self.backend.state_bytes(entry.state)
             log.info("KV budget of %d bytes: evicting %s", self.kv_budget_bytes, request_id)
             self.cache.evict(request_id)
+            self._private.discard(request_id)
 
     def _absorb(self, job: _Job, logits: np.ndarray) -> bool:
         """Apply a pass's logits to a job; True when the job is finished (job.result set)."""
