@@ -91,7 +91,7 @@ from tests.support.triton_process import ROOT, TritonProcess, stop_process
 from .trend import Trend, trend
 
 LEAK_CHECK_RAM_MIB = 64
-"""`prefix_cache_ram_mib` of every llama.cpp engine during a chaos run (below the memory check's 128 MiB
+"""`prefix_cache_ram_mib` of every llama.cpp or torch engine during a chaos run (below the memory check's 128 MiB
 tolerance): the memory check looks for leaks, not for a bounded cache filling."""
 FAULT_KINDS = ("ssm_kill", "llm_kill", "minions_kill", "reload")
 SERVED, REFUSED, FAILED, INCOMPLETE, HUNG, ORPHANED = "served", "refused", "failed", "incomplete", "hung", "orphaned"
@@ -659,7 +659,7 @@ def leak_check_deployment(deploy: str, path: Path) -> Path:
     raw = yaml.safe_load(Path(deploy).read_text())
     raw["cache_dir"] = str(load_deployment(deploy).cache_dir)
     for entry in [raw.get("llm") or {}, *(raw.get("ssms") or [])]:
-        if entry.get("engine") == EngineKind.LLAMACPP:
+        if entry.get("engine") in (EngineKind.LLAMACPP, EngineKind.TORCH, EngineKind.DISTILLED):
             entry["prefix_cache_ram_mib"] = min(entry.get("prefix_cache_ram_mib", LEAK_CHECK_RAM_MIB),
                                                 LEAK_CHECK_RAM_MIB)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))

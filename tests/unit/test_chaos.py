@@ -281,13 +281,16 @@ def test_requests_around_a_fault_are_those_under_way_at_it_and_those_sent_during
                                                          "sent_during": {REFUSED: 1, SERVED: 1}}
 
 
-def test_the_chaos_deployment_holds_every_llama_cpp_prefix_store_to_the_leak_check_s_bound(tmp_path):
+@pytest.mark.parametrize("deploy, stores", [("deploy.qwen.yaml", 2), ("deploy.torch.yaml", 2)])
+def test_the_chaos_deployment_holds_every_prefix_store_to_the_leak_check_s_bound(tmp_path, deploy, stores):
+    """The llama.cpp and torch engines (LLM and distilled SSMs) keep finished sequences' KV up to
+    prefix_cache_ram_mib; the lookup drafters keep none."""
     from benchmarks.chaos import LEAK_CHECK_RAM_MIB, leak_check_deployment
     from minions.deploy.config import ROOT, load_deployment
 
-    path = leak_check_deployment(str(ROOT / "deploy.qwen.yaml"), tmp_path / "chaos.yaml")
+    path = leak_check_deployment(str(ROOT / deploy), tmp_path / "chaos.yaml")
     dep = load_deployment(path)
-    llama = [m for m in [dep.llm, *dep.ssms] if m["engine"] == "llamacpp"]
-    assert len(llama) == 2 and all(m["prefix_cache_ram_mib"] == LEAK_CHECK_RAM_MIB for m in llama)
-    assert all("prefix_cache_ram_mib" not in m for m in dep.ssms if m["engine"] != "llamacpp")
-    assert dep.cache_dir == load_deployment(ROOT / "deploy.qwen.yaml").cache_dir
+    storing = [m for m in [dep.llm, *dep.ssms] if m["engine"] in ("llamacpp", "torch", "distilled")]
+    assert len(storing) == stores and all(m["prefix_cache_ram_mib"] == LEAK_CHECK_RAM_MIB for m in storing)
+    assert all("prefix_cache_ram_mib" not in m for m in dep.ssms if m not in storing)
+    assert dep.cache_dir == load_deployment(ROOT / deploy).cache_dir
