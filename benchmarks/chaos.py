@@ -80,7 +80,7 @@ from loadtest.records import GRPC_TRANSPORT_FAILURES, UNAVAILABLE_STATUSES
 from loadtest.summary import percentiles
 from minions.deploy.config import load_deployment
 from minions.deploy.watchdog import WATCH_INTERVAL_S, StubWatchdog
-from minions.settings import EngineKind
+from minions.settings import PREFIX_CACHING_ENGINES
 from minions.errors import is_refusal
 from minions.text.datasets import DATASETS, mixed_prompts
 from minions.triton.shm import SHM_PREFIX, mapped_shm_regions
@@ -659,7 +659,7 @@ def leak_check_deployment(deploy: str, path: Path) -> Path:
     raw = yaml.safe_load(Path(deploy).read_text())
     raw["cache_dir"] = str(load_deployment(deploy).cache_dir)
     for entry in [raw.get("llm") or {}, *(raw.get("ssms") or [])]:
-        if entry.get("engine") in (EngineKind.LLAMACPP, EngineKind.TORCH, EngineKind.DISTILLED):
+        if entry.get("engine") in PREFIX_CACHING_ENGINES:
             entry["prefix_cache_ram_mib"] = min(entry.get("prefix_cache_ram_mib", LEAK_CHECK_RAM_MIB),
                                                 LEAK_CHECK_RAM_MIB)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))

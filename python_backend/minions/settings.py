@@ -33,6 +33,11 @@ class EngineKind(StrEnum):
         return ", ".join(kind.value for kind in cls)
 
 
+PREFIX_CACHING_ENGINES = frozenset({EngineKind.LLAMACPP, EngineKind.TORCH, EngineKind.DISTILLED})
+"""The engine kinds that keep finished sequences' KV for later requests (`prefix_caching`,
+`prefix_cache_ram_mib`)."""
+
+
 DERIVED = "derived"
 """Field metadata: the renderer computes this setting from the rest of the deployment; not a deploy.yaml key."""
 RANGE = "range"

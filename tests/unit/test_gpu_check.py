@@ -7,6 +7,7 @@ import json
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 import yaml
 
 from benchmarks.gpu_check import mismatches
@@ -47,11 +48,13 @@ def test_mismatches_name_cells_that_differ_from_off(tmp_path: Path) -> None:
     assert mismatches(tmp_path / "missing") == ["missing: no results"]
 
 
-def test_one_server_replays_each_prompt_without_the_caches_a_mode_before_would_fill(tmp_path: Path) -> None:
-    """bench_speculation runs every mode on each prompt on one server: no suffix corpus, no llama.cpp
-    prefix caches, and the result still a deployment the schema takes."""
-    source = ROOT / "deploy.yaml"
+@pytest.mark.parametrize("deploy, engine", [("deploy.yaml", "llamacpp"), ("deploy.cuda.yaml", "torch")])
+def test_one_server_replays_each_prompt_without_the_caches_a_mode_before_would_fill(tmp_path: Path, deploy, engine
+                                                                                     ) -> None:
+    """bench_speculation runs every mode on each prompt on one server: no suffix corpus, no prefix
+    caches (llama.cpp's or torch's), and the result still a deployment the schema takes."""
+    source = ROOT / deploy
     dep = load_deployment(replay_deployment(source, tmp_path / "deploy.yaml", prefix_caching=False))
-    assert dep.raw["llm"]["engine"] == "llamacpp" and dep.raw["llm"]["prefix_caching"] is False
+    assert dep.raw["llm"]["engine"] == engine and dep.raw["llm"]["prefix_caching"] is False
     assert [s["suffix_corpus_tokens"] for s in dep.raw["ssms"] if s["engine"] == "suffix"] == [0]
     assert "prefix_caching" not in load_deployment(source).raw["llm"], "the source deployment is left as it was"
