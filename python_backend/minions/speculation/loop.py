@@ -33,7 +33,7 @@ from minions.speculation.pipelining import DraftSource
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
 from minions.speculation.rounds import Round
 from minions.speculation.services import Services
-from minions.speculation.watch import DraftWatch, ProbeSchedule, TailRepeats
+from minions.speculation.watch import DraftWatch
 
 
 async def speculative_decode(client: EngineClient, request: DecodeRequest, services: Services,
@@ -81,8 +81,7 @@ class _Decode:
         """The first draft also pays the SSMs' prefill of the prompt: its drafting time is not a sample."""
         self.drafts_came_back_empty = False
         stop = (lambda: client.interrupt(services.llm, request_id)) if services.llm_stops_streams else None
-        repeats = TailRepeats(services.probe_repeat_tokens) if services.probe_repeat_tokens > 0 else None
-        schedule = ProbeSchedule(services.probe_min_gap, services.probe_max_gap, services.probe_first_gap)
+        schedule, repeats = services.probe_schedule(services.probe_first_gap)
         self.watch = (DraftWatch(schedule, services.probe_min_draft, self._probe, stop, repeats, services.on_probe)
                       if self.drafter and services.llm_streams and services.probe_tokens > 0 else None)
         self.asked_whole = bool(confident) and self.drafter is not None and set(self.drafter.ssms) <= confident

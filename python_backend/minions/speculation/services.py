@@ -133,11 +133,16 @@ class Services:
             return BanditDrafter(spec.ssms, self.health, self.bandit, sampled)
         return SingleDrafter(spec.ssms[0], self.health, sampled)
 
+    def probe_schedule(self, first_gap: int | None = None) -> tuple[ProbeSchedule, TailRepeats | None]:
+        """A fresh schedule of one request's asks and its index of repeating tails (None when off): the
+        probes on its plain streams (DraftWatch, `first_gap` `probe_first_gap`) and its rests (DraftRest)."""
+        repeats = TailRepeats(self.probe_repeat_tokens) if self.probe_repeat_tokens > 0 else None
+        return ProbeSchedule(self.probe_min_gap, self.probe_max_gap, first_gap), repeats
+
     def draft_rest(self) -> DraftRest:
         """When a request's lookups are asked where each ask precedes an LLM call (watch.DraftRest): on
         the probes' schedule, a fresh one per request."""
-        repeats = TailRepeats(self.probe_repeat_tokens) if self.probe_repeat_tokens > 0 else None
-        return DraftRest(ProbeSchedule(self.probe_min_gap, self.probe_max_gap), repeats)
+        return DraftRest(*self.probe_schedule())
 
     def draft_length(self, request: DecodeRequest, drafting: bool,
                      request_id: str | None = None) -> DraftLengthSelector | FixedLength:
