@@ -608,3 +608,14 @@ def test_a_drafting_cost_forgotten_starts_again_from_the_next_measures():
     for _ in range(3):
         shared.observe(1, False, 4, 4, 0.004, 0.05)
     assert shared.draft_estimate(1, False) == pytest.approx(0.001), "not averaged with the forgotten 0.1"
+
+
+def test_a_round_drafted_ahead_by_some_of_the_request_s_ssms_is_not_the_request_s_acceptance():
+    """A lookup's whole copy verified ahead of the vote's models (Proposal.ahead) goes to the lookup's
+    own statistics; the request's acceptance, which prices the whole set's next length, keeps to the
+    rounds the set drafted."""
+    selector = DraftLengthSelector(SharedLengthStats(), max_length=8, drafters=("model", "lookup"))
+    selector.observe(1, 16, 16, 0.001, 0.05, drafters=("lookup",))
+    assert selector.acceptance.trials == []
+    selector.observe(1, 4, 2, 0.001, 0.05)
+    assert selector.acceptance.trials == [1.0, 1.0, 1.0] and selector.acceptance.accepted == [1.0, 1.0, 0.0]

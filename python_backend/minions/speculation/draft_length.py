@@ -178,10 +178,12 @@ class DraftLengthSelector:
                 verify_seconds: float, drafters: tuple[str, ...] | None = None) -> None:
         """One round's outcome, into this request's estimates and the server's (`SharedLengthStats.observe`),
         the latter under `drafters` where the round's draft came from some of the request's SSMs alone
-        (a lookup asked ahead of the vote's models: Proposal.ahead)."""
+        (a lookup asked ahead of the vote's models: Proposal.ahead). Such a round's acceptance is not
+        the request's: the length chosen here is the whole drafter set's, and a lookup's whole copy
+        accepted would price the models' drafts as if they copied too."""
         self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds,
                             drafters or self.drafters, self.request_id)
-        if drafted > 0:
+        if drafted > 0 and drafters is None:
             self.acceptance.observe(drafted, accepted)
 
 
