@@ -58,18 +58,18 @@ def test_a_conversation_s_next_turn_starts_from_the_turn_before_and_its_answer(e
     assert len(engine.stored) == 1, "the second turn's sequence replaced the first's, which it extends"
 
 
-def test_a_stored_prefix_is_copied_for_a_short_share_and_taken_over_for_a_long_one(engine, tiny_llm):
-    served(engine, "long", PROMPT, 4)
-    short = PROMPT[:3] + [0, 0, 5]
-    result = served(engine, "short", short, 3)
-    assert result.cached_tokens == 3
-    assert_from_scratch(tiny_llm, short, result, 3)
-    assert len(engine.stored) == 2, "three of fifteen tokens shared: copied, the long prefix kept"
-    longer = PROMPT + [13]
-    result = engine.generate(EngineRequest("longer", longer, 3, return_generation_logits=True))
-    assert result.cached_tokens == len(PROMPT)
-    assert_from_scratch(tiny_llm, longer, result, 3)
-    assert [s.tokens[:3] for s in engine.stored] == [short[:3]], "the long prefix was taken over"
+def test_a_stored_prefix_is_copied_for_a_shorter_input_and_taken_over_by_a_longer_one(engine, tiny_llm):
+    answer = served(engine, "long", PROMPT, 4).tokens
+    for n, prompt in enumerate([PROMPT[:3] + [0, 0, 5], PROMPT + [13]]):  # inputs shorter than what was stored
+        result = served(engine, f"shorter-{n}", prompt, 3)
+        assert result.cached_tokens == len(prompt) - 1 if n else 3
+        assert_from_scratch(tiny_llm, prompt, result, 3)
+        assert any(s.tokens == PROMPT + answer[:3] for s in engine.stored), "copied: the stored sequence stays"
+    next_turn = PROMPT + answer + [13]
+    result = engine.generate(EngineRequest("next-turn", next_turn, 3, return_generation_logits=True))
+    assert result.cached_tokens == len(PROMPT) + 3
+    assert_from_scratch(tiny_llm, next_turn, result, 3)
+    assert not any(s.tokens == PROMPT + answer[:3] for s in engine.stored), "taken over by the longer input"
 
 
 def test_a_live_sequence_lends_its_prefix_and_goes_on_unchanged(engine, tiny_llm):

@@ -5,7 +5,7 @@ every call computes only the tokens past the longest common prefix of what is ca
 and KV of rejected draft tokens is cropped away at once, so only the accepted prefix survives. Across
 requests the caches are a prefix cache: a finished sequence's KV is stored (stored_prefixes.py, within
 `prefix_cache_bytes`), and a new request starts from the longest prefix it shares with a stored or live
-sequence (taking over a stored one of which it keeps at least half, copying the prefix otherwise), so
+sequence (taking over a stored one no longer than its input, copying the prefix otherwise), so
 a repeated prompt or a conversation's next turn prefills only what is new.
 
 `generate_batch` serves all the requests Triton's dynamic batcher hands over in one forward pass per
@@ -220,8 +220,11 @@ class TorchEngine(SplitBatchEngine):
 
     def _start(self, request: EngineRequest, tokens: list[int]) -> CachedSequence:
         """A new sequence's cache: the longest prefix of `tokens` (all but the last, evaluated for its
-        logits) that a stored or live sequence holds; a stored one is taken over when the request keeps
-        at least half of it, otherwise the prefix is copied."""
+        logits) that a stored or live sequence holds. A stored one is taken over where it is no longer
+        than the new input (a conversation's next turn), its buffers then no larger than the new
+        sequence's own would grow (the orchestrator's KV admission counts each request's own tokens);
+        otherwise the prefix is copied (a few milliseconds, where computing it takes seconds on a CPU),
+        and the stored one stays for the next request (a prompt sent again and again)."""
         if not (self.prefix_caching and request.shares_prefix):
             self._private.add(request.request_id)
             return CachedSequence(self.backend.new_state(), [])
@@ -234,7 +237,7 @@ class TorchEngine(SplitBatchEngine):
         self.prefix_stats.hits += max(shared, 0)
         if shared <= 0:
             return CachedSequence(self.backend.new_state(), [])
-        if stored is not None and 2 * shared >= len(stored.tokens):
+        if stored is not None and len(stored.tokens) <= len(tokens):
             entry = CachedSequence(self.stored.take(stored).blob, stored.tokens)
             self._crop(entry, shared)
             return entry
