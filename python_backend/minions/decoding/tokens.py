@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -16,6 +19,16 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     y = np.asarray(b[:n], dtype=np.int64)
     mismatch = np.flatnonzero(x != y)
     return int(mismatch[0]) if mismatch.size else n
+
+
+def longest_shared(candidates: Iterable[tuple[T, Sequence[int]]], tokens: Sequence[int]) -> tuple[T | None, int]:
+    """Of (item, its tokens) pairs, the item whose tokens share the most leading tokens with `tokens`, and
+    how many (the first such item on a tie; None, 0 when none shares any)."""
+    best, length = None, 0
+    for item, theirs in candidates:
+        if (n := common_prefix_len(theirs, tokens)) > length:
+            best, length = item, n
+    return best, length
 
 
 def draft_outcome(seen: Sequence[int], draft: Sequence[int]) -> int | None:

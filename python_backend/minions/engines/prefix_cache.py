@@ -34,11 +34,12 @@ This module is the bookkeeping alone; the engine moves the cells (engines/llamac
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Container
 from dataclasses import dataclass
 
-from minions.decoding.tokens import common_prefix_len
+from minions.decoding.tokens import longest_shared
 from minions.engines.sequence_cache import CachedSequence, SequenceCache
 from minions.engines.stored_prefixes import StoredPrefixes
 
@@ -71,8 +72,7 @@ class PrefixCache:
 
     def __init__(self, num_slots: int, enabled: bool = True, stored_bytes: int = 0) -> None:
         self.enabled = enabled
-        self.stored_bytes = stored_bytes if enabled else 0
-        self.stored = StoredPrefixes(self.stored_bytes)
+        self.stored = StoredPrefixes(stored_bytes if enabled else 0)
         """Host-memory prefixes (blobs: the engine's copies of their cells)."""
         self.live: SequenceCache[int] = SequenceCache(num_slots)
         self.idle: OrderedDict[int, CachedSequence[int]] = OrderedDict()  # slot -> entry, oldest first
@@ -80,6 +80,11 @@ class PrefixCache:
         self.private: set[int] = set()
         """Slots of live sequences placed with `share` false."""
         self.stats = PrefixCacheStats()
+
+    @property
+    def stored_bytes(self) -> int:
+        """The host-memory tier's bound (0: none; finished sequences stay idle in their slots)."""
+        return self.stored.capacity_bytes
 
     def __len__(self) -> int:
         """Sequences held, live or idle."""
@@ -167,14 +172,9 @@ class PrefixCache:
 
     # -- internals ---------------------------------------------------------------------------------
     def _best_donor(self, tokens: list[int]) -> tuple[CachedSequence[int] | None, int]:
-        best, length = None, 0
-        for _, entry in self.live.items():
-            if entry.state not in self.private and (n := common_prefix_len(entry.tokens, tokens)) > length:
-                best, length = entry, n
-        for entry in self.idle.values():
-            if (n := common_prefix_len(entry.tokens, tokens)) > length:
-                best, length = entry, n
-        return best, length
+        live = ((entry, entry.tokens) for _, entry in self.live.items() if entry.state not in self.private)
+        idle = ((entry, entry.tokens) for entry in self.idle.values())
+        return longest_shared(itertools.chain(live, idle), tokens)
 
     def _free_slot(self, donor: CachedSequence[int] | None, shared: int, busy: Container[str]
                    ) -> tuple[int, int | None]:

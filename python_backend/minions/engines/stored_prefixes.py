@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from minions.decoding.tokens import common_prefix_len
+from minions.decoding.tokens import common_prefix_len, longest_shared
 
 
 @dataclass(eq=False)
@@ -53,11 +53,7 @@ class StoredPrefixes:
 
     def longest(self, tokens: list[int]) -> tuple[StoredPrefix | None, int]:
         """The stored prefix sharing the most leading tokens with `tokens`, and how many (None, 0: none)."""
-        best, length = None, 0
-        for stored in self._stored:
-            if (n := common_prefix_len(stored.tokens, tokens)) > length:
-                best, length = stored, n
-        return best, length
+        return longest_shared(((s, s.tokens) for s in self._stored), tokens)
 
     def touch(self, stored: StoredPrefix) -> None:
         """Mark a stored prefix most recently used (a request started from it)."""

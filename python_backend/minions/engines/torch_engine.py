@@ -26,7 +26,7 @@ import torch
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.decoding.sampling import Randomness, request_randomness
-from minions.decoding.tokens import common_prefix_len
+from minions.decoding.tokens import common_prefix_len, longest_shared
 from minions.decoding.verification import verify_draft
 from minions.engines.api import WARM_UP_TOKENS, BatchStats, SplitBatchEngine
 from minions.engines.packed_forward import ForwardBackend, ForwardRow, forward_backend
@@ -248,13 +248,9 @@ class TorchEngine(SplitBatchEngine):
 
     def _longest_live(self, tokens: list[int]) -> tuple[CachedSequence | None, int]:
         """The live sequence (sharing prefixes) with the most leading tokens in common with `tokens`."""
-        best, length = None, 0
-        for request_id, entry in self.cache.items():
-            if request_id in self._private:
-                continue
-            if (n := min(common_prefix_len(entry.tokens, tokens), self.backend.length(entry.state))) > length:
-                best, length = entry, n
-        return best, length
+        return longest_shared(((entry, entry.tokens[:self.backend.length(entry.state)])
+                               for request_id, entry in self.cache.items() if request_id not in self._private),
+                              tokens)
 
     def _fit_budget(self, entries: list[CachedSequence], rows: list[ForwardRow]) -> None:
         """Evict stored prefixes, then least recently used sequences outside the batch, until the batch's

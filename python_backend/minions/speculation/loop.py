@@ -81,7 +81,7 @@ class _Decode:
         """The first draft also pays the SSMs' prefill of the prompt: its drafting time is not a sample."""
         self.drafts_came_back_empty = False
         stop = (lambda: client.interrupt(services.llm, request_id)) if services.llm_stops_streams else None
-        schedule, repeats = services.probe_schedule(services.probe_first_gap)
+        schedule, repeats = services.probe_schedule(from_start=True)
         self.watch = (DraftWatch(schedule, services.probe_min_draft, self._probe, stop, repeats, services.on_probe)
                       if self.drafter and services.llm_streams and services.probe_tokens > 0 else None)
         self.asked_whole = bool(confident) and self.drafter is not None and set(self.drafter.ssms) <= confident

@@ -133,10 +133,12 @@ class Services:
             return BanditDrafter(spec.ssms, self.health, self.bandit, sampled)
         return SingleDrafter(spec.ssms[0], self.health, sampled)
 
-    def probe_schedule(self, first_gap: int | None = None) -> tuple[ProbeSchedule, TailRepeats | None]:
+    def probe_schedule(self, from_start: bool = False) -> tuple[ProbeSchedule, TailRepeats | None]:
         """A fresh schedule of one request's asks and its index of repeating tails (None when off): the
-        probes on its plain streams (DraftWatch, `first_gap` `probe_first_gap`) and its rests (DraftRest)."""
+        probes on its plain streams (DraftWatch; `from_start`: the first comes `probe_first_gap` tokens
+        into the answer) and its rests (DraftRest)."""
         repeats = TailRepeats(self.probe_repeat_tokens) if self.probe_repeat_tokens > 0 else None
+        first_gap = self.probe_first_gap if from_start else None
         return ProbeSchedule(self.probe_min_gap, self.probe_max_gap, first_gap), repeats
 
     def draft_rest(self) -> DraftRest:
