@@ -138,9 +138,10 @@ class EngineSettings(_Settings):
     when a sequence has 64 or more tokens in a step (tiled) or decodes one token alone over 512 or more
     cells (KV split across threads); both paths need K in F16 or F32 and V of K's type, so the K cache is
     held in Q8_0 beside an F16 V cache, and every step goes row by row. Exact for Q4_1 weights (their
-    matrix products take one row at a time); F16's and Q4_K's (repacked) products still depend on the batch.
-    Needs `kv_unified: false` (in one buffer attention sums over cells in the order they were filled).
-    Long prompts cost more to compute (docs/engines.md)."""
+    matrix products take one row at a time) and, with the project's `k-quant-batch-invariant` patch, for
+    Q4_K_M's (llama.cpp's tiled K-quant kernels are then off in the engine's process); F16's products
+    still depend on the batch. Needs `kv_unified: false` (in one buffer attention sums over cells in the
+    order they were filled). Long prompts cost more to compute (docs/engines.md)."""
     max_context: int = derived(2048)
     """Set from orchestrator.max_context by the renderer."""
     max_draft_tokens: int = derived(16)

@@ -1,11 +1,13 @@
 """Matrix products of several tokens give each token the one-token product bit for bit, through the
-installed libggml with random weights: Q4_1 in patches/llama-cpp-python's 2 x 2 tiles (0002), Q6_K on
-the stock path up to 11 tokens (0003; from 12 on llama.cpp's tiled K-quant kernels take it, and they
-round otherwise), Q8_0 (the SmolLM2 GGUF's output layer: column by column up to 7 tokens (0005), in
-llamafile's tiles from 8). Each column of a product with 2 to 11
-activation columns equals that column's product alone, on 1 to 3 threads. This is what lets a verified
-draft keep plain decoding's tokens on the batch-invariant Q4_1 deployment, checked on the ggml
-operation itself (end to end on the GGUF: test_llamacpp_batch_invariance)."""
+installed libggml with random weights, as llama.cpp's CPU backend computes them: Q4_1 in
+patches/llama-cpp-python's 2 x 2 tiles (0002), Q6_K on the stock path up to 11 tokens (0003; from 12 on
+llama.cpp's tiled K-quant kernels take it, and they round otherwise), Q8_0 (the SmolLM2 GGUF's output
+layer: column by column up to 7 tokens (0005), in llamafile's tiles from 8), and with the K-quant tiles
+turned off as a batch-invariant engine does (0006) Q6_K and Q4_K at any count, Q4_K also repacked at load
+(its one-token kernel rounding as its four-token one). Each column of a product with 2 to n activation
+columns equals that column's product alone, on 1 to 3 threads. This is what lets a verified draft keep
+plain decoding's tokens on the batch-invariant deployments, checked on the ggml operation itself (end to
+end on the SmolLM2 GGUF: test_llamacpp_batch_invariance)."""
 
 from __future__ import annotations
 
@@ -14,64 +16,119 @@ import ctypes
 import numpy as np
 import pytest
 
-GGML_TYPE_F32, GGML_TYPE_Q4_1, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0 = 0, 3, 14, 8
-K, M, MAX_COLUMNS = 1536, 64, 11
+from minions.engines.llamacpp_patches import disable_k_quant_tiles, ggml_library
+
+GGML_TYPE_F32, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K = 0, 3, 8, 12, 14
+GGML_BACKEND_DEVICE_TYPE_CPU, GGML_BACKEND_BUFFER_USAGE_WEIGHTS = 0, 1
+K, M = 1536, 64
 
 
 class InitParams(ctypes.Structure):
     _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
 
 
+def _prototypes(lib: ctypes.CDLL, table: dict) -> None:
+    for name, (args, result) in table.items():
+        function = getattr(lib, name)
+        function.argtypes, function.restype = args, result
+
+
 @pytest.fixture(scope="module")
 def ggml():
-    """libggml-base and libggml-cpu as llama_cpp loads them, with the prototypes this test calls."""
-    from llama_cpp import llama_cpp
+    """The libggml-base, libggml-cpu and libggml that llama_cpp runs, with the prototypes this test calls."""
+    base, cpu, backend = (ggml_library(name) for name in ("ggml-base", "ggml-cpu", "ggml"))
+    p, i64, size = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
+    _prototypes(base, {
+        "ggml_init": ([InitParams], p), "ggml_free": ([p], None), "ggml_tensor_overhead": ([], size),
+        "ggml_graph_overhead": ([], size), "ggml_row_size": ([ctypes.c_int, i64], size),
+        "ggml_new_tensor_2d": ([p, ctypes.c_int, i64, i64], p), "ggml_mul_mat": ([p, p, p], p),
+        "ggml_quantize_chunk": ([ctypes.c_int, p, p, i64, i64, i64, p], size),
+        "ggml_new_graph": ([p], p), "ggml_build_forward_expand": ([p, p], None),
+        "ggml_backend_alloc_ctx_tensors_from_buft": ([p, p], p), "ggml_backend_buffer_free": ([p], None),
+        "ggml_backend_buffer_set_usage": ([p, ctypes.c_int], None), "ggml_backend_buft_name": ([p], ctypes.c_char_p),
+        "ggml_backend_tensor_set": ([p, p, size, size], None), "ggml_backend_tensor_get": ([p, p, size, size], None),
+        "ggml_backend_dev_backend_reg": ([p], p), "ggml_backend_reg_get_proc_address": ([p, ctypes.c_char_p], p),
+        "ggml_backend_dev_init": ([p, ctypes.c_char_p], p), "ggml_backend_free": ([p], None),
+        "ggml_backend_graph_compute": ([p, p], ctypes.c_int),
+    })
+    _prototypes(cpu, {"ggml_backend_cpu_buffer_type": ([], p),
+                      "ggml_backend_cpu_set_n_threads": ([p, ctypes.c_int], None)})
+    _prototypes(backend, {"ggml_backend_dev_by_type": ([ctypes.c_int], p)})
+    return base, cpu, backend
 
-    base = ctypes.CDLL(str(llama_cpp._base_path / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
-    cpu = ctypes.CDLL(str(llama_cpp._base_path / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
-    p = ctypes.c_void_p
-    base.ggml_init.argtypes, base.ggml_init.restype = [InitParams], p
-    base.ggml_free.argtypes = [p]
-    base.ggml_new_tensor_2d.argtypes, base.ggml_new_tensor_2d.restype = [p, ctypes.c_int, ctypes.c_int64,
-                                                                         ctypes.c_int64], p
-    base.ggml_get_data.argtypes, base.ggml_get_data.restype = [p], p
-    base.ggml_quantize_chunk.argtypes = [ctypes.c_int, p, p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, p]
-    base.ggml_quantize_chunk.restype = ctypes.c_size_t
-    base.ggml_mul_mat.argtypes, base.ggml_mul_mat.restype = [p, p, p], p
-    base.ggml_new_graph.argtypes, base.ggml_new_graph.restype = [p], p
-    base.ggml_build_forward_expand.argtypes = [p, p]
-    cpu.ggml_graph_compute_with_ctx.argtypes = [p, p, ctypes.c_int]
-    cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
-    return base, cpu
+
+def _repack_buffer_type(ggml, device) -> int:
+    """The CPU backend's CPU_REPACK buffer type: weights put there are repacked as llama.cpp loads them."""
+    base, _, _ = ggml
+    address = base.ggml_backend_reg_get_proc_address(base.ggml_backend_dev_backend_reg(device),
+                                                     b"ggml_backend_dev_get_extra_bufts")
+    extra = ctypes.cast(address, ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p))(device)
+    types = []
+    while extra[len(types)]:
+        types.append(extra[len(types)])
+    named = [t for t in types if base.ggml_backend_buft_name(t) == b"CPU_REPACK"]
+    assert named, "this libggml-cpu has no CPU_REPACK buffer type"
+    return named[0]
 
 
-def product(ggml, weight_type: int, weights: np.ndarray, x: np.ndarray, threads: int) -> np.ndarray:
-    """ggml_mul_mat of the weights (M x K, quantized to `weight_type`) by the columns of x (n x K): n x M."""
-    base, cpu = ggml
-    ctx = base.ggml_init(InitParams(64 << 20, None, False))
+def product(ggml, weight_type: int, weights: np.ndarray, x: np.ndarray, threads: int, repack: bool = False
+            ) -> np.ndarray:
+    """ggml_mul_mat of the weights (M x K, quantized to `weight_type`, repacked if asked) by the columns
+    of x (n x K) on the CPU backend: n x M."""
+    base, cpu, backend = ggml
+    device = backend.ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
+    be = base.ggml_backend_dev_init(device, None)
+    cpu.ggml_backend_cpu_set_n_threads(be, threads)
+    weight_ctx = base.ggml_init(InitParams(base.ggml_tensor_overhead() * 2, None, True))
+    ctx = base.ggml_init(InitParams(base.ggml_tensor_overhead() * 4 + base.ggml_graph_overhead(), None, True))
+    buffers = []
     try:
-        w = base.ggml_new_tensor_2d(ctx, weight_type, K, M)
-        base.ggml_quantize_chunk(weight_type, weights.ctypes.data, base.ggml_get_data(w), 0, M, K, None)
+        w = base.ggml_new_tensor_2d(weight_ctx, weight_type, K, M)
+        buffer_type = _repack_buffer_type(ggml, device) if repack else cpu.ggml_backend_cpu_buffer_type()
+        buffers.append(base.ggml_backend_alloc_ctx_tensors_from_buft(weight_ctx, buffer_type))
+        base.ggml_backend_buffer_set_usage(buffers[-1], GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+        quantized = np.empty(base.ggml_row_size(weight_type, K) * M, dtype=np.uint8)
+        base.ggml_quantize_chunk(weight_type, weights.ctypes.data, quantized.ctypes.data, 0, M, K, None)
+        base.ggml_backend_tensor_set(w, quantized.ctypes.data, 0, quantized.nbytes)
         a = base.ggml_new_tensor_2d(ctx, GGML_TYPE_F32, K, len(x))
-        ctypes.memmove(base.ggml_get_data(a), np.ascontiguousarray(x).ctypes.data, x.nbytes)
         y = base.ggml_mul_mat(ctx, w, a)
         graph = base.ggml_new_graph(ctx)
         base.ggml_build_forward_expand(graph, y)
-        assert cpu.ggml_graph_compute_with_ctx(ctx, graph, threads) == 0
+        buffers.append(base.ggml_backend_alloc_ctx_tensors_from_buft(ctx, cpu.ggml_backend_cpu_buffer_type()))
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        base.ggml_backend_tensor_set(a, x.ctypes.data, 0, x.nbytes)
+        assert base.ggml_backend_graph_compute(be, graph) == 0
         out = np.empty((len(x), M), dtype=np.float32)
-        ctypes.memmove(out.ctypes.data, base.ggml_get_data(y), out.nbytes)
+        base.ggml_backend_tensor_get(y, out.ctypes.data, 0, out.nbytes)
         return out
     finally:
+        for buffer in buffers:
+            base.ggml_backend_buffer_free(buffer)
         base.ggml_free(ctx)
+        base.ggml_free(weight_ctx)
+        base.ggml_backend_free(be)
+
+
+def assert_columns_equal_alone(ggml, weight_type: int, max_columns: int, repack: bool = False) -> None:
+    rng = np.random.default_rng(7)
+    weights = rng.uniform(-1, 1, (M, K)).astype(np.float32)
+    x = rng.uniform(-1, 1, (max_columns, K)).astype(np.float32)
+    alone = np.stack([product(ggml, weight_type, weights, x[j:j + 1], 1, repack)[0] for j in range(max_columns)])
+    for threads in (1, 2, 3):
+        for n in range(2, max_columns + 1):
+            together = product(ggml, weight_type, weights, x[:n], threads, repack)
+            assert together.tobytes() == alone[:n].tobytes(), f"{n} columns on {threads} threads"
 
 
 @pytest.mark.parametrize("weight_type", [GGML_TYPE_Q4_1, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0], ids=["Q4_1", "Q6_K", "Q8_0"])
 def test_every_column_of_a_product_is_the_one_column_product_bit_for_bit(ggml, weight_type):
-    rng = np.random.default_rng(7)
-    weights = rng.uniform(-1, 1, (M, K)).astype(np.float32)
-    x = rng.uniform(-1, 1, (MAX_COLUMNS, K)).astype(np.float32)
-    alone = np.stack([product(ggml, weight_type, weights, x[j:j + 1], 1)[0] for j in range(MAX_COLUMNS)])
-    for threads in (1, 2, 3):
-        for n in range(2, MAX_COLUMNS + 1):
-            together = product(ggml, weight_type, weights, x[:n], threads)
-            assert together.tobytes() == alone[:n].tobytes(), f"{n} columns on {threads} threads"
+    assert_columns_equal_alone(ggml, weight_type, 11)
+
+
+@pytest.mark.parametrize("weight_type, repack", [(GGML_TYPE_Q4_K, True), (GGML_TYPE_Q4_K, False),
+                                                 (GGML_TYPE_Q6_K, False)], ids=["Q4_K-repacked", "Q4_K", "Q6_K"])
+def test_k_quant_products_without_tiles_are_the_one_column_product_at_any_count(ggml, weight_type, repack):
+    """The K-quant tiles go off for the rest of this process: what a batch-invariant engine does to its own.
+    20 columns: the repacked kernel's groups of 16 and of 4 tokens, and the lone ones after them."""
+    assert disable_k_quant_tiles(), "llama.cpp built without patches/llama-cpp-python's k-quant-batch-invariant"
+    assert_columns_equal_alone(ggml, weight_type, 20, repack)

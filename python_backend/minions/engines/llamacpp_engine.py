@@ -38,7 +38,12 @@ from minions.decoding.tokens import common_prefix_len
 from minions.decoding.verification import verify_draft
 from minions.engines.api import WARM_UP_TOKENS, Answer, BatchStats, result_or_raise
 from minions.engines.inflight_batching import InflightBatcher
-from minions.engines.llamacpp_patches import FLASH_ATTN_ROW_BLOCKS, carried
+from minions.engines.llamacpp_patches import (
+    FLASH_ATTN_ROW_BLOCKS,
+    K_QUANT_BATCH_INVARIANT,
+    carried,
+    disable_k_quant_tiles,
+)
 from minions.engines.prefix_cache import PrefixCache, SlotChoice
 from minions.engines.sequence_cache import CachedSequence
 from minions.engines.step_lock import StepLock, step_slots
@@ -175,6 +180,9 @@ class LlamaCppStepper:
                 log.warning("llama.cpp without the project's %s patch: batch-invariant attention walks the "
                             "cells one at a time, long prompts decode slower (make venv builds it in)",
                             FLASH_ATTN_ROW_BLOCKS)
+            if not disable_k_quant_tiles():
+                log.warning("llama.cpp without the project's %s patch: a K-quant model's (Q4_K_M) products "
+                            "still depend on the batch (make venv builds it in)", K_QUANT_BATCH_INVARIANT)
         self._ctx = LlamaContext(model=self._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = self._model.n_vocab()

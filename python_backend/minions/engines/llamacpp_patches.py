@@ -7,7 +7,9 @@ cells one at a time, and a token on a long prompt costs up to half as much again
 fifth more, without `tiled-min-batch-avx2` a Q4_K_M step of 8–11 tokens up to 15% more, and
 without `mul-mat-small-batch-chunks` a step of 2–4 tokens 5–15% more, and without
 `quant-sgemm-min-columns` a Q4_1 file's Q8_0 output layer by 2–7 tokens (a short draft's
-verification, a step of a few sequences) 5–15% of the step more (docs/engines.md).
+verification, a step of a few sequences) 5–15% of the step more (docs/engines.md). Without
+K_QUANT_BATCH_INVARIANT a batch-invariant engine's K-quant products (Qwen's Q4_K_M) still depend on
+the batch.
 """
 
 from __future__ import annotations
@@ -18,24 +20,55 @@ from pathlib import Path
 FLASH_ATTN_ROW_BLOCKS = "flash-attn-row-blocks"
 """Flash attention on a query row in blocks of cells, in the same fixed order (0001-*.patch)."""
 
+K_QUANT_BATCH_INVARIANT = "k-quant-batch-invariant"
+"""Repacked Q4_K's one-row kernel rounding as its four-row one, and K-quant tiles off on request (0006-*.patch)."""
+
 MARKER = "ggml_cpu_minions_patches"
 """The function the patches add to libggml-cpu: their names, comma-separated."""
 
 
-def carried(lib_dir: Path | None = None) -> frozenset[str]:
-    """The patch names in the libggml-cpu under `lib_dir` (default: the one llama_cpp loads, which
-    `LLAMA_CPP_LIB_PATH` may move); empty for an unpatched build, or one without that file (a build
-    whose CPU backend is named otherwise is not checked, nor stopped)."""
+DISABLE_TILES = "ggml_cpu_minions_disable_tiled_mm"
+"""The function K_QUANT_BATCH_INVARIANT adds: llama.cpp's tiled K-quant kernels off in this process."""
+
+
+def ggml_library(name: str, lib_dir: Path | None = None) -> ctypes.CDLL | None:
+    """`lib<name>.so` under `lib_dir`; by default the very copy llama_cpp runs (its folder, which
+    `LLAMA_CPP_LIB_PATH` may move, holds each library as several files, `.so`, `.so.0`, ...: loading
+    another of them would map a second copy with state of its own). None without the file (a build
+    whose libraries are named otherwise is not checked, nor stopped)."""
     if lib_dir is None:
-        from llama_cpp import llama_cpp
+        from llama_cpp import llama_cpp  # loads libllama and the ggml libraries it links
 
         lib_dir = llama_cpp._base_path
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            path = Path(line.split(maxsplit=5)[-1])
+            if path.parent == lib_dir and path.name.startswith(f"lib{name}.so"):
+                return ctypes.CDLL(str(path))
     try:
-        lib = ctypes.CDLL(str(lib_dir / "libggml-cpu.so"))
+        return ctypes.CDLL(str(lib_dir / f"lib{name}.so"))
     except OSError:
-        return frozenset()
+        return None
+
+
+def carried(lib_dir: Path | None = None) -> frozenset[str]:
+    """The patch names in the libggml-cpu under `lib_dir` (default: the one llama_cpp loads); empty for
+    an unpatched build, or one without that file (not checked, nor stopped)."""
+    lib = ggml_library("ggml-cpu", lib_dir)
     marker = getattr(lib, MARKER, None)
     if marker is None:
         return frozenset()
     marker.restype = ctypes.c_char_p
     return frozenset(name for name in marker().decode().split(",") if name)
+
+
+def disable_k_quant_tiles(lib_dir: Path | None = None) -> bool:
+    """Turn llama.cpp's tiled K-quant products off for this process, for good: they round otherwise
+    than the one-token kernels, so a batch-invariant engine cannot have them. Every engine of the
+    process then multiplies K-quants without them (their prompts cost about a tenth more on AVX2;
+    other types are untouched). False where the build lacks K_QUANT_BATCH_INVARIANT."""
+    disable = getattr(ggml_library("ggml-cpu", lib_dir), DISABLE_TILES, None)
+    if disable is None:
+        return False
+    disable.restype = None
+    disable()
+    return True
