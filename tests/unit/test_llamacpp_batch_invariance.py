@@ -3,34 +3,46 @@ its step was batched: tokens generated one a step after a 600-token prompt (wher
 attention would split a lone token's KV across threads, and tile the prompt's 64 query rows at a
 time), and the same tokens verified as a draft, beside another sequence, after the prompt was fed in
 other chunks. On the real SmolLM2 GGUF as shipped (Q4_1, whose 8-bit activations turn the other
-paths' rounding into other greedy tokens: without the setting this test fails on its first row)."""
+paths' rounding into other greedy tokens: without the setting this test fails on its first row), and
+re-encoded as Q4_K_M (Qwen's deployment's kind: its `ffn_down` in Q4_K, repacked at load, and Q6_K, the
+other tensors in what Q4_K_M falls back to for 576 columns), which needs patches/llama-cpp-python's
+k-quant-batch-invariant."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from laws import batched_first_tokens, goodness_of_fit
 from minions.decoding.engine_call import EngineRequest
 from minions.decoding.sampling import SamplingParams, target_probs
-from minions.deploy.artifacts import smollm2_gguf
+from minions.deploy.artifacts import repacked_gguf, smollm2_gguf
 from minions.engines.llamacpp_engine import LlamaCppEngine
 
 PROMPT_TOKENS, GENERATED = 600, 8
 
 
-def _engine(**settings) -> LlamaCppEngine:
-    return LlamaCppEngine(str(smollm2_gguf()), num_threads=2, n_ctx=1024, kv_unified=False, batch_invariant=True,
-                          **settings)
+def _engine(gguf: str | None = None, **settings) -> LlamaCppEngine:
+    return LlamaCppEngine(gguf or str(smollm2_gguf()), num_threads=2, n_ctx=1024, kv_unified=False,
+                          batch_invariant=True, **settings)
 
 
-def test_a_tokens_logits_do_not_depend_on_how_its_step_was_batched():
+@pytest.fixture(scope="module", params=["Q4_1", "Q4_K_M"])
+def gguf(request, tmp_path_factory) -> str:
+    """The shipped GGUF, or its Q4_K_M re-encoding (made once per run)."""
+    if request.param == "Q4_1":
+        return str(smollm2_gguf())
+    return str(repacked_gguf(smollm2_gguf(), request.param, tmp_path_factory.mktemp("gguf")))
+
+
+def test_a_tokens_logits_do_not_depend_on_how_its_step_was_batched(gguf):
     prompt = [int(t) for t in np.random.default_rng(5).integers(100, 40000, PROMPT_TOKENS)]
-    alone = _engine(max_sequences=1, prefix_caching=False)
+    alone = _engine(gguf, max_sequences=1, prefix_caching=False)
     try:  # the prompt in steps of n_batch (512, then 88), then a token a step
         own = alone.generate(EngineRequest("own", prompt, GENERATED, return_generation_logits=True))
     finally:
         alone.close()
-    served = _engine(max_sequences=2)
+    served = _engine(gguf, max_sequences=2)
     try:  # the prompt's first 300 tokens, then the rest and the draft in one step beside another sequence
         served.generate(EngineRequest("own", prompt[:300], 1))
         _, verified = served.generate_batch([
