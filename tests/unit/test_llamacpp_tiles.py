@@ -1,13 +1,14 @@
 """Matrix products of several tokens give each token the one-token product bit for bit, through the
 installed libggml with random weights, as llama.cpp's CPU backend computes them: Q4_1 in
-patches/llama-cpp-python's 2 x 2 tiles (0002), Q6_K on the stock path up to 11 tokens (0003; from 12 on
-llama.cpp's tiled K-quant kernels take it, and they round otherwise), Q8_0 (the SmolLM2 GGUF's output
-layer: column by column up to 7 tokens (0005), in llamafile's tiles from 8), and with the K-quant tiles
-turned off as a batch-invariant engine does (0006) Q6_K and Q4_K at any count, Q4_K also repacked at load
-(its one-token kernel rounding as its four-token one). Each column of a product with 2 to n activation
-columns equals that column's product alone, on 1 to 3 threads. This is what lets a verified draft keep
-plain decoding's tokens on the batch-invariant deployments, checked on the ggml operation itself (end to
-end on the SmolLM2 GGUF: test_llamacpp_batch_invariance)."""
+patches/llama-cpp-python's 2 x 2 tiles (0002), Q6_K on the stock path up to 5 tokens and in the tiles of
+0007 from 6 (up to 11: from 12 on llama.cpp's tiled K-quant kernels take it, and they round otherwise,
+0003), Q8_0 (the SmolLM2 GGUF's output layer: column by column up to 7 tokens (0005), in llamafile's
+tiles from 8), and with the K-quant tiles turned off as a batch-invariant engine does (0006) Q6_K and Q4_K
+at any count, Q4_K also repacked at load (its one-token kernel rounding as its four-token one). Each
+column of a product with 2 to n activation columns equals that column's product alone, on 1 to 3
+threads. This is what lets a verified draft keep plain decoding's tokens on the batch-invariant
+deployments, checked on the ggml operation itself (end to end on the SmolLM2 GGUF:
+test_llamacpp_batch_invariance)."""
 
 from __future__ import annotations
 
@@ -73,8 +74,9 @@ def _repack_buffer_type(ggml, device) -> int:
 
 def product(ggml, weight_type: int, weights: np.ndarray, x: np.ndarray, threads: int, repack: bool = False
             ) -> np.ndarray:
-    """ggml_mul_mat of the weights (M x K, quantized to `weight_type`, repacked if asked) by the columns
-    of x (n x K) on the CPU backend: n x M."""
+    """ggml_mul_mat of the weights (rows x K, quantized to `weight_type`, repacked if asked) by the columns
+    of x (n x K) on the CPU backend: n x rows."""
+    rows = len(weights)
     base, cpu, backend = ggml
     device = backend.ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
     be = base.ggml_backend_dev_init(device, None)
@@ -83,12 +85,12 @@ def product(ggml, weight_type: int, weights: np.ndarray, x: np.ndarray, threads:
     ctx = base.ggml_init(InitParams(base.ggml_tensor_overhead() * 4 + base.ggml_graph_overhead(), None, True))
     buffers = []
     try:
-        w = base.ggml_new_tensor_2d(weight_ctx, weight_type, K, M)
+        w = base.ggml_new_tensor_2d(weight_ctx, weight_type, K, rows)
         buffer_type = _repack_buffer_type(ggml, device) if repack else cpu.ggml_backend_cpu_buffer_type()
         buffers.append(base.ggml_backend_alloc_ctx_tensors_from_buft(weight_ctx, buffer_type))
         base.ggml_backend_buffer_set_usage(buffers[-1], GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
-        quantized = np.empty(base.ggml_row_size(weight_type, K) * M, dtype=np.uint8)
-        base.ggml_quantize_chunk(weight_type, weights.ctypes.data, quantized.ctypes.data, 0, M, K, None)
+        quantized = np.empty(base.ggml_row_size(weight_type, K) * rows, dtype=np.uint8)
+        base.ggml_quantize_chunk(weight_type, weights.ctypes.data, quantized.ctypes.data, 0, rows, K, None)
         base.ggml_backend_tensor_set(w, quantized.ctypes.data, 0, quantized.nbytes)
         a = base.ggml_new_tensor_2d(ctx, GGML_TYPE_F32, K, len(x))
         y = base.ggml_mul_mat(ctx, w, a)
@@ -98,7 +100,7 @@ def product(ggml, weight_type: int, weights: np.ndarray, x: np.ndarray, threads:
         x = np.ascontiguousarray(x, dtype=np.float32)
         base.ggml_backend_tensor_set(a, x.ctypes.data, 0, x.nbytes)
         assert base.ggml_backend_graph_compute(be, graph) == 0
-        out = np.empty((len(x), M), dtype=np.float32)
+        out = np.empty((len(x), rows), dtype=np.float32)
         base.ggml_backend_tensor_get(y, out.ctypes.data, 0, out.nbytes)
         return out
     finally:
@@ -109,9 +111,9 @@ def product(ggml, weight_type: int, weights: np.ndarray, x: np.ndarray, threads:
         base.ggml_backend_free(be)
 
 
-def assert_columns_equal_alone(ggml, weight_type: int, max_columns: int, repack: bool = False) -> None:
+def assert_columns_equal_alone(ggml, weight_type: int, max_columns: int, repack: bool = False, rows: int = M) -> None:
     rng = np.random.default_rng(7)
-    weights = rng.uniform(-1, 1, (M, K)).astype(np.float32)
+    weights = rng.uniform(-1, 1, (rows, K)).astype(np.float32)
     x = rng.uniform(-1, 1, (max_columns, K)).astype(np.float32)
     alone = np.stack([product(ggml, weight_type, weights, x[j:j + 1], 1, repack)[0] for j in range(max_columns)])
     for threads in (1, 2, 3):
@@ -125,10 +127,13 @@ def test_every_column_of_a_product_is_the_one_column_product_bit_for_bit(ggml, w
     assert_columns_equal_alone(ggml, weight_type, 11)
 
 
-@pytest.mark.parametrize("weight_type, repack", [(GGML_TYPE_Q4_K, True), (GGML_TYPE_Q4_K, False),
-                                                 (GGML_TYPE_Q6_K, False)], ids=["Q4_K-repacked", "Q4_K", "Q6_K"])
-def test_k_quant_products_without_tiles_are_the_one_column_product_at_any_count(ggml, weight_type, repack):
+@pytest.mark.parametrize("weight_type, repack, rows",
+                         [(GGML_TYPE_Q4_K, True, M), (GGML_TYPE_Q4_K, False, M), (GGML_TYPE_Q6_K, False, 69)],
+                         ids=["Q4_K-repacked", "Q4_K", "Q6_K"])
+def test_k_quant_products_without_tiles_are_the_one_column_product_at_any_count(ggml, weight_type, repack, rows):
     """The K-quant tiles go off for the rest of this process: what a batch-invariant engine does to its own.
-    20 columns: the repacked kernel's groups of 16 and of 4 tokens, and the lone ones after them."""
+    20 columns: the repacked Q4_K kernel's groups of 16 and of 4 tokens, and the lone ones after them;
+    Q6_K's tiles (0007) of 16 rows by 16 columns in steps of two rows by four columns, and their edges
+    (69 rows: a last tile of 5, one row alone)."""
     assert disable_k_quant_tiles(), "llama.cpp built without patches/llama-cpp-python's k-quant-batch-invariant"
-    assert_columns_equal_alone(ggml, weight_type, 20, repack)
+    assert_columns_equal_alone(ggml, weight_type, 20, repack, rows)
