@@ -16,6 +16,7 @@ more (a Qwen verification of 8 drafted tokens about 10%).
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 FLASH_ATTN_ROW_BLOCKS = "flash-attn-row-blocks"
@@ -32,11 +33,13 @@ DISABLE_TILES = "ggml_cpu_minions_disable_tiled_mm"
 """The function K_QUANT_BATCH_INVARIANT adds: llama.cpp's tiled K-quant kernels off in this process."""
 
 
+@functools.cache
 def ggml_library(name: str, lib_dir: Path | None = None) -> ctypes.CDLL | None:
     """`lib<name>.so` under `lib_dir`; by default the very copy llama_cpp runs (its folder, which
     `LLAMA_CPP_LIB_PATH` may move, holds each library as several files, `.so`, `.so.0`, ...: loading
     another of them would map a second copy with state of its own). None without the file (a build
-    whose libraries are named otherwise is not checked, nor stopped)."""
+    whose libraries are named otherwise is not checked, nor stopped). Looked up once per process: a
+    batch-invariant engine asks for libggml-cpu twice as it starts (`carried`, `disable_k_quant_tiles`)."""
     if lib_dir is None:
         from llama_cpp import llama_cpp  # loads libllama and the ggml libraries it links
 
