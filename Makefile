@@ -13,7 +13,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv serve prepare engines test test-unit test-integration bench bench-peers bench-openai-peers bench-aiperf gpu-bundle gpu-check soak chaos loadtest distill clean
+.PHONY: venv serve prepare engines test test-unit test-integration bench bench-peers bench-paired bench-openai-peers bench-aiperf gpu-bundle gpu-check soak chaos loadtest distill clean
 
 # The Triton stub links Debian's libpython3.11, so the venv must come from the system python3.11.
 $(STAMP): requirements.txt patches/llama-cpp-python/install.sh $(wildcard patches/llama-cpp-python/*.patch)
@@ -62,6 +62,10 @@ bench-peers: $(STAMP)
 # The same through both servers' OpenAI APIs, loaded by one Locust user (llama-server built as above).
 bench-openai-peers: $(STAMP)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m benchmarks.bench_openai_peers --deploy $(DEPLOY)
+
+# The default against `off` prompt by prompt on one server: the 1-3% two servers taking turns cannot resolve.
+bench-paired: $(STAMP)
+	$(PY) -m benchmarks.bench_paired --deploy $(DEPLOY)
 
 # The GPU acceptance run (docs/benchmarks.md, "GPU check"). Here, with network: `make gpu-bundle` puts the
 # wheels and prompt sets a bare lent GPU machine lacks into .cache/gpu-check/part-*. There, with the parts

@@ -89,8 +89,8 @@ def test_nothing_but_benchmarks_imports_benchmarks(folder):
     """Benchmarks stand on the tests' support (TritonProcess, the near-tie check), never the reverse;
     only the tests of benchmark code itself (test_bench_*, test_soak_trend, test_gpu_check, and the chaos
     tool's unit tests and its short run in make test) import it."""
-    allowed = {"test_bench_load.py", "test_bench_peers.py", "test_soak_trend.py", "test_gpu_check.py", "test_chaos.py",
-               "test_chaos_run.py"}
+    allowed = {"test_bench_load.py", "test_bench_peers.py", "test_bench_paired.py", "test_soak_trend.py",
+               "test_gpu_check.py", "test_chaos.py", "test_chaos_run.py"}
     found = []
     for path in sorted((ROOT / folder).rglob("*.py")):
         if ".venv" in path.parts or path.name in allowed:

@@ -1,0 +1,97 @@
+"""`make bench-paired`: the default against `off` on one server, prompt by prompt (peers/paired.py).
+
+Starts the real tritonserver with the deployment once, and sends every prompt twice, greedy, chat
+template, streamed over gRPC: with the deployment's default speculation, then as `off` (for a
+multi-turn workload: every turn with the default, the last one again as `off`). Per workload: the
+median over prompts of `off`'s decode time per token over the default's, with a bootstrap 90%
+interval, the time ratio, the draft tokens the default verified per request, and how many outputs
+are equal. This resolves the 1-3% that issue 27's "default at least 0.97x `off`" is about, which
+bench_peers' two servers taking turns cannot; against llama-server, and for time to first token,
+use bench_peers. Writes paired.md and paired.json under bench_results/paired.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from client.api import GenerationParams, generate_grpc
+from minions.deploy.config import load_deployment
+from minions.settings import OrchestratorSettings
+from minions.text.datasets import COPY_HEAVY, category_prompts, mixed_prompts
+from tests.support.triton_process import ROOT, TritonProcess
+
+from .bench_load import RESPONSE_TIMEOUT_S
+from .bench_peers import CATEGORIES, CATEGORIES_FROM, MULTI_TURN_FROM, TEMPLATED, workload_prompts
+from .peers.conversations import WORKLOADS as MULTI_TURN
+from .peers.conversations import conversations, messages_text
+from .peers.paired import Answer, Ask, PairedCell, ask_pair, converse_pair, format_rows
+
+WORKLOADS = (CATEGORIES, *COPY_HEAVY, TEMPLATED, *MULTI_TURN)
+
+
+def grpc_ask(url: str, model: str, max_tokens: int) -> Ask:
+    """Ask over gRPC streaming, greedy, with the perf outputs (the draft tokens verified)."""
+    def ask(messages: list[dict], speculation: str | None) -> Answer:
+        params = GenerationParams(max_tokens=max_tokens, temperature=0.0, chat=True, speculation=speculation,
+                                  return_perf_metrics=True)
+        c = generate_grpc(url, model, messages_text(messages), params, stream=True, timeout_s=RESPONSE_TIMEOUT_S)
+        return Answer(c.text, c.num_output_tokens, c.latency_s - (c.ttft_s or c.latency_s), c.total_draft_tokens or 0)
+    return ask
+
+
+def single_turn(workload: str, prompts: int) -> dict[str, list[str]]:
+    """The prompts of a single-turn workload, by cell name (one per category for `categories`)."""
+    if workload == CATEGORIES:
+        return category_prompts(prompts, CATEGORIES_FROM)
+    return {workload: workload_prompts(workload, [prompts])[0]}
+
+
+def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int) -> list[PairedCell]:
+    """Every workload's cells, each printed as it ends."""
+    cells = []
+    for workload in workloads:
+        if workload in MULTI_TURN:
+            talks = {f"{workload}, last turn": conversations(workload, conversation_count, MULTI_TURN_FROM)}
+        else:
+            talks = {name: [[t] for t in texts] for name, texts in single_turn(workload, prompts).items()}
+        for name, turn_lists in talks.items():
+            cells.append(PairedCell(name, [converse_pair(ask, turns) for turns in turn_lists]))
+            print(format_rows([cells[-1].row()]).splitlines()[-1], flush=True)
+    return cells
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS,
+                   default=[CATEGORIES, *COPY_HEAVY, TEMPLATED, "multi_turn_code"])
+    p.add_argument("--prompts", type=int, default=10, help="prompts per workload, and per category")
+    p.add_argument("--conversations", type=int, default=8, help="conversations per multi-turn workload")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--out", default=str(ROOT / "bench_results" / "paired"))
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dep = load_deployment(args.deploy)
+    orchestrator = OrchestratorSettings.from_yaml(dep.orchestrator)
+    with TritonProcess(args.deploy, log_path=out / "tritonserver.log") as triton:
+        ask = grpc_ask(triton.grpc_url, orchestrator.model_name, args.max_tokens)
+        for prompt in mixed_prompts(2):  # first calls pay one-off costs
+            ask_pair(ask, [{"role": "user", "content": prompt}])
+        cells = run(args.workloads, ask, args.prompts, args.conversations)
+    rows = [c.row() for c in cells]
+    text = (f"Default ({orchestrator.default_speculation}) against `off` on one server, prompt by prompt "
+            f"({dep.path.name}, greedy, {args.max_tokens} tokens; decode time per token):\n\n" + format_rows(rows))
+    print("\n" + text)
+    (out / "paired.md").write_text(text + "\n")
+    outputs = [{"workload": c.workload, "pairs": [asdict(p) for p in c.pairs]} for c in cells]
+    (out / "paired.json").write_text(json.dumps({"deploy": str(dep.path), "max_tokens": args.max_tokens,
+                                                 "rows": rows, "outputs": outputs}, indent=1))
+    print(f"\nwrote {out / 'paired.md'} and paired.json")
+
+
+if __name__ == "__main__":
+    main()

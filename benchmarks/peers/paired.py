@@ -1,0 +1,109 @@
+"""The default against `off` prompt by prompt on one server: what each pair of requests measured, and
+a cell's ratios with their spread.
+
+Two servers taking turns (bench_peers) differ by more than the effects issue 27's "never slower than
+`off`" is about: a cell read 0.86-1.08x with no draft verified at all. Sent to one server, the
+default and then `off` on each prompt share the machine's hour, so the ratio of their decode speeds
+is the default's own cost or gain. Only decoding is compared: `off` finds the prompt in the prefix
+cache that the default's request filled.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One request as its client saw it."""
+
+    text: str
+    tokens: int
+    decode_s: float
+    """From the first output token to the last."""
+    drafted: int = 0
+    """Draft tokens the LLM verified for it."""
+
+    @property
+    def s_per_token(self) -> float | None:
+        return self.decode_s / (self.tokens - 1) if self.tokens > 1 else None
+
+
+@dataclass(frozen=True)
+class Pair:
+    """The default's answer and `off`'s to the same prompt on one server, the default's first."""
+
+    default: Answer
+    off: Answer
+
+    @property
+    def speed_ratio(self) -> float | None:
+        """`off`'s time per decoded token over the default's (above 1: the default decodes faster)."""
+        d, o = self.default.s_per_token, self.off.s_per_token
+        return None if d is None or o is None or d <= 0 else o / d
+
+
+Ask = Callable[[list[dict], str | None], Answer]
+"""A request to the server: the conversation so far (chat messages), the speculation mode (None: the
+deployment's default)."""
+
+
+def ask_pair(ask: Ask, messages: list[dict]) -> Pair:
+    """The default, then `off`, on the same messages: the default first, so that drafters which learn
+    from finished requests (suffix) never see `off`'s answer to this prompt before drafting it."""
+    default = ask(messages, None)
+    return Pair(default, ask(messages, "off"))
+
+
+def converse_pair(ask: Ask, turns: Sequence[str]) -> Pair:
+    """A conversation's turns with the default, each turn's history holding its earlier answers, and
+    the last turn sent again as `off`."""
+    messages: list[dict] = []
+    for text in turns[:-1]:
+        messages.append({"role": "user", "content": text})
+        messages.append({"role": "assistant", "content": ask(messages, None).text})
+    return ask_pair(ask, [*messages, {"role": "user", "content": turns[-1]}])
+
+
+@dataclass
+class PairedCell:
+    """One workload's pairs."""
+
+    workload: str
+    pairs: list[Pair] = field(default_factory=list)
+
+    def row(self, resamples: int = 2000, seed: int = 0) -> dict:
+        """Median of the pairs' speed ratios with a bootstrap 90% interval, the time ratio (all of
+        `off`'s decode time, each scaled to the default's token count, over all the default's: a long
+        copy weighs what it saves), draft tokens verified per default request, outputs equal."""
+        timed = [p for p in self.pairs if p.speed_ratio is not None]
+        ratios = [p.speed_ratio for p in timed]
+        row = {"workload": self.workload, "pairs": len(self.pairs), "timed": len(timed),
+               "same": sum(p.default.text == p.off.text for p in self.pairs),
+               "drafted_per_request": statistics.mean(p.default.drafted for p in self.pairs) if self.pairs else 0.0,
+               "median": None, "low": None, "high": None, "time_ratio": None}
+        if not ratios:
+            return row
+        rng = random.Random(seed)
+        medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+        default_s = sum(p.default.decode_s for p in timed)
+        off_s = sum(p.off.s_per_token * (p.default.tokens - 1) for p in timed)
+        row.update(median=statistics.median(ratios), low=medians[int(0.05 * resamples)],
+                   high=medians[int(0.95 * resamples) - 1], time_ratio=off_s / default_s if default_s else None)
+        return row
+
+
+def format_rows(rows: list[dict]) -> str:
+    """A markdown table of PairedCell rows."""
+    def f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    lines = ["| workload | pairs | default / `off`, median of pairs | 90% interval | time ratio | drafted / request "
+             "| same |", "|---|---:|---:|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['workload']} | {r['timed']} | {f(r['median'])} | {f(r['low'])}–{f(r['high'])} | "
+                     f"{f(r['time_ratio'])} | {r['drafted_per_request']:.1f} | {r['same']}/{r['pairs']} |")
+    return "\n".join(lines)

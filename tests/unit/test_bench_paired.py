@@ -1,0 +1,66 @@
+"""benchmarks.peers.paired: the default then `off` on each prompt of one server, and a cell's ratios."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from benchmarks.peers.paired import Answer, Pair, PairedCell, ask_pair, converse_pair, format_rows
+
+
+class Recorder:
+    """A server that answers every request with the mode's name and counts its calls, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[dict], str | None]] = []
+
+    def __call__(self, messages: list[dict], speculation: str | None) -> Answer:
+        self.calls.append(([dict(m) for m in messages], speculation))
+        return Answer(f"answer {len(self.calls)}", 3, 0.2)
+
+
+def test_the_default_asks_before_off_so_no_drafter_has_seen_offs_answer():
+    server = Recorder()
+    pair = ask_pair(server, [{"role": "user", "content": "hi"}])
+    assert [mode for _, mode in server.calls] == [None, "off"]
+    assert pair.default.text == "answer 1" and pair.off.text == "answer 2"
+
+
+def test_a_conversation_carries_the_defaults_answers_and_pairs_its_last_turn():
+    server = Recorder()
+    converse_pair(server, ["edit the file", "now rename", "and again"])
+    assert [mode for _, mode in server.calls] == [None, None, None, "off"]
+    last, last_off = server.calls[2][0], server.calls[3][0]
+    assert last == last_off, "the last turn is sent twice on the same history"
+    assert [m["role"] for m in last] == ["user", "assistant", "user", "assistant", "user"]
+    assert [m["content"] for m in last if m["role"] == "assistant"] == ["answer 1", "answer 2"]
+
+
+def pair(default_s: float, off_s: float, tokens: int = 11, drafted: int = 0, same: bool = True) -> Pair:
+    return Pair(Answer("a", tokens, default_s, drafted), Answer("a" if same else "b", tokens, off_s))
+
+
+def test_a_cells_row():
+    cell = PairedCell("code", [pair(1.0, 1.2, drafted=8), pair(1.0, 0.9), pair(2.0, 2.0, same=False),
+                               pair(1.0, 1.0, tokens=1)])  # one token: no decode time, not timed
+    row = cell.row()
+    assert row["pairs"] == 4 and row["timed"] == 3 and row["same"] == 3
+    assert row["median"] == pytest.approx(statistics.median([1.2, 0.9, 1.0]))
+    assert row["time_ratio"] == pytest.approx((1.2 + 0.9 + 2.0) / (1.0 + 1.0 + 2.0)), "a long request weighs its time"
+    assert row["drafted_per_request"] == pytest.approx(2.0)
+    assert row["low"] <= row["median"] <= row["high"]
+    assert row["low"] == pytest.approx(0.9) and row["high"] == pytest.approx(1.2), "three pairs: resamples span them"
+
+
+def test_off_is_scaled_to_the_defaults_length():
+    """A default that stopped earlier is not credited with `off`'s longer decode."""
+    cell = PairedCell("x", [Pair(Answer("a", 11, 1.0), Answer("ab", 21, 2.0))])
+    assert cell.row()["time_ratio"] == pytest.approx(1.0)
+
+
+def test_an_empty_cell_and_the_table():
+    rows = [PairedCell("none").row(), PairedCell("one", [pair(1.0, 1.1)]).row()]
+    assert rows[0]["median"] is None
+    table = format_rows(rows).splitlines()
+    assert table[2].startswith("| none | 0 | - |") and "| 1.100 |" in table[3]
