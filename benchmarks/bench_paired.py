@@ -7,7 +7,10 @@ median over prompts of `off`'s decode time per token over the default's, with a 
 interval, the time ratio, the draft tokens the default verified per request, and how many outputs
 are equal. This resolves the 1-3% that issue 27's "default at least 0.97x `off`" is about, which
 bench_peers' two servers taking turns cannot; against llama-server, and for time to first token,
-use bench_peers. Writes paired.md and paired.json under bench_results/paired.
+use bench_peers. `--against MODE` pairs the default with another mode than `off` (the default
+against its single drafters, say), except a mode drafting with an SSM that learns from finished
+requests (suffix matching): it would find the default's answer to the prompt. Writes paired.md and
+paired.json under bench_results/paired.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from client.api import GenerationParams, generate_grpc
-from minions.deploy.config import load_deployment
-from minions.settings import OrchestratorSettings
+from minions.deploy.config import Deployment, load_deployment
+from minions.errors import InvalidRequest
+from minions.settings import EngineKind, OrchestratorSettings
+from minions.speculation.mode import Speculation
 from minions.text.datasets import COPY_HEAVY, category_prompts, mixed_prompts
 from tests.support.triton_process import ROOT, TritonProcess
 
@@ -49,7 +54,15 @@ def single_turn(workload: str, prompts: int) -> dict[str, list[str]]:
     return {workload: workload_prompts(workload, [prompts])[0]}
 
 
-def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int) -> list[PairedCell]:
+def learning_ssms(dep: Deployment, mode: str) -> list[str]:
+    """The SSMs a speculation mode drafts with that learn from finished requests (InvalidRequest for an
+    unknown mode or SSM)."""
+    names = tuple(ssm["name"] for ssm in dep.ssms)
+    used = Speculation.parse(mode, names).ssms
+    return [ssm["name"] for ssm in dep.ssms if ssm["name"] in used and ssm.get("engine") == EngineKind.SUFFIX]
+
+
+def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int, against: str) -> list[PairedCell]:
     """Every workload's cells, each printed as it ends."""
     cells = []
     for workload in workloads:
@@ -58,8 +71,8 @@ def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int) -
         else:
             talks = {name: [[t] for t in texts] for name, texts in single_turn(workload, prompts).items()}
         for name, turn_lists in talks.items():
-            cells.append(PairedCell(name, [converse_pair(ask, turns) for turns in turn_lists]))
-            print(format_rows([cells[-1].row()]).splitlines()[-1], flush=True)
+            cells.append(PairedCell(name, [converse_pair(ask, turns, against) for turns in turn_lists]))
+            print(format_rows([cells[-1].row()], against).splitlines()[-1], flush=True)
     return cells
 
 
@@ -71,25 +84,35 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=10, help="prompts per workload, and per category")
     p.add_argument("--conversations", type=int, default=8, help="conversations per multi-turn workload")
     p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--against", default="off", help="the mode each default request is paired with")
     p.add_argument("--out", default=str(ROOT / "bench_results" / "paired"))
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dep = load_deployment(args.deploy)
     orchestrator = OrchestratorSettings.from_yaml(dep.orchestrator)
+    try:
+        learning = learning_ssms(dep, args.against)
+    except InvalidRequest as exc:
+        p.error(str(exc))
+    if learning:
+        p.error(f"--against {args.against}: {', '.join(learning)} learns from finished requests and would find "
+                "the default's answer to each prompt")
     with TritonProcess(args.deploy, log_path=out / "tritonserver.log") as triton:
         ask = grpc_ask(triton.grpc_url, orchestrator.model_name, args.max_tokens)
         for prompt in mixed_prompts(2):  # first calls pay one-off costs
-            ask_pair(ask, [{"role": "user", "content": prompt}])
-        cells = run(args.workloads, ask, args.prompts, args.conversations)
+            ask_pair(ask, [{"role": "user", "content": prompt}], args.against)
+        cells = run(args.workloads, ask, args.prompts, args.conversations, args.against)
     rows = [c.row() for c in cells]
-    text = (f"Default ({orchestrator.default_speculation}) against `off` on one server, prompt by prompt "
-            f"({dep.path.name}, greedy, {args.max_tokens} tokens; decode time per token):\n\n" + format_rows(rows))
+    text = (f"Default ({orchestrator.default_speculation}) against `{args.against}` on one server, prompt by "
+            f"prompt ({dep.path.name}, greedy, {args.max_tokens} tokens; decode time per token):\n\n"
+            + format_rows(rows, args.against))
     print("\n" + text)
     (out / "paired.md").write_text(text + "\n")
     outputs = [{"workload": c.workload, "pairs": [asdict(p) for p in c.pairs]} for c in cells]
-    (out / "paired.json").write_text(json.dumps({"deploy": str(dep.path), "max_tokens": args.max_tokens,
-                                                 "rows": rows, "outputs": outputs}, indent=1))
+    (out / "paired.json").write_text(json.dumps({"deploy": str(dep.path), "against": args.against,
+                                                 "max_tokens": args.max_tokens, "rows": rows, "outputs": outputs},
+                                                indent=1))
     print(f"\nwrote {out / 'paired.md'} and paired.json")
 
 

@@ -1,11 +1,13 @@
-"""The default against `off` prompt by prompt on one server: what each pair of requests measured, and
-a cell's ratios with their spread.
+"""The default against `off` (or another mode) prompt by prompt on one server: what each pair of
+requests measured, and a cell's ratios with their spread.
 
 Two servers taking turns (bench_peers) differ by more than the effects issue 27's "never slower than
 `off`" is about: a cell read 0.86-1.08x with no draft verified at all. Sent to one server, the
 default and then `off` on each prompt share the machine's hour, so the ratio of their decode speeds
 is the default's own cost or gain. Only decoding is compared: `off` finds the prompt in the prefix
-cache that the default's request filled.
+cache that the default's request filled. Against another mode than `off` the same holds, and the
+other mode drafts after the default answered the prompt: a drafter that learns from finished requests
+(suffix) would find that answer, so such modes are not compared here (bench_paired refuses them).
 """
 
 from __future__ import annotations
@@ -34,15 +36,15 @@ class Answer:
 
 @dataclass(frozen=True)
 class Pair:
-    """The default's answer and `off`'s to the same prompt on one server, the default's first."""
+    """The default's answer and the other mode's (`off`) to one prompt on one server, the default's first."""
 
     default: Answer
-    off: Answer
+    other: Answer
 
     @property
     def speed_ratio(self) -> float | None:
-        """`off`'s time per decoded token over the default's (above 1: the default decodes faster)."""
-        d, o = self.default.s_per_token, self.off.s_per_token
+        """The other mode's time per decoded token over the default's (above 1: the default decodes faster)."""
+        d, o = self.default.s_per_token, self.other.s_per_token
         return None if d is None or o is None or d <= 0 else o / d
 
 
@@ -51,21 +53,21 @@ Ask = Callable[[list[dict], str | None], Answer]
 deployment's default)."""
 
 
-def ask_pair(ask: Ask, messages: list[dict]) -> Pair:
-    """The default, then `off`, on the same messages: the default first, so that drafters which learn
-    from finished requests (suffix) never see `off`'s answer to this prompt before drafting it."""
+def ask_pair(ask: Ask, messages: list[dict], against: str = "off") -> Pair:
+    """The default, then the other mode, on the same messages: the default first, so that drafters which
+    learn from finished requests (suffix) never see the other's answer to this prompt before drafting it."""
     default = ask(messages, None)
-    return Pair(default, ask(messages, "off"))
+    return Pair(default, ask(messages, against))
 
 
-def converse_pair(ask: Ask, turns: Sequence[str]) -> Pair:
+def converse_pair(ask: Ask, turns: Sequence[str], against: str = "off") -> Pair:
     """A conversation's turns with the default, each turn's history holding its earlier answers, and
-    the last turn sent again as `off`."""
+    the last turn sent again in the other mode."""
     messages: list[dict] = []
     for text in turns[:-1]:
         messages.append({"role": "user", "content": text})
         messages.append({"role": "assistant", "content": ask(messages, None).text})
-    return ask_pair(ask, [*messages, {"role": "user", "content": turns[-1]}])
+    return ask_pair(ask, [*messages, {"role": "user", "content": turns[-1]}], against)
 
 
 @dataclass
@@ -76,13 +78,13 @@ class PairedCell:
     pairs: list[Pair] = field(default_factory=list)
 
     def row(self, resamples: int = 2000, seed: int = 0) -> dict:
-        """Median of the pairs' speed ratios with a bootstrap 90% interval, the time ratio (all of
-        `off`'s decode time, each scaled to the default's token count, over all the default's: a long
-        copy weighs what it saves), draft tokens verified per default request, outputs equal."""
+        """Median of the pairs' speed ratios with a bootstrap 90% interval, the time ratio (all of the
+        other mode's decode time, each scaled to the default's token count, over all the default's: a
+        long copy weighs what it saves), draft tokens verified per default request, outputs equal."""
         timed = [p for p in self.pairs if p.speed_ratio is not None]
         ratios = [p.speed_ratio for p in timed]
         row = {"workload": self.workload, "pairs": len(self.pairs), "timed": len(timed),
-               "same": sum(p.default.text == p.off.text for p in self.pairs),
+               "same": sum(p.default.text == p.other.text for p in self.pairs),
                "drafted_per_request": statistics.mean(p.default.drafted for p in self.pairs) if self.pairs else 0.0,
                "median": None, "low": None, "high": None, "time_ratio": None}
         if not ratios:
@@ -90,19 +92,19 @@ class PairedCell:
         rng = random.Random(seed)
         medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
         default_s = sum(p.default.decode_s for p in timed)
-        off_s = sum(p.off.s_per_token * (p.default.tokens - 1) for p in timed)
+        other_s = sum(p.other.s_per_token * (p.default.tokens - 1) for p in timed)
         row.update(median=statistics.median(ratios), low=medians[int(0.05 * resamples)],
-                   high=medians[int(0.95 * resamples) - 1], time_ratio=off_s / default_s if default_s else None)
+                   high=medians[int(0.95 * resamples) - 1], time_ratio=other_s / default_s if default_s else None)
         return row
 
 
-def format_rows(rows: list[dict]) -> str:
+def format_rows(rows: list[dict], against: str = "off") -> str:
     """A markdown table of PairedCell rows."""
     def f(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}"
 
-    lines = ["| workload | pairs | default / `off`, median of pairs | 90% interval | time ratio | drafted / request "
-             "| same |", "|---|---:|---:|---|---:|---:|---:|"]
+    lines = [f"| workload | pairs | default / `{against}`, median of pairs | 90% interval | time ratio "
+             "| drafted / request | same |", "|---|---:|---:|---|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['workload']} | {r['timed']} | {f(r['median'])} | {f(r['low'])}–{f(r['high'])} | "
                      f"{f(r['time_ratio'])} | {r['drafted_per_request']:.1f} | {r['same']}/{r['pairs']} |")

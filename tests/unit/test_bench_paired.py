@@ -1,4 +1,5 @@
-"""benchmarks.peers.paired: the default then `off` on each prompt of one server, and a cell's ratios."""
+"""benchmarks.peers.paired and bench_paired: the default then `off` (or another mode) on each prompt of
+one server, a cell's ratios, and the modes a pair cannot compare."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import statistics
 
 import pytest
 
+from benchmarks.bench_paired import learning_ssms
 from benchmarks.peers.paired import Answer, Pair, PairedCell, ask_pair, converse_pair, format_rows
+from minions.deploy.config import load_deployment
+from minions.errors import InvalidRequest
+from tests.support.triton_process import ROOT
 
 
 class Recorder:
@@ -24,13 +29,13 @@ def test_the_default_asks_before_off_so_no_drafter_has_seen_offs_answer():
     server = Recorder()
     pair = ask_pair(server, [{"role": "user", "content": "hi"}])
     assert [mode for _, mode in server.calls] == [None, "off"]
-    assert pair.default.text == "answer 1" and pair.off.text == "answer 2"
+    assert pair.default.text == "answer 1" and pair.other.text == "answer 2"
 
 
 def test_a_conversation_carries_the_defaults_answers_and_pairs_its_last_turn():
     server = Recorder()
-    converse_pair(server, ["edit the file", "now rename", "and again"])
-    assert [mode for _, mode in server.calls] == [None, None, None, "off"]
+    converse_pair(server, ["edit the file", "now rename", "and again"], against="single:ssm_ngram")
+    assert [mode for _, mode in server.calls] == [None, None, None, "single:ssm_ngram"]
     last, last_off = server.calls[2][0], server.calls[3][0]
     assert last == last_off, "the last turn is sent twice on the same history"
     assert [m["role"] for m in last] == ["user", "assistant", "user", "assistant", "user"]
@@ -64,3 +69,14 @@ def test_an_empty_cell_and_the_table():
     assert rows[0]["median"] is None
     table = format_rows(rows).splitlines()
     assert table[2].startswith("| none | 0 | - |") and "| 1.100 |" in table[3]
+
+
+def test_modes_whose_drafters_learn_from_finished_requests_are_refused():
+    """The second request of a pair follows the default's answer to the same prompt: a suffix drafter
+    would draft that answer back."""
+    dep = load_deployment(ROOT / "deploy.yaml")
+    assert learning_ssms(dep, "off") == [] and learning_ssms(dep, "single:ssm_ngram") == []
+    assert learning_ssms(dep, "single:ssm_suffix") == ["ssm_suffix"]
+    assert learning_ssms(dep, "vote") == ["ssm_suffix"]
+    with pytest.raises(InvalidRequest):
+        learning_ssms(dep, "single:nobody")
