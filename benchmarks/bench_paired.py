@@ -9,8 +9,9 @@ are equal. This resolves the 1-3% that issue 27's "default at least 0.97x `off`"
 bench_peers' two servers taking turns cannot; against llama-server, and for time to first token,
 use bench_peers. `--against MODE` pairs the default with another mode than `off` (the default
 against its single drafters, say), except a mode drafting with an SSM that learns from finished
-requests (suffix matching): it would find the default's answer to the prompt. Writes paired.md and
-paired.json under bench_results/paired.
+requests (suffix matching): it would find the default's answer to the prompt. Where the default drafts
+with no such SSM either, every other pair sends the other mode first (peers/paired.ask_pair). Writes
+paired.md and paired.json under bench_results/paired.
 """
 
 from __future__ import annotations
@@ -62,8 +63,10 @@ def learning_ssms(dep: Deployment, mode: str) -> list[str]:
     return [ssm["name"] for ssm in dep.ssms if ssm["name"] in used and ssm.get("engine") == EngineKind.SUFFIX]
 
 
-def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int, against: str) -> list[PairedCell]:
-    """Every workload's cells, each printed as it ends."""
+def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int, against: str,
+        alternate: bool) -> list[PairedCell]:
+    """Every workload's cells, each printed as it ends; with `alternate`, every other pair asks the
+    other mode first (peers/paired.ask_pair)."""
     cells = []
     for workload in workloads:
         if workload in MULTI_TURN:
@@ -71,7 +74,8 @@ def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int, a
         else:
             talks = {name: [[t] for t in texts] for name, texts in single_turn(workload, prompts).items()}
         for name, turn_lists in talks.items():
-            cells.append(PairedCell(name, [converse_pair(ask, turns, against) for turns in turn_lists]))
+            cells.append(PairedCell(name, [converse_pair(ask, turns, against, alternate and i % 2 == 1)
+                                           for i, turns in enumerate(turn_lists)]))
             print(format_rows([cells[-1].row()], against).splitlines()[-1], flush=True)
     return cells
 
@@ -102,7 +106,8 @@ def main() -> None:
         ask = grpc_ask(triton.grpc_url, orchestrator.model_name, args.max_tokens)
         for prompt in mixed_prompts(2):  # first calls pay one-off costs
             ask_pair(ask, [{"role": "user", "content": prompt}], args.against)
-        cells = run(args.workloads, ask, args.prompts, args.conversations, args.against)
+        alternate = not learning_ssms(dep, orchestrator.default_speculation)
+        cells = run(args.workloads, ask, args.prompts, args.conversations, args.against, alternate)
     rows = [c.row() for c in cells]
     text = (f"Default ({orchestrator.default_speculation}) against `{args.against}` on one server, prompt by "
             f"prompt ({dep.path.name}, greedy, {args.max_tokens} tokens; decode time per token):\n\n"

@@ -5,9 +5,9 @@ Two servers taking turns (bench_peers) differ by more than the effects issue 27'
 `off`" is about: a cell read 0.86-1.08x with no draft verified at all. Sent to one server, the
 default and then `off` on each prompt share the machine's hour, so the ratio of their decode speeds
 is the default's own cost or gain. Only decoding is compared: `off` finds the prompt in the prefix
-cache that the default's request filled. Against another mode than `off` the same holds, and the
-other mode drafts after the default answered the prompt: a drafter that learns from finished requests
-(suffix) would find that answer, so such modes are not compared here (bench_paired refuses them).
+cache that the default's request filled. A mode drafting with an SSM that learns from finished
+requests (suffix) would find the default's answer to the prompt: such modes are not the other mode
+of a pair (bench_paired refuses them).
 """
 
 from __future__ import annotations
@@ -53,21 +53,26 @@ Ask = Callable[[list[dict], str | None], Answer]
 deployment's default)."""
 
 
-def ask_pair(ask: Ask, messages: list[dict], against: str = "off") -> Pair:
-    """The default, then the other mode, on the same messages: the default first, so that drafters which
-    learn from finished requests (suffix) never see the other's answer to this prompt before drafting it."""
+def ask_pair(ask: Ask, messages: list[dict], against: str = "off", other_first: bool = False) -> Pair:
+    """The default and the other mode on the same messages, the default first unless `other_first`.
+    The default goes first where either mode drafts with an SSM that learns from finished requests
+    (suffix), so that it never drafts the other's answer to this prompt; else the order alternates, as
+    the second request finds the first's prompt in every engine's prefix cache, a model SSM's too."""
+    if other_first:
+        other = ask(messages, against)
+        return Pair(ask(messages, None), other)
     default = ask(messages, None)
     return Pair(default, ask(messages, against))
 
 
-def converse_pair(ask: Ask, turns: Sequence[str], against: str = "off") -> Pair:
+def converse_pair(ask: Ask, turns: Sequence[str], against: str = "off", other_first: bool = False) -> Pair:
     """A conversation's turns with the default, each turn's history holding its earlier answers, and
-    the last turn sent again in the other mode."""
+    its last turn paired (`ask_pair`)."""
     messages: list[dict] = []
     for text in turns[:-1]:
         messages.append({"role": "user", "content": text})
         messages.append({"role": "assistant", "content": ask(messages, None).text})
-    return ask_pair(ask, [*messages, {"role": "user", "content": turns[-1]}], against)
+    return ask_pair(ask, [*messages, {"role": "user", "content": turns[-1]}], against, other_first)
 
 
 @dataclass

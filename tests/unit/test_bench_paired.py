@@ -32,6 +32,13 @@ def test_the_default_asks_before_off_so_no_drafter_has_seen_offs_answer():
     assert pair.default.text == "answer 1" and pair.other.text == "answer 2"
 
 
+def test_the_other_mode_may_ask_first():
+    server = Recorder()
+    pair = ask_pair(server, [{"role": "user", "content": "hi"}], "single:ssm_q4", other_first=True)
+    assert [mode for _, mode in server.calls] == ["single:ssm_q4", None]
+    assert pair.other.text == "answer 1" and pair.default.text == "answer 2"
+
+
 def test_a_conversation_carries_the_defaults_answers_and_pairs_its_last_turn():
     server = Recorder()
     converse_pair(server, ["edit the file", "now rename", "and again"], against="single:ssm_ngram")
