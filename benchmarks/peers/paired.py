@@ -2,10 +2,10 @@
 requests measured, and a cell's ratios with their spread.
 
 Two servers taking turns (bench_peers) differ by more than the effects issue 27's "never slower than
-`off`" is about: a cell read 0.86-1.08x with no draft verified at all. Sent to one server, the
-default and then `off` on each prompt share the machine's hour, so the ratio of their decode speeds
-is the default's own cost or gain. Only decoding is compared: `off` finds the prompt in the prefix
-cache that the default's request filled. A mode drafting with an SSM that learns from finished
+`off`" is about: a cell read 0.86-1.08x with no draft verified at all. Sent to one server one after
+the other, the default and `off` on each prompt share the machine's minute, so the ratio of their
+decode speeds is the default's own cost or gain. Only decoding is compared: the second request of a
+pair finds the prompt in the prefix cache the first filled. A mode drafting with an SSM that learns from finished
 requests (suffix) would find the default's answer to the prompt: such modes are not the other mode
 of a pair (bench_paired refuses them).
 """
@@ -36,7 +36,7 @@ class Answer:
 
 @dataclass(frozen=True)
 class Pair:
-    """The default's answer and the other mode's (`off`) to one prompt on one server, the default's first."""
+    """The default's answer and the other mode's (`off`) to one prompt on one server (`ask_pair`)."""
 
     default: Answer
     other: Answer
