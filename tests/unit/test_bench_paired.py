@@ -7,10 +7,12 @@ import statistics
 
 import pytest
 
-from benchmarks.bench_paired import learning_ssms
+from benchmarks.bench_paired import learning_ssms, run
 from benchmarks.peers.paired import Answer, Pair, PairedCell, ask_pair, converse_pair, format_rows
 from minions.deploy.config import load_deployment
 from minions.errors import InvalidRequest
+from minions.text.datasets import COPY_HEAVY, DATASETS
+from tests.support.datasets import write_prompt_sets
 from tests.support.triton_process import ROOT
 
 
@@ -87,3 +89,18 @@ def test_modes_whose_drafters_learn_from_finished_requests_are_refused():
     assert learning_ssms(dep, "vote") == ["ssm_suffix"]
     with pytest.raises(InvalidRequest):
         learning_ssms(dep, "single:nobody")
+
+
+def test_a_run_pairs_every_prompt_and_alternates_where_allowed(tmp_path, monkeypatch):
+    write_prompt_sets(tmp_path, {name: [f"{name} {i}" for i in range(80)] for name in DATASETS | COPY_HEAVY})
+    monkeypatch.setenv("MINIONS_DATASETS", str(tmp_path))
+    server = Recorder()
+    cells = run(["code_edit", "multi_turn_code"], server, prompts=4, conversation_count=2,
+                against="single:ssm_ngram", alternate=True)
+    assert [c.workload for c in cells] == ["code_edit", "multi_turn_code, last turn"]
+    assert [len(c.pairs) for c in cells] == [4, 2]
+    single = [mode for _, mode in server.calls[:8]]
+    assert single == [None, "single:ssm_ngram", "single:ssm_ngram", None] * 2, "every other pair the other first"
+    server.calls.clear()
+    run(["code_edit"], server, prompts=2, conversation_count=1, against="off", alternate=False)
+    assert [mode for _, mode in server.calls] == [None, "off", None, "off"]
