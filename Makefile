@@ -63,7 +63,7 @@ bench-peers: $(STAMP)
 bench-openai-peers: $(STAMP)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m benchmarks.bench_openai_peers --deploy $(DEPLOY)
 
-# The default against `off` prompt by prompt on one server: the 1-3% two servers taking turns cannot resolve.
+# The default against `off` prompt by prompt on one server: a cell to ~3%, where two servers taking turns spread 5-10%.
 bench-paired: $(STAMP)
 	$(PY) -m benchmarks.bench_paired --deploy $(DEPLOY)
 

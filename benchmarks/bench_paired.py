@@ -5,13 +5,14 @@ template, streamed over gRPC: with the deployment's default speculation, then as
 multi-turn workload: every turn with the default, the last one again as `off`). Per workload: the
 median over prompts of `off`'s decode time per token over the default's, with a bootstrap 90%
 interval, the time ratio, the draft tokens the default verified per request, and how many outputs
-are equal. This resolves the 1-3% that issue 27's "default at least 0.97x `off`" is about, which
-bench_peers' two servers taking turns cannot; against llama-server, and for time to first token,
-use bench_peers. `--against MODE` pairs the default with another mode than `off` (the default
-against its single drafters, say), except a mode drafting with an SSM that learns from finished
-requests (suffix matching): it would find the default's answer to the prompt. Where the default drafts
-with no such SSM either, every other pair sends the other mode first (peers/paired.ask_pair). Writes
-paired.md and paired.json under bench_results/paired.
+are equal. Two runs put a cell's median within about 3% of each other, where bench_peers' two
+servers taking turns spread a cell by 5-10% (issue 27 asks the default at least 0.97x `off`).
+Against llama-server, and for time to first token, use bench_peers. `--against MODE` pairs the
+default with another mode than `off` (the default against its single drafters, say), except a mode
+drafting with an SSM that learns from finished requests (suffix matching): it would find the
+default's answer to the prompt. Where the default drafts with no such SSM either, every other pair
+sends the other mode first (peers/paired.ask_pair). Writes paired.md and paired.json under
+bench_results/paired.
 """
 
 from __future__ import annotations

@@ -96,10 +96,10 @@ class PairedCell:
             return row
         rng = random.Random(seed)
         medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
-        default_s = sum(p.default.decode_s for p in timed)
+        default_s = sum(p.default.decode_s for p in timed)  # > 0: a timed pair's default decoded for a while
         other_s = sum(p.other.s_per_token * (p.default.tokens - 1) for p in timed)
         row.update(median=statistics.median(ratios), low=medians[int(0.05 * resamples)],
-                   high=medians[int(0.95 * resamples) - 1], time_ratio=other_s / default_s if default_s else None)
+                   high=medians[int(0.95 * resamples) - 1], time_ratio=other_s / default_s)
         return row
 
 
