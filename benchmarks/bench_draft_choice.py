@@ -192,14 +192,14 @@ def replay(policy: Policy, engines: dict[str, object], requests: list[tuple[list
 def workloads(count: int, copy_count: int, offset: int) -> dict[str, list[str]]:
     return {"chat": mixed_prompts(count, offset=offset),
             "code_edit": load_prompts("code_edit", copy_count, offset),
-            "summarization": load_prompts("summarization", copy_count, offset)}
+            "passages": load_prompts("passages", copy_count, offset)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
     p.add_argument("--prompts", type=int, default=24, help="chat prompts (mixed sets)")
-    p.add_argument("--copy-prompts", type=int, default=12, help="code_edit and summarization prompts each")
+    p.add_argument("--copy-prompts", type=int, default=12, help="code_edit and passages prompts each")
     p.add_argument("--offset", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)

@@ -20,7 +20,7 @@ import torch
 from minions.deploy.artifacts import hf_dir_for, repacked_gguf, smollm2_gguf
 from minions.deploy.config import ROOT, load_deployment
 from minions.engines.torch_engine import load_causal_lm
-from minions.text.datasets import DATASETS, load_prompts
+from minions.text.datasets import chat_sets, load_prompts
 
 SHIPPED = "Q4_1"
 
@@ -33,7 +33,7 @@ def teacher_sequences(per_dataset: int, new_tokens: int, offset: int) -> list[tu
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = load_causal_lm(path)
     out = []
-    for name in DATASETS:
+    for name in chat_sets():
         for prompt in load_prompts(name, per_dataset, offset):
             ids = tokenizer(prompt)["input_ids"]
             with torch.no_grad():

@@ -3,7 +3,7 @@
 Each mode runs on a tritonserver of its own (deploy.yaml), so that none finds another's prompts in the
 prefix cache, drafts from another's answers (ssm_suffix learns from finished requests) or starts from
 the draft lengths another climbed to (the length statistics are server-wide). Every mode gets the same
-prompts (mixed from the four shared datasets), and each concurrency c and repeat prompts of its own:
+prompts (the chat sets mixed: datasets/README.md), and each concurrency c and repeat prompts of its own:
 c client streams pull max(c, --min-requests) requests from a queue, greedy. Per mode and concurrency:
 output tokens/s over the cell's wall time, normalised latency (latency / output tokens), TTFT,
 acceptance, the LLM's mean batch and padding share (from the engine's metrics), and the speedup over
@@ -22,15 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from client.api import GenerationParams, generate_grpc
-from minions.text.datasets import COPY_HEAVY, DATASETS, mixed_prompts
+from minions.text.datasets import (COPY_HEAVY, DATASETS, chat_sets, exit_on_missing_set, mixed_prompts, require,
+                                   warm_up_prompts)
 from tests.integration.helpers import metric_samples
 from tests.support.triton_process import ROOT, TritonProcess
 
 from .workers import run_streams
 
 FIXED_LENGTHS = (1, 2, 3, 4, 6, 8)
-WARM_PROMPTS_OFFSET = 300
-"""The warm-up's prompts, from far beyond those of the cells."""
 RESPONSE_TIMEOUT_S = 180.0
 """A stream silent this long has lost its server side (a round takes seconds even at 16 streams): it
 is cancelled and counted as an error, so that the sweep goes on instead of hanging."""
@@ -135,7 +134,7 @@ def run_cell(url: str, metrics_url: str, mode: LoadMode, streams: int, prompts: 
 def cell_prompts(streams: list[int], min_requests: int, repeats: int, datasets: list[str] | None
                  ) -> dict[tuple[int, int], list[str]]:
     """Prompts for each (concurrency, repeat): max(c, min_requests) of them, none used by another cell."""
-    per_set = len(datasets or DATASETS)
+    per_set = len(datasets or chat_sets())
     out, offset = {}, 0
     for c in streams:
         for repeat in range(repeats):
@@ -294,7 +293,7 @@ def plot(rows: list[dict], comps: list[dict], path: Path, deployment: str) -> No
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
     p.add_argument("--streams", nargs="+", type=int, default=[1, 2, 4, 8, 16])
@@ -305,11 +304,16 @@ def main() -> None:
                    f"default with one drafter); or {DEPLOYED.label} (what a request "
                    "that names no speculation gets: the deployment's default mode, length and pipeline)")
     p.add_argument("--datasets", nargs="+", choices=list(DATASETS | COPY_HEAVY),
-                   help="prompts from these only (default: the chat sets, mixed)")
+                   help="prompts from these only (default: the chat sets, mixed: datasets/README.md)")
     p.add_argument("--out", default=str(ROOT / "bench_results" / "load"))
     p.add_argument("--repeat", type=int, default=1, help="passes over the modes at each concurrency; the tables "
                    "show medians and ranges (a cell at 8-16 streams swings by 10%% between runs)")
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
+    require(args.datasets or chat_sets())  # a missing set: one line, before anything starts
     modes = [m for m in default_modes() if not args.modes or m.label in args.modes or m.label == "off"]
     modes += [LoadMode(label, label, None, None) for label in args.modes or () if label.startswith("single:")]
     modes += [DEPLOYED] if DEPLOYED.label in (args.modes or ()) else []
@@ -317,7 +321,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     cells: list[Cell] = []
     prompts = cell_prompts(args.streams, args.min_requests, args.repeat, args.datasets)
-    warm = mixed_prompts(2, offset=WARM_PROMPTS_OFFSET)
+    warm = warm_up_prompts(2)
     for mode in modes:
         log = out / f"tritonserver-{re.sub(r'[^a-z0-9]+', '-', mode.label.lower())}.log"
         with TritonProcess(args.deploy, log_path=log) as server:
@@ -342,4 +346,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_missing_set(main)

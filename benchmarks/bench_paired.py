@@ -27,11 +27,12 @@ from minions.deploy.config import Deployment, load_deployment
 from minions.errors import InvalidRequest
 from minions.settings import EngineKind, OrchestratorSettings
 from minions.speculation.mode import Speculation
-from minions.text.datasets import COPY_HEAVY, category_prompts, mixed_prompts
+from minions.text.datasets import (COPY_HEAVY, DEFAULT_COPY_HEAVY, category_prompts, exit_on_missing_set,
+                                   require, warm_up_prompts)
 from tests.support.triton_process import ROOT, TritonProcess
 
 from .bench_load import RESPONSE_TIMEOUT_S
-from .bench_peers import CATEGORIES, CATEGORIES_FROM, MULTI_TURN_FROM, TEMPLATED, workload_prompts
+from .bench_peers import CATEGORIES, CATEGORIES_FROM, MULTI_TURN_FROM, TEMPLATED, workload_prompts, workload_sets
 from .peers.conversations import WORKLOADS as MULTI_TURN
 from .peers.conversations import conversations, messages_text
 from .peers.paired import Answer, Ask, PairedCell, ask_pair, converse_pair, format_rows
@@ -81,17 +82,23 @@ def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int, a
     return cells
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS,
-                   default=[CATEGORIES, *COPY_HEAVY, TEMPLATED, "multi_turn_code"])
+                   default=[CATEGORIES, *DEFAULT_COPY_HEAVY, TEMPLATED, "multi_turn_code"])
     p.add_argument("--prompts", type=int, default=10, help="prompts per workload, and per category")
     p.add_argument("--conversations", type=int, default=8, help="conversations per multi-turn workload")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--against", default="off", help="the mode each default request is paired with")
     p.add_argument("--out", default=str(ROOT / "bench_results" / "paired"))
+    return p
+
+
+def main() -> None:
+    p = parser()
     args = p.parse_args()
+    require(n for w in args.workloads for n in workload_sets(w))  # a missing set: one line, before the server
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dep = load_deployment(args.deploy)
@@ -105,7 +112,7 @@ def main() -> None:
                 "the default's answer to each prompt")
     with TritonProcess(args.deploy, log_path=out / "tritonserver.log") as triton:
         ask = grpc_ask(triton.grpc_url, orchestrator.model_name, args.max_tokens)
-        for prompt in mixed_prompts(2):  # first calls pay one-off costs
+        for prompt in warm_up_prompts(2):  # first calls pay one-off costs
             ask_pair(ask, [{"role": "user", "content": prompt}], args.against)
         alternate = not learning_ssms(dep, orchestrator.default_speculation)
         cells = run(args.workloads, ask, args.prompts, args.conversations, args.against, alternate)
@@ -123,4 +130,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_missing_set(main)

@@ -32,14 +32,15 @@ from pathlib import Path
 from client.api import GenerationParams, generate_grpc
 from minions.deploy.config import Deployment, load_deployment
 from minions.settings import OrchestratorSettings
-from minions.text.datasets import COPY_HEAVY, DATASETS, category_prompts, load_prompts, mixed_prompts
+from minions.text.datasets import (COPY_HEAVY, DEFAULT_COPY_HEAVY, category_prompts, chat_sets,
+                                   exit_on_missing_set, load_prompts, mixed_prompts, require, warm_up_prompts)
 from tests.integration.helpers import metric_value
 from tests.support.triton_process import ROOT, TritonProcess
 
 from .bench_load import RESPONSE_TIMEOUT_S
 from .peers import ggufs
 from .peers.foreign_cpu import ForeignCpu
-from .peers.conversations import WORKLOADS as MULTI_TURN
+from .peers.conversations import FOLLOW_UPS, WORKLOADS as MULTI_TURN
 from .peers.conversations import (ConversationCell, Converse, conversations, format_turns, messages_text,
                                   run_conversations)
 from .peers.llama_server import LlamaServer, ServerConfig, chat_completion, conversation_turn
@@ -56,13 +57,16 @@ row, so it runs without `chat` and `multi_turn_chat`."""
 CATEGORIES_FROM = 500
 """The other chat sets' category cells start at this row, far past the `chat` cells' blocks."""
 WORKLOADS = ("chat", *COPY_HEAVY, TEMPLATED, CATEGORIES, *MULTI_TURN)
+DEFAULT_WORKLOADS = ("chat", *DEFAULT_COPY_HEAVY, TEMPLATED, *MULTI_TURN)
+"""Every workload but CATEGORIES and the copy-heavy sets that do not ship (datasets/README.md)."""
 HELD_OUT = 8
 """Prompts before this index of each set warm or drive other benchmarks and tests (bench_load,
 test_load, the greedy-equality test); each concurrency here takes its own block after it, so no
 server has seen a cell's prompts before (llama-server reuses a cached prompt's KV across requests)."""
-MULTI_TURN_FROM = 48
+MULTI_TURN_FROM = 56
 """The multi-turn workloads' conversations start at this row of their sets (MT-bench has 80), past
-the blocks the single-turn cells take at the default counts."""
+the blocks the single-turn cells take at the default counts (8 + 3 x 16 rows of MT-bench where it is
+the only chat set, as it is by default)."""
 SPEC_DRAFT_N_MAX = 8
 MINIONS_OFF = "minions off"
 DRAFTED_METRIC = "minions_spec_decode_num_draft_tokens"
@@ -73,6 +77,17 @@ SINGLE = "minions single:"
 """The label prefix of the single-drafter systems (the default's comparison, peers/report.py)."""
 
 
+def workload_sets(workload: str) -> list[str]:
+    """The prompt sets a workload reads (none: the template's records are generated)."""
+    if workload == "chat":
+        return chat_sets()
+    if workload == CATEGORIES:
+        return ["mt_bench", *chat_sets()]
+    if workload in MULTI_TURN:
+        return [FOLLOW_UPS[workload][0]]
+    return [] if workload == TEMPLATED else [workload]
+
+
 def workload_prompts(workload: str, counts: list[int]) -> list[list[str]]:
     """The prompt lists of consecutive cells of a workload, each `count` prompts long and made of the
     next unused prompts of each set after the held-out start."""
@@ -80,7 +95,7 @@ def workload_prompts(workload: str, counts: list[int]) -> list[list[str]]:
     for count in counts:
         if workload == "chat":
             cells.append(mixed_prompts(count, offset=offset))
-            offset += -(-count // len(DATASETS))
+            offset += -(-count // len(chat_sets()))
         elif workload == TEMPLATED:
             cells.append(templated_prompts(count, offset))
             offset += count
@@ -203,27 +218,33 @@ def run_multi_turn(workloads: list[str], args: argparse.Namespace, conversers: d
     return cells
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
     p.add_argument("--streams", nargs="+", type=int, default=[1, 8, 16])
     p.add_argument("--prompts", type=int, default=16,
                    help="prompts per chat and templated cell (at least one per stream)")
     p.add_argument("--copy-prompts", type=int, default=8,
-                   help="prompts per code_edit / summarization cell (at least one per stream)")
+                   help="prompts per copy-heavy cell (code_edit, passages, summarization; at least one per stream)")
     p.add_argument("--conversations", type=int, default=8,
                    help="conversations per multi-turn cell (at least one per stream)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--slices", type=int, default=1,
                    help="run each cell in up to this many slices, the systems taking turns (ABBA...)")
-    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=[w for w in WORKLOADS if w != CATEGORIES],
-                   help=f"default: all but {CATEGORIES}")
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(DEFAULT_WORKLOADS),
+                   help=f"default: all but {CATEGORIES} and the copy-heavy sets that do not ship")
     p.add_argument("--systems", nargs="+", choices=SYSTEM_KEYS, default=list(SYSTEM_KEYS))
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="llama-server threads (-t)")
     p.add_argument("--out", default=str(ROOT / "bench_results" / "peers"))
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if CATEGORIES in args.workloads and {"chat", "multi_turn_chat"} & set(args.workloads):
         p.error(f"{CATEGORIES} takes MT-bench's questions that chat and multi_turn_chat take: run it apart")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    require(n for w in args.workloads for n in workload_sets(w))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dep = load_deployment(args.deploy)
@@ -262,7 +283,7 @@ def main() -> None:
             sessions.add(server.proc.pid)
             commands[config.label] = " ".join(server.command)
         for name, request in systems.items():  # first calls pay one-off costs
-            run_cell(name, "warm-up", request, mixed_prompts(2), 2)
+            run_cell(name, "warm-up", request, warm_up_prompts(2), 2)
         cells = run_single_turn([w for w in args.workloads if w not in MULTI_TURN], args, systems, sessions, drafted)
         # Multi-turn: Minions' modes and llama-server plain on the file the deployment computes with.
         turn_systems = {default_label, MINIONS_OFF, reference_label}
@@ -295,4 +316,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_missing_set(main)

@@ -1,8 +1,8 @@
 """`make bench`: speculative modes against plain decoding (`off`) through the same server, batch 1.
 
-Starts the real tritonserver with deploy.yaml, replays prompts from ../shared/datasets (finance,
-dialogue, alpaca, MT-bench) one at a time, greedy, and runs every mode on each prompt back to back so
-machine noise hits all modes alike. Prints a table per dataset and overall (tokens/s, normalised
+Starts the real tritonserver with deploy.yaml, replays TOTAL_PROMPTS prompts of the chat sets (MT-bench
+by default; MINIONS_CHAT_SETS or --datasets for others: datasets/README.md) one at a time, greedy,
+and runs every mode on each prompt back to back so machine noise hits all modes alike. Prints a table per dataset and overall (tokens/s, normalised
 latency, TTFT, acceptance, tokens per LLM call, speedup over `off` from the same run, the share of
 request time the server spent in control (voting, weight updates, SSM selection), and whether the
 output equals `off` token for token), and writes JSON and a PNG chart. By default it runs `off`,
@@ -24,11 +24,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from client.api import Completion, GenerationParams, generate_grpc
-from minions.text.datasets import DATASETS, load_prompts
+from minions.text.datasets import COPY_HEAVY, DATASETS, chat_sets, exit_on_missing_set, load_prompts, require
 from tests.integration.helpers import metric_value
 from tests.support.triton_process import ROOT, TritonProcess
 
 from .replay import replay_deployment
+
+TOTAL_PROMPTS = 20
+"""Prompts a run replays unless --prompts-per-dataset says otherwise, shared evenly by the sets."""
 
 
 @dataclass(frozen=True)
@@ -132,11 +135,17 @@ def plot(rows: list[dict], per_dataset: dict[str, list[dict]], path: Path) -> No
     fig.savefig(path, dpi=120)
 
 
+def replay_prompts(datasets: list[str], per_dataset: int | None) -> dict[str, list[str]]:
+    """The prompts by set: `per_dataset` of each, or TOTAL_PROMPTS shared by the sets."""
+    per_dataset = per_dataset or -(-TOTAL_PROMPTS // len(datasets))
+    return {name: load_prompts(name, per_dataset) for name in datasets}
+
+
 def run(args: argparse.Namespace) -> dict:
     modes = [Mode.parse(m) for m in (args.modes or default_modes(args.deploy))]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    prompts = {name: load_prompts(name, args.prompts_per_dataset) for name in args.datasets}
+    prompts = replay_prompts(args.datasets, args.prompts_per_dataset)
     samples: list[Sample] = []
     deploy = replay_deployment(Path(args.deploy), out_dir / "deploy.yaml", prefix_caching=False)
     print(f"{args.deploy} without the suffix corpus and prefix caches: {deploy}", flush=True)
@@ -163,7 +172,7 @@ def run(args: argparse.Namespace) -> dict:
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
-        "prompts_per_dataset": args.prompts_per_dataset,
+        "prompts_per_dataset": len(next(iter(prompts.values()))),
         "overall": overall,
         "per_dataset": per_dataset,
         "samples": [asdict(s) for s in samples],
@@ -197,19 +206,28 @@ def _complete(url: str, prompt: str, mode: Mode, max_tokens: int, temperature: f
     return generate_grpc(url, "minions", prompt, params, stream=True)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
-    p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
-    p.add_argument("--prompts-per-dataset", type=int, default=5)
+    p.add_argument("--datasets", nargs="+", default=None, choices=list(DATASETS | COPY_HEAVY),
+                   help="default: the chat sets (datasets/README.md)")
+    p.add_argument("--prompts-per-dataset", type=int, default=None,
+                   help=f"default: {TOTAL_PROMPTS} prompts in all, shared by the sets")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--modes", nargs="+", default=None,
                    help="first is the baseline; MODE@K fixes the draft length (default: the deployment's); "
                         "MODE@K+dl sends draft logits. Default: off, single:<each SSM>, bandit, vote")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (outputs compared with off)")
     p.add_argument("--out", default=str(ROOT / "bench_results"))
-    run(p.parse_args())
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
+    args.datasets = args.datasets or chat_sets()
+    require(args.datasets)
+    run(args)
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_missing_set(main)

@@ -13,7 +13,7 @@ each group of streams runs through the server and alone one right after the othe
 alternating, so that a machine whose speed drifts by 10-30% within minutes (2-core cloud VMs) drifts
 in both. The figure is the median over groups of their inter-token times' ratio.
 
-    python -m benchmarks.bench_stream_overhead [--deploy deploy.yaml] [--streams 1 8 16] [--groups 6]
+    python -m benchmarks.bench_stream_overhead [--deploy deploy.yaml] [--streams 1 8 16] [--groups 2]
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ from minions.deploy.render import engine_settings, orchestrator_settings
 from minions.engines.api import result_or_raise
 from minions.engines.factory import build_engine
 from minions.speculation.services import Services
-from minions.text.datasets import mixed_prompts
+from minions.text.datasets import MissingPromptSet, chat_sets, exit_on_missing_set, mixed_prompts, warm_up_prompts
 from minions.text.prompt import encode_prompt
 from tests.support.triton_process import ROOT, TritonProcess
 
 from .bench_peers import MINIONS_OFF, minions_request
 from .peers.streams import Cell, Sample, run_cell
 
-PROMPT_OFFSET = 40
-"""Past the prompts other benchmarks warm up with."""
+PROMPT_OFFSET = 8
+"""Past the prompts the greedy-equality test and the load sweep's first cells take (bench_peers.HELD_OUT)."""
 
 
 def served(url: str, model: str, prompts: list[str], max_tokens: int) -> tuple[float, list[int]]:
@@ -96,7 +96,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deploy", type=Path, default=ROOT / "deploy.yaml")
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8, 16])
-    parser.add_argument("--groups", type=int, default=6, help="groups of streams per stream count")
+    parser.add_argument("--groups", type=int, default=2, help="groups of streams per stream count (more need "
+                        "more prompts than MT-bench has: MINIONS_CHAT_SETS, datasets/README.md)")
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
     from transformers import AutoTokenizer
@@ -110,13 +111,16 @@ def main() -> None:
     rows = []
     with TritonProcess(args.deploy) as server:
         url, model = server.grpc_url, orchestrator.model_name
-        served(url, model, mixed_prompts(1), args.max_tokens)  # first calls pay one-off costs
+        served(url, model, warm_up_prompts(1), args.max_tokens)  # first calls pay one-off costs
         for streams in args.streams:
             interval = services.stream_interval_s(orchestrator.llm_stream_interval_ms / 1000, streams)
             ratios, through, by_itself = [], [], []
             for group in range(args.groups):
                 prompts = mixed_prompts(streams, offset=offset)
-                offset += streams
+                if len(prompts) < streams:
+                    raise MissingPromptSet(f"the chat sets ({','.join(chat_sets())}) ran out of prompts at group "
+                                           f"{group + 1} of {streams} streams: fewer --groups, or larger sets")
+                offset += -(-streams // len(chat_sets()))
                 ids = [encode_prompt(tokenizer, p, chat=True) for p in prompts]
                 tag = f"s{streams}g{group}"
                 if group % 2 == 0:
@@ -141,4 +145,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_missing_set(main)

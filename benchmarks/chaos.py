@@ -82,7 +82,7 @@ from minions.deploy.config import load_deployment
 from minions.deploy.watchdog import WATCH_INTERVAL_S, StubWatchdog
 from minions.settings import PREFIX_CACHING_ENGINES
 from minions.errors import is_refusal
-from minions.text.datasets import DATASETS, mixed_prompts
+from minions.text.datasets import exit_on_missing_set, mixed_prompts, named_sets, require
 from minions.triton.shm import SHM_PREFIX, mapped_shm_regions
 from tests.support.openai_frontend import openai_frontend
 from tests.support.stub_kill import kill_outside_locks
@@ -614,7 +614,8 @@ class Settings:
     warmup_min: float = 3.0
     growth_mib: float = 128.0
     leak_wait_s: float = 30.0
-    datasets: str = ",".join(DATASETS)
+    datasets: str = ""
+    """Comma-separated prompt sets; empty: the chat sets (datasets/README.md)."""
     prompts: int = 200
     out: str = str(ROOT / "bench_results" / "chaos")
     exit_timeout_s: int = 30
@@ -679,7 +680,7 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
         openai_url = frontend.enter_context(openai_frontend(server, out / f"{stamp}.frontend.log",
                                                             dep.orchestrator_name))
         t0 = time.monotonic()
-        prompts = mixed_prompts(s.prompts, [d for d in s.datasets.split(",") if d])
+        prompts = mixed_prompts(s.prompts, named_sets(s.datasets))
         urls = {"grpc": server.grpc_url, "http": server.http_url, "openai": openai_url}
         for protocol in PROTOCOLS:
             outcome, detail = classify(*_attempt(CALLS[protocol], urls[protocol], dep.orchestrator_name, prompts[0]))
@@ -863,7 +864,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
                    help="memory samples before this (at most a third of the run) are not judged")
     p.add_argument("--growth-mib", type=float, default=d.growth_mib,
                    help="steady RSS growth beyond max(this, 10%%) after warm-up fails the run")
-    p.add_argument("--datasets", default=d.datasets, help="prompt sets (../shared/datasets), comma-separated")
+    p.add_argument("--datasets", default=d.datasets,
+                   help="prompt sets, comma-separated (datasets/README.md); empty: the chat sets")
     p.add_argument("--out", default=d.out, help="where the report goes")
     p.add_argument("--exit-timeout-s", type=int, default=d.exit_timeout_s,
                    help="tritonserver's exit timeout: how long the stop waits for a killed stub's instance")
@@ -884,6 +886,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
 
 def main(argv: list[str] | None = None) -> int:
     s = parse_args(argv)
+    require(named_sets(s.datasets))  # a missing set: one line, before the server starts
     out = Path(s.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -897,4 +900,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_on_missing_set(main))

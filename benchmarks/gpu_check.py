@@ -21,10 +21,11 @@ from importlib import metadata
 from pathlib import Path
 
 from minions.deploy.config import ROOT
+from minions.text.datasets import DEFAULT_COPY_HEAVY
 
 from .replay import replay_deployment
 
-SWEEPS = {"chat": [], "copy_heavy": ["summarization", "code_edit"]}
+SWEEPS = {"chat": [], "copy_heavy": list(DEFAULT_COPY_HEAVY)}
 """Sweep name -> bench_load --datasets (none: the chat sets, mixed)."""
 
 MODES = ["minions", "single:ssm_suffix"]

@@ -3,7 +3,7 @@ failed or hung request (the client gives up on a stream silent for 180 s) or stu
 whose memory or the server's shared memory climbs steadily (benchmarks/trend.py), and on shared-memory
 regions left in /dev/shm once the server has stopped. Throughput is printed per wave to watch.
 
-Waves alternate copy-heavy work (summarization, code_edit) with mixed chat, at 8 and 16 streams,
+Waves alternate copy-heavy work (passages to summarise, code edits) with the chat sets, at 8 and 16 streams,
 the cells where the `minions` stub crashed when it reached the engines through Python-backend BLS
 (docs/engines.md). A stub's native crash leaves "Fatal Python error" in tritonserver's log
 (faulthandler). Every stub's RSS and the size of the server's /dev/shm regions are sampled every
@@ -22,14 +22,14 @@ import threading
 import time
 from pathlib import Path
 
-from minions.text.datasets import load_prompts, mixed_prompts
+from minions.text.datasets import chat_sets, exit_on_missing_set, load_prompts, mixed_prompts, require
 from tests.support.triton_process import ROOT, TritonProcess
 
 from .bench_peers import minions_request
 from .trend import trend
 from .workers import run_streams
 
-WAVES = (("summarization", 8), ("chat", 16), ("code_edit", 16))
+WAVES = (("passages", 8), ("chat", 16), ("code_edit", 16))
 CRASH_MARKS = ("Fatal Python error", "is not healthy")
 MIB = 2**20
 
@@ -65,7 +65,12 @@ class Sampler(threading.Thread):
         return [f"{t}" for t in sorted(trends, key=lambda t: not t.growing)]
 
 
-def main() -> None:
+def wave_prompts(workload: str, streams: int, offset: int) -> list[str]:
+    """A wave's prompts: twice `streams` of the chat sets, or `streams` of a copy-heavy set, from `offset`."""
+    return mixed_prompts(2 * streams, offset=offset) if workload == "chat" else load_prompts(workload, streams, offset)
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
     p.add_argument("--minutes", type=float, default=30.0)
@@ -74,7 +79,12 @@ def main() -> None:
     p.add_argument("--speculation", default=None, help="a request's speculation (default: the deployment's)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--out", default=str(ROOT / "bench_results" / "soak"))
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
+    require([*chat_sets(), *(w for w, _ in WAVES if w != "chat")])  # a missing set: one line, before the server
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + 60 * args.minutes
@@ -85,8 +95,7 @@ def main() -> None:
         request = minions_request(server.grpc_url, "minions", args.speculation, args.max_tokens)
         while time.monotonic() < deadline and not failures:
             for workload, streams in WAVES:
-                prompts = (mixed_prompts(2 * streams, offset=offset) if workload == "chat"
-                           else load_prompts(workload, streams, offset))
+                prompts = wave_prompts(workload, streams, offset)
                 offset = (offset + streams) % 32  # the smallest dataset's prompts, reused in turn
                 tokens: list[int] = []
                 wall = run_streams(prompts, streams, request, lambda _i, s: tokens.append(s.tokens),
@@ -114,4 +123,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_missing_set(main)

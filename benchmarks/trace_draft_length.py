@@ -1,9 +1,8 @@
 """The adaptive selector's trace: the draft length s it chooses, round by round, as the workload changes.
 
 One stream, full Minions (vote + adaptive + pipeline), greedy, on a workload that moves from chat
-(empathetic dialogues) to finance questions to summarisation (there is no summarisation set in
-../shared/datasets, so those prompts ask for a summary of a few dialogue situations pasted together;
-summaries copy from their prompt, so acceptance changes). Writes the trace as JSON and a PNG plot,
+(MT-bench) to code edits to summarisation (passages: datasets/README.md); edits and summaries copy from
+their prompt, so acceptance changes. Writes the trace as JSON and a PNG plot,
 and prints per phase the mean s, how often s changed between consecutive non-exploration rounds, and
 the acceptance.
 """
@@ -16,21 +15,17 @@ import statistics
 from pathlib import Path
 
 from client.api import GenerationParams, generate_grpc
-from minions.text.datasets import load_prompts
+from minions.text.datasets import exit_on_missing_set, load_prompts, require
 from tests.support.triton_process import ROOT, TritonProcess
 
 
+PHASES = {"chat": "mt_bench", "code_edit": "code_edit", "summarisation": "passages"}
+"""Phase -> the prompt set it reads, from PHASE_OFFSET on (past the prompts the load sweep uses)."""
+PHASE_OFFSET = 40
+
+
 def phases(per_phase: int) -> dict[str, list[str]]:
-    situations = load_prompts("dialogue", 4 * per_phase, offset=40)
-    summaries = [
-        "Summarise the following in two sentences:\n\n" + "\n".join(situations[4 * i : 4 * i + 4])
-        for i in range(per_phase)
-    ]
-    return {
-        "chat": load_prompts("dialogue", per_phase, offset=20),
-        "finance": load_prompts("finance", per_phase, offset=20),
-        "summarisation": summaries,
-    }
+    return {phase: load_prompts(name, per_phase, offset=PHASE_OFFSET) for phase, name in PHASES.items()}
 
 
 def main() -> None:
@@ -40,6 +35,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--out", default=str(ROOT / "bench_results" / "trace"))
     args = p.parse_args()
+    require(PHASES.values())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     trace: list[dict] = []
@@ -89,4 +85,4 @@ def _plot(trace: list[dict], path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_missing_set(main)

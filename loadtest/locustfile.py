@@ -17,6 +17,7 @@ With --records, each user also appends one JSON line per request (loadtest.recor
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,9 +28,9 @@ from locust import User, events, task
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from client.api import Completion, GenerationParams, generate_grpc, generate_http, generate_openai
-from loadtest.options import add_options
+from loadtest.options import add_options, prompts
 from loadtest.records import RequestRecord, append_record, outcome_of
-from minions.text.datasets import mixed_prompts
+from minions.text.datasets import MissingPromptSet
 
 # Locust has monkey-patched the standard library for gevent; gRPC's core needs this too, before its
 # first channel, or a blocking stream read stalls every user of the process.
@@ -42,6 +43,17 @@ FAILURE_PAUSE_S = 1.0
 @events.init_command_line_parser.add_listener
 def _options(parser) -> None:
     add_options(parser, with_env=True)
+
+
+@events.init.add_listener
+def _load_prompts(environment, **_) -> None:
+    """Load the prompts as Locust starts: a prompt set that is not there ends it with one line, before a
+    user runs (a user would die on it with a traceback, and the run record nothing)."""
+    try:
+        workload(environment.parsed_options)
+    except MissingPromptSet as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 @events.test_stop.add_listener
@@ -74,10 +86,9 @@ def workload(options) -> Workload:
     """Built once per process from the parsed options (loading the prompts once)."""
     global _workload
     if _workload is None:
-        prompts = mixed_prompts(options.prompts, [d for d in options.datasets.split(",") if d])
         params = GenerationParams(max_tokens=options.max_tokens, temperature=options.temperature,
                                   speculation=options.speculation or None, chat=True, return_perf_metrics=True)
-        _workload = Workload(itertools.cycle(prompts), params, options.response_timeout, options.records)
+        _workload = Workload(itertools.cycle(prompts(options)), params, options.response_timeout, options.records)
     return _workload
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from minions.text.datasets import DATASETS
+from minions.text.datasets import CHAT_SETS_VAR, DEFAULT_CHAT_SETS, mixed_prompts, named_sets
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("speculation", str, "", "speculation mode of every request (off, vote, bandit, single:<ssm>); "
            "empty: the deployment's default"),
     Option("temperature", float, 0.0, "sampling temperature (0: greedy)"),
-    Option("datasets", str, ",".join(DATASETS), "comma-separated prompt sets from ../shared/datasets, taken in "
-           "turn (chat sets by default; code_edit and summarization are copy-heavy)"),
+    Option("datasets", str, "", "comma-separated prompt sets, taken in turn (datasets/README.md: code_edit and "
+           f"passages are copy-heavy); empty: the chat sets of {CHAT_SETS_VAR}, else "
+           f"{','.join(DEFAULT_CHAT_SETS)}"),
     Option("prompts", int, 200, "prompts loaded from the sets; the users cycle through them"),
     Option("response_timeout", float, 60.0, "seconds a stream may stay silent before it is cancelled and "
            "counted as a failure"),
@@ -57,6 +58,12 @@ def add_options(parser, with_env: bool = False, exclude: tuple[str, ...] = ()) -
             continue
         extra = {"env_var": o.env_var} if with_env else {}
         parser.add_argument(o.flag, type=o.type, default=o.default, help=o.help, **extra)
+
+
+def prompts(values: Any) -> list[str]:
+    """The prompts the options select (--prompts of the --datasets sets, taken in turn); MissingPromptSet
+    when a set is not there."""
+    return mixed_prompts(values.prompts, named_sets(values.datasets))
 
 
 def option_args(values: Any) -> list[str]:

@@ -7,7 +7,8 @@ for --time s with --users closed-loop streams (spawned at --spawn-rate a second;
 the end get --stop-timeout s to finish) and writes into --out: Locust's CSV files and HTML report,
 requests.jsonl (one row per request), summary.md, summary.json and loadtest.png. Exits 1 when a request
 failed other than by the server refusing it as unavailable (an overload run's refusals are counted, not
-failed on), or when the server it started died.
+failed on), when no request was recorded, or when the server it started died; 2 when a prompt set
+asked for is missing (minions.text.datasets), before anything starts.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import sys
 from pathlib import Path
 
 from client.api import GenerationParams, generate_grpc, generate_http, generate_openai
-from loadtest.options import OPTIONS, add_options, option_args
+from loadtest.options import OPTIONS, add_options, option_args, prompts
 from loadtest.plot import plot
 from loadtest.records import read_records
 from loadtest.summary import Targets, format_markdown, summarize
+from minions.text.datasets import exit_on_missing_set
 from tests.support.triton_process import ROOT, TritonProcess
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -114,6 +116,7 @@ def title(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    prompts(args)  # a missing set: one line (exit_on_missing_set), before any server starts
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / RECORDS).unlink(missing_ok=True)
@@ -128,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         server_exit_code = None if server is None else server.proc.poll()
     records = read_records(out / RECORDS)
     if not records:
-        raise RuntimeError(f"no request was recorded in {out / RECORDS}")
+        print(f"error: no request was recorded in {out / RECORDS} (Locust's own output above says why)",
+              file=sys.stderr)
+        return 1
     targets = Targets(args.ttft_target_ms, args.itl_target_ms)
     summary = summarize(records, targets) | {"server_exit_code": server_exit_code, "settings": settings(args)}
     text = format_markdown(summary, title(args))
@@ -143,4 +148,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_on_missing_set(main))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make gpu-bundle`: everything `make gpu-check` needs that a bare lent GPU machine lacks (it has no network):
-# the wheels of benchmarks/gpu/requirements.txt for Python 3.12 and the benchmark prompt sets, as one tar
+# the wheels of benchmarks/gpu/requirements.txt for Python 3.12 and the larger prompt sets where present (the
+# shipped ones, datasets/, travel with the tree), as one tar
 # split into parts small enough for one device call each (64 MiB carried per call, the tree included).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,7 +13,7 @@ python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3
   --platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d "$BUNDLE/stage/wheels" -r benchmarks/gpu/requirements.txt
-cp "$DATASETS"/*.jsonl "$BUNDLE/stage/datasets/"
+if [ -d "$DATASETS" ]; then cp "$DATASETS"/*.jsonl "$BUNDLE/stage/datasets/"; fi
 tar -C "$BUNDLE/stage" -cf - . | split -b "$PART_SIZE" -d - "$BUNDLE/part-"
 rm -rf "$BUNDLE/stage"
 ls -l "$BUNDLE"

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from minions.text.datasets import DATASETS
+from minions.text.datasets import CHAT_SETS_VAR
 from tests.integration.helpers import kept_prompts, served
 from tests.support.openai_frontend import openai_frontend
-from tests.support.datasets import write_prompt_sets
 from tests.support.triton_process import ROOT, TritonProcess
 
 
@@ -78,12 +77,11 @@ def openai_url(server):
 
 
 @pytest.fixture
-def kept_datasets(tmp_path, monkeypatch):
-    """The chat prompt sets that the load tools read (minions.text.datasets), made of the prompts kept
-    with the tests, so that those tools run from the project's own files."""
-    prompts = kept_prompts("greedy_equality") + kept_prompts("load")
-    folder = tmp_path / "datasets"
+def nothing_beside(tmp_path, monkeypatch):
+    """The load tools' prompt sets as on a user's clone with nothing beside it: an empty MINIONS_DATASETS
+    folder (no ../shared/datasets) and no chat mix asked for, so they read the sets the project ships."""
+    folder = tmp_path / "no-datasets"
     folder.mkdir()
-    write_prompt_sets(folder, dict.fromkeys(DATASETS, prompts))
     monkeypatch.setenv("MINIONS_DATASETS", str(folder))
+    monkeypatch.delenv(CHAT_SETS_VAR, raising=False)
     return folder

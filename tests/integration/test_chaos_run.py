@@ -15,7 +15,7 @@ import json
 from benchmarks.chaos import FAILED, HUNG, INCOMPLETE, MODES, PROTOCOLS, REFUSED, SERVED, main
 
 
-def test_a_short_chaos_run_with_ssm_kills_and_reloads(tmp_path, kept_datasets):
+def test_a_short_chaos_run_with_ssm_kills_and_reloads(tmp_path, nothing_beside):
     # seed 1 deals reloads of llm, minions and ssm_suffix, then kills ssm_ngram's stub (then more)
     rc = main(["--minutes", "1.25", "--seed", "1", "--faults", "ssm_kill,reload", "--min-gap-s", "3",
                "--max-gap-s", "6", "--users", "3", "--max-tokens", "32", "--hang-s", "120",

@@ -1,11 +1,14 @@
-"""`make loadtest` in a short bounded form: Locust's HTTP and gRPC users against the session's server
-for about 10 s, then the report files and a summary with no failure and consistent latencies; and
-against stand-ins for an overloaded server, whose refusals count as unavailable."""
+"""`make loadtest` in a short bounded form: the make target itself as a user runs it on a clone with
+nothing beside it (a fresh server, the shipped prompt sets); Locust's HTTP and gRPC users against the
+session's server for about 10 s, then the report files and a summary with no failure and consistent
+latencies; and against stand-ins for an overloaded server, whose refusals count as unavailable."""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,9 +17,25 @@ import grpc
 from tritonclient.grpc import service_pb2_grpc
 
 from loadtest.run import main
+from tests.support.triton_process import ROOT
 
 
-def test_a_short_loadtest_reports_every_request(server, tmp_path, kept_datasets):
+def test_make_loadtest_records_requests_from_the_shipped_prompt_sets(tmp_path, nothing_beside):
+    """What failed on a user's clone: every Locust user died on a prompt file outside the project and the
+    run recorded nothing. A run that records no request exits non-zero, and fails this test."""
+    out = tmp_path / "report"
+    args = f"--users 2 --spawn-rate 2 --time 8 --stop-timeout 30 --max-tokens 16 --out {out}"
+    run = subprocess.run(["make", "-C", str(ROOT), "loadtest", f"LOADTEST_ARGS={args}"], capture_output=True,
+                         text=True, timeout=900, env=os.environ)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    for name in ("summary.md", "summary.json", "loadtest.png", "locust_report.html", "requests.jsonl"):
+        assert (out / name).stat().st_size > 0, name
+    s = json.loads((out / "summary.json").read_text())
+    assert s["requests"] > 0 and s["succeeded"] == s["requests"], s["first_errors"]
+    assert s["settings"]["datasets"] == "" and s["server_exit_code"] is None
+
+
+def test_a_short_loadtest_reports_every_request(server, tmp_path, nothing_beside):
     rc = main(["--host", server.http_url, "--grpc-host", server.grpc_url, "--users", "2", "--spawn-rate", "2",
                "--time", "10", "--stop-timeout", "15", "--max-tokens", "16", "--out", str(tmp_path)])
 
@@ -42,7 +61,7 @@ def test_a_short_loadtest_reports_every_request(server, tmp_path, kept_datasets)
     assert {kind for kind, _ in rows} >= {"E2E", "TTFT", "ITL"}
 
 
-def test_the_openai_user_loads_an_openai_api_alone(openai_url, tmp_path, kept_datasets):
+def test_the_openai_user_loads_an_openai_api_alone(openai_url, tmp_path, nothing_beside):
     """`--protocols openai`: Locust's OpenAI user against Minions' frontend, no Triton endpoint named or
     started (the same run measures llama-server's API)."""
     rc = main(["--protocols", "openai", "--openai-host", openai_url, "--users", "2", "--spawn-rate", "2",
@@ -74,7 +93,7 @@ class _RefusingGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):
         context.abort(grpc.StatusCode.UNAVAILABLE, "server overloaded")
 
 
-def test_an_overloaded_server_s_refusals_count_as_unavailable_not_as_errors(tmp_path, kept_datasets):
+def test_an_overloaded_server_s_refusals_count_as_unavailable_not_as_errors(tmp_path, nothing_beside):
     """Stand-ins for a server at capacity: HTTP 503 and gRPC UNAVAILABLE on every request."""
     http = ThreadingHTTPServer(("127.0.0.1", 0), _RefusingHttp)
     threading.Thread(target=http.serve_forever, daemon=True).start()

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from benchmarks.bench_load import DEPLOYED, Cell, cell_prompts, comparisons, default_modes, pool_repeats, summarize
-from minions.text.datasets import DATASETS
+from minions.text.datasets import CHAT_SETS_VAR, DATASETS
 
 
 def _cells(rates_by_repeat: list[dict[str, float]], streams: int = 16) -> list[Cell]:
@@ -49,7 +49,8 @@ def test_one_repeat_compares_cell_against_cell():
     assert comp["vote adaptive vs best fixed range"] is None
 
 
-def test_each_concurrency_and_repeat_gets_prompts_no_other_cell_used(tmp_path, monkeypatch):
+@pytest.mark.parametrize("chat_mix", ["", ",".join(DATASETS)])
+def test_each_concurrency_and_repeat_gets_prompts_no_other_cell_used(tmp_path, monkeypatch, chat_mix):
     """A prompt seen twice by one server would be served from its prefix cache and drafted from its
     earlier answer: every cell of a mode's server has prompts of its own."""
     for name, file in DATASETS.items():
@@ -57,6 +58,7 @@ def test_each_concurrency_and_repeat_gets_prompts_no_other_cell_used(tmp_path, m
                 for i in range(40)]
         (tmp_path / file).write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.setenv("MINIONS_DATASETS", str(tmp_path))
+    monkeypatch.setenv(CHAT_SETS_VAR, chat_mix)
     cells = cell_prompts([1, 2, 8], min_requests=4, repeats=2, datasets=None)
     assert sorted(cells) == [(1, 0), (1, 1), (2, 0), (2, 1), (8, 0), (8, 1)]
     assert [len(cells[c, r]) for c, r in sorted(cells)] == [4, 4, 4, 4, 8, 8]

@@ -14,7 +14,7 @@ from benchmarks.bench_peers import HELD_OUT, slice_bounds, workload_prompts
 from benchmarks.peers.llama_server_build import CMAKE_FLAGS, cmake_flags, features, pinned_version, same_build
 from benchmarks.peers.report import format_drafters, format_table, summarize
 from benchmarks.peers.streams import Cell, Sample
-from minions.text.datasets import COPY_HEAVY, DATASETS, category_prompts, load_prompts
+from minions.text.datasets import CHAT_SETS_VAR, COPY_HEAVY, DATASETS, category_prompts, chat_sets, load_prompts
 from tests.support.stand_in_library import needs_cc, stand_in_library
 from tests.support.datasets import write_prompt_sets
 
@@ -26,14 +26,25 @@ def prompt_sets(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIONS_DATASETS", str(tmp_path))
 
 
-@pytest.mark.parametrize("workload", ["chat", "code_edit"])
-def test_every_cell_gets_prompts_no_other_cell_or_benchmark_warm_up_uses(prompt_sets, workload):
+@pytest.mark.parametrize("workload", ["chat", "code_edit", "passages"])
+@pytest.mark.parametrize("chat_mix", ["", ",".join(DATASETS)])
+def test_every_cell_gets_prompts_no_other_cell_or_benchmark_warm_up_uses(prompt_sets, monkeypatch, workload,
+                                                                         chat_mix):
+    monkeypatch.setenv(CHAT_SETS_VAR, chat_mix)
     cells = workload_prompts(workload, [4, 8, 16])
     assert [len(c) for c in cells] == [4, 8, 16]
     flat = [p for c in cells for p in c]
     assert len(set(flat)) == len(flat)
-    warm = load_prompts("finance" if workload == "chat" else workload, HELD_OUT)
+    warm = [p for name in (chat_sets() if workload == "chat" else [workload]) for p in load_prompts(name, HELD_OUT)]
     assert not set(flat) & set(warm)
+
+
+def test_the_default_single_turn_chat_cells_end_before_the_multi_turn_conversations_start(prompt_sets):
+    """MT-bench alone is the default chat mix: its chat cells and multi_turn_chat's conversations must not
+    share a question (the second server to see it would find it in its prefix cache)."""
+    args = bench_peers.parse_args([])
+    used = [p for _, _, prompts in bench_peers.single_turn_cells("chat", args) for p in prompts]
+    assert max(int(p.split()[-1]) for p in used) < bench_peers.MULTI_TURN_FROM
 
 
 def test_templated_cells_are_one_template_with_distinct_records_and_need_no_dataset():
@@ -44,13 +55,17 @@ def test_templated_cells_are_one_template_with_distinct_records_and_need_no_data
     assert all(p.startswith(prefix) for p in flat)
 
 
-def test_category_cells_are_mt_bench_by_its_categories_and_each_other_chat_set(prompt_sets, tmp_path):
+def test_category_cells_are_mt_bench_by_its_categories_and_each_other_chat_set(prompt_sets, tmp_path,
+                                                                                  monkeypatch):
+    monkeypatch.setenv(CHAT_SETS_VAR, ",".join(DATASETS))
     rows = [{"category": c, "turns": [f"{c} {i}", "second turn"]} for i in range(12) for c in ("math", "coding")]
     (tmp_path / DATASETS["mt_bench"]).write_text("".join(json.dumps(row) + "\n" for row in rows))
     cells = category_prompts(10, 100)
     assert list(cells) == ["mt_bench/math", "mt_bench/coding", *(n for n in DATASETS if n != "mt_bench")]
     assert cells["mt_bench/math"] == [f"math {i}" for i in range(10)]
     assert cells["finance"] == load_prompts("finance", 10, 100)
+    monkeypatch.delenv(CHAT_SETS_VAR)
+    assert list(category_prompts(10, 100)) == ["mt_bench/math", "mt_bench/coding"]  # the shipped mix: MT-bench
 
 
 def _cell(system: str, workload: str, rate: float, texts: list[str]) -> Cell:

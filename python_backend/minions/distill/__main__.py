@@ -1,7 +1,8 @@
 """`make distill`: train the distilled SSMs from the deployment's LLM and write them to the cache.
 
-1. The LLM greedily continues chat-formatted prompts of ../shared/datasets (a training range that
-   the benchmarks' prompts never touch, and a validation range), labelled per position.
+1. The LLM greedily continues chat-formatted prompts of the chat sets (minions.text.datasets: MT-bench
+   as shipped, MINIONS_CHAT_SETS for larger ones; a training range that the benchmarks' prompts never
+   touch, and a validation range), labelled per position.
    Prompts left when the generation budget runs out are labelled prompt-only (one forward each).
 2. `ssm_d2`: the LLM's embeddings + layers 0-1 + a reduced-vocabulary head, trained on those labels
    (keeping the weights with the best validation loss).
@@ -27,7 +28,7 @@ from minions.deploy.artifacts import hf_dir_for, smollm2_gguf
 from minions.deploy.config import ROOT, load_or_exit
 from minions.engines.distilled_model import MANIFEST_FILE, DistilledDraftModel, is_distilled_dir, load_draft_model
 from minions.engines.torch_engine import TorchEngine, load_causal_lm
-from minions.text.datasets import DATASETS, load_prompts
+from minions.text.datasets import DATASETS, chat_sets, exit_on_missing_set, load_prompts, require
 from minions.text.prompt import encode_prompt
 
 from .evaluate import replay_acceptance
@@ -48,6 +49,14 @@ def interleave(groups: list[list]) -> list:
     return out
 
 
+def prompt_split(names: list[str], val_per_dataset: int) -> tuple[list[str], list[str]]:
+    """(validation, training) prompts of the named sets, each interleaved over the sets: validation from
+    BENCH_PROMPTS on, training after it."""
+    val_stop = BENCH_PROMPTS + val_per_dataset
+    return (interleave([load_prompts(n, val_per_dataset, BENCH_PROMPTS) for n in names]),
+            interleave([load_prompts(n, 10**9, val_stop) for n in names]))
+
+
 def encode_all(tokenizer, texts: list[str], max_prompt_tokens: int) -> list[list[int]]:
     ids = [encode_prompt(tokenizer, t, chat=True) for t in texts]
     return [p for p in ids if len(p) <= max_prompt_tokens]
@@ -58,15 +67,16 @@ def build_data(args, teacher, tokenizer, out: Path) -> tuple[list[Example], list
     cache, prompt_cache = out / "teacher_data.pt", out / "teacher_prompts.pt"
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    names = list(DATASETS)
+    names = chat_sets()
     val_stop = BENCH_PROMPTS + args.val_per_dataset
-    train_prompts = encode_all(tokenizer, interleave([load_prompts(n, 10**9, val_stop) for n in names]), args.max_prompt_tokens)
+    val_texts, train_texts = prompt_split(names, args.val_per_dataset)
+    train_prompts = encode_all(tokenizer, train_texts, args.max_prompt_tokens)
     if cache.exists() and not args.regenerate:
         saved = torch.load(cache, weights_only=False)
         train, val, meta = saved["train"], saved["val"], saved["meta"]
         log.info("reusing %s (%d train, %d validation examples)", cache, len(train), len(val))
     else:
-        val_prompts = encode_all(tokenizer, interleave([load_prompts(n, args.val_per_dataset, BENCH_PROMPTS) for n in names]), args.max_prompt_tokens)
+        val_prompts = encode_all(tokenizer, val_texts, args.max_prompt_tokens)
         val, _ = teacher_generate(teacher, val_prompts, args.max_new_tokens, args.batch_size, pad, eos, 1e9, "teacher (validation)")
         train, used = teacher_generate(teacher, train_prompts, args.max_new_tokens, args.batch_size, pad, eos, args.gen_minutes * 60, "teacher (train)")
         meta = {
@@ -127,6 +137,7 @@ def main() -> None:
     p.add_argument("--evaluate-only", action="store_true",
                    help="only replay the validation split for the SSMs already built (e.g. on a quiet machine) and update their manifests")
     args = p.parse_args()
+    require(chat_sets())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
@@ -185,4 +196,4 @@ def _full_head_cost(teacher, val: list[Example], k: int) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_missing_set(main)
