@@ -4,11 +4,13 @@ Two implementations of one small interface (`ForwardBackend`):
 
 - `PackedLlamaForward` (Llama-family models, e.g. SmolLM2): the new tokens of every sequence in a batch
   are concatenated into one [T, hidden] matrix, so every linear layer (projections, MLP, head) runs once
-  over all of them and no row is padding; only attention is done per sequence, against that sequence's
-  own cache. This is the varlen ("ragged") layout of vLLM's CPU attention: drafts of different lengths
-  cost exactly their tokens, so SPIN's request decomposition has nothing left to remove. The per-layer
-  caches are growable [kv_heads, capacity, head_dim] buffers, so cropping rejected draft tokens is just
-  moving the length back.
+  over all of them and no row is padding. The KV caches live in one paged pool (KvPool: blocks of
+  BLOCK_TOKENS positions; a sequence's state is its block ids and length, so cropping rejected draft
+  tokens is moving the length back), and attention runs once per layer over all the step's rows (twice
+  when a long prefill shares the step: step_plan.py): each row's keys gathered from its blocks, its
+  queries padded to the step's widest row, a mask keeping each query to its own positions. A step then
+  dispatches as many operators for 16 rows with 16-token drafts as for one plain token
+  (benchmarks/bench_forward_ops.py), which a GPU needs and CUDA graphs build on.
 - `SerialForward` (any other transformers model, e.g. the distilled SSMs): one DynamicCache per sequence,
   sequences run one after another. Correct for every model, batched in name only.
 
@@ -20,6 +22,7 @@ weights), so a batch shares that cost. Measured, one thread, 60-token caches: 8 
 
 from __future__ import annotations
 
+import weakref
 from copy import deepcopy
 from dataclasses import dataclass
 from typing import Protocol
@@ -28,6 +31,10 @@ import numpy as np
 import torch
 
 from minions.engines.sequence_cache import KV_GROWTH_TOKENS, kv_bytes_per_token
+from minions.engines.step_plan import AttentionGroup, RowSpec, plan_step
+
+BLOCK_TOKENS = KV_GROWTH_TOKENS
+"""Positions per pool block: the step in which the KV budget already counts a sequence's growth."""
 
 
 @dataclass
@@ -107,32 +114,74 @@ class SerialForward:
         return out
 
 
-class SlotKv:
-    """One sequence's KV cache for every layer: growable buffers and the number of valid positions."""
+class KvPool:
+    """Every layer's keys and values in blocks of BLOCK_TOKENS positions: one tensor per layer and kind,
+    [blocks * BLOCK_TOKENS, kv_heads, head_dim], zeroed (a padded gather reads finite numbers). A sequence
+    holds block ids (PagedKv); the pool doubles when it runs short, and a sequence's blocks return to it
+    when the sequence is dropped."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu") -> None:
-        self.keys = [torch.empty(kv_heads, 0, head_dim, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.empty(kv_heads, 0, head_dim, dtype=dtype, device=device) for _ in range(layers)]
+                 device: torch.device | str = "cpu", blocks: int = 8) -> None:
+        self.keys = [torch.zeros(blocks * BLOCK_TOKENS, kv_heads, head_dim, dtype=dtype, device=device)
+                     for _ in range(layers)]
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        self.free: list[int] = list(range(blocks - 1, -1, -1))
+
+    @property
+    def blocks(self) -> int:
+        return self.keys[0].shape[0] // BLOCK_TOKENS
+
+    def allocate(self, count: int) -> list[int]:
+        if count > len(self.free):
+            self._grow(count - len(self.free))
+        return [self.free.pop() for _ in range(count)]
+
+    def release(self, blocks: list[int]) -> None:
+        self.free.extend(blocks)
+
+    def copy(self, source: list[int], target: list[int]) -> None:
+        """Copy whole blocks, every layer."""
+        offsets = torch.arange(BLOCK_TOKENS, device=self.keys[0].device)
+        src = (torch.tensor(source, device=offsets.device)[:, None] * BLOCK_TOKENS + offsets).reshape(-1)
+        dst = (torch.tensor(target, device=offsets.device)[:, None] * BLOCK_TOKENS + offsets).reshape(-1)
+        for store in (self.keys, self.values):
+            for tensor in store:
+                tensor.index_copy_(0, dst, tensor.index_select(0, src))
+
+    def _grow(self, at_least: int) -> None:
+        old = self.blocks
+        new = max(2 * old, old + at_least)
+        for store in (self.keys, self.values):
+            for i, tensor in enumerate(store):
+                grown = tensor.new_zeros(new * BLOCK_TOKENS, *tensor.shape[1:])
+                grown[: tensor.shape[0]] = tensor
+                store[i] = grown
+        self.free[:0] = range(new - 1, old - 1, -1)
+
+
+class PagedKv:
+    """One sequence's KV cache: its blocks in the pool (returned when the state is dropped) and the number
+    of valid positions. Cropping moves the length back and keeps the blocks, as a growable buffer would."""
+
+    def __init__(self, pool: KvPool, bytes_per_token: int) -> None:
+        self.pool = pool
+        self.bytes_per_token = bytes_per_token
+        self.blocks: list[int] = []
         self.length = 0
+        weakref.finalize(self, pool.release, self.blocks)
 
     def capacity_for(self, length: int) -> int:
-        capacity = self.keys[0].shape[1]
-        return capacity if length <= capacity else -(-length // KV_GROWTH_TOKENS) * KV_GROWTH_TOKENS
+        capacity = len(self.blocks) * BLOCK_TOKENS
+        return capacity if length <= capacity else -(-length // BLOCK_TOKENS) * BLOCK_TOKENS
 
     def reserve(self, length: int) -> None:
         """Make room for `length` positions."""
-        capacity = self.capacity_for(length)
-        if capacity == self.keys[0].shape[1]:
-            return
-        for store in (self.keys, self.values):
-            for i, old in enumerate(store):
-                grown = old.new_empty(old.shape[0], capacity, old.shape[2])
-                grown[:, : self.length] = old[:, : self.length]
-                store[i] = grown
+        missing = -(-length // BLOCK_TOKENS) - len(self.blocks)
+        if missing > 0:
+            self.blocks.extend(self.pool.allocate(missing))
 
     def capacity_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        return len(self.blocks) * BLOCK_TOKENS * self.bytes_per_token
 
 
 class PackedLlamaForward:
@@ -154,6 +203,7 @@ class PackedLlamaForward:
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
         self.kv_bytes_per_token = kv_bytes_per_token(config.to_dict())
+        self.pool = KvPool(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
         self._rope = apply_rotary_pos_emb
 
     @staticmethod
@@ -163,37 +213,40 @@ class PackedLlamaForward:
 
         return type(model) is LlamaForCausalLM
 
-    def new_state(self) -> SlotKv:
-        return SlotKv(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
+    def new_state(self) -> PagedKv:
+        return PagedKv(self.pool, self.kv_bytes_per_token)
 
-    def length(self, state: SlotKv) -> int:
+    def length(self, state: PagedKv) -> int:
         return state.length
 
-    def crop(self, state: SlotKv, length: int) -> None:
+    def crop(self, state: PagedKv, length: int) -> None:
         state.length = min(state.length, length)
 
-    def copy_prefix(self, state: SlotKv, length: int) -> SlotKv:
+    def copy_prefix(self, state: PagedKv, length: int) -> PagedKv:
         copy = self.new_state()
         copy.reserve(length)
-        for mine, theirs in zip((*copy.keys, *copy.values), (*state.keys, *state.values)):
-            mine[:, :length] = theirs[:, :length]
+        if copy.blocks:
+            self.pool.copy(state.blocks[: len(copy.blocks)], copy.blocks)
         copy.length = length
         return copy
 
-    def state_bytes(self, state: SlotKv) -> int:
+    def state_bytes(self, state: PagedKv) -> int:
         return state.capacity_bytes()
 
-    def projected_bytes(self, state: SlotKv, length: int) -> int:
+    def projected_bytes(self, state: PagedKv, length: int) -> int:
         return state.capacity_for(length) * self.kv_bytes_per_token
 
     @torch.inference_mode()
     def forward(self, rows: list[ForwardRow]) -> list[np.ndarray]:
-        starts = [r.state.length for r in rows]
-        sizes = [len(r.new_tokens) for r in rows]
-        ids = torch.tensor([t for r in rows for t in r.new_tokens], dtype=torch.long, device=self.device)
-        positions = torch.cat([torch.arange(s, s + n, device=self.device) for s, n in zip(starts, sizes)])[None]
-        for r, s, n in zip(rows, starts, sizes):
-            r.state.reserve(s + n)
+        for r in rows:
+            r.state.reserve(r.state.length + len(r.new_tokens))
+        plan = plan_step([RowSpec(r.state.length, len(r.new_tokens), tuple(r.state.blocks)) for r in rows],
+                         BLOCK_TOKENS)
+        device = self.device
+        ids = torch.tensor([t for r in rows for t in r.new_tokens], dtype=torch.long, device=device)
+        positions = torch.from_numpy(plan.positions).to(device)[None]
+        writes = torch.from_numpy(plan.writes).to(device)
+        groups = [_GroupTensors.of(g, device) for g in plan.groups]
         h = self.inner.embed_tokens(ids)[None]  # [1, T, hidden]
         cos, sin = self.inner.rotary_emb(h, positions)
         total = ids.shape[0]
@@ -204,37 +257,66 @@ class PackedLlamaForward:
             k = attn.k_proj(x).view(1, total, self.kv_heads, self.head_dim).transpose(1, 2)
             v = attn.v_proj(x).view(1, total, self.kv_heads, self.head_dim).transpose(1, 2)
             q, k = self._rope(q, k, cos, sin)
-            out = torch.empty(1, self.heads, total, self.head_dim, dtype=q.dtype, device=self.device)
-            offset = 0
-            for r, start, n in zip(rows, starts, sizes):
-                keys, values = r.state.keys[index], r.state.values[index]
-                keys[:, start : start + n] = k[0, :, offset : offset + n]
-                values[:, start : start + n] = v[0, :, offset : offset + n]
-                out[0, :, offset : offset + n] = self._attend(
-                    q[0, :, offset : offset + n], keys[:, : start + n], values[:, : start + n], start
-                )
-                offset += n
-            attn_out = attn.o_proj(out.transpose(1, 2).reshape(1, total, self.heads * self.head_dim))
-            h = h + attn_out
+            keys, values = self.pool.keys[index], self.pool.values[index]
+            keys.index_copy_(0, writes, k[0].transpose(0, 1))
+            values.index_copy_(0, writes, v[0].transpose(0, 1))
+            out = self._attend(q[0].transpose(0, 1), keys, values, groups, total)
+            h = h + attn.o_proj(out[None])
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        for r, s, n in zip(rows, starts, sizes):
-            r.state.length = s + n
+        for r in rows:
+            r.state.length += len(r.new_tokens)
+        sizes = [len(r.new_tokens) for r in rows]
         ends = np.cumsum(sizes)
         keep = torch.tensor([i for e, r in zip(ends, rows) for i in range(e - r.n_logits, e)], dtype=torch.long,
-                            device=self.device)
+                            device=device)
         logits = self.model.lm_head(self.inner.norm(h[0, keep])).float().cpu().numpy()
         bounds = np.cumsum([0] + [r.n_logits for r in rows])
         return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
-        """q [heads, n, d] over keys/values [kv_heads, past + n, d]: new token i sees positions <= past + i."""
-        n = q.shape[1]
-        mask = None
-        if n > 1:
-            mask = torch.ones(n, past + n, dtype=torch.bool, device=q.device).tril(diagonal=past)
-        # enable_gqa: each KV head serves its query group in place (no repeated copy of the cache per layer)
-        return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling,
-                                                                enable_gqa=self.groups > 1)
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, groups: list[_GroupTensors],
+                total: int) -> torch.Tensor:
+        """q [T, heads, d] of the packed tokens over the pool's keys/values [P, kv_heads, d]: one SDPA per
+        group, each row padded to the group's width and span; out [T, heads * d]."""
+        width = self.heads * self.head_dim
+        if len(groups) == 1 and groups[0].in_order:
+            return self._attend_group(q, keys, values, groups[0])
+        out = q.new_empty(total, width)
+        for g in groups:
+            out.index_copy_(0, g.tokens, self._attend_group(q.index_select(0, g.tokens), keys, values, g))
+        return out
+
+    def _attend_group(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      g: _GroupTensors) -> torch.Tensor:
+        """One group's tokens q [T_g, heads, d] -> [T_g, heads * d]."""
+        rows, n, span = g.gather.shape[0], g.width, g.gather.shape[1]
+        padded = q.new_zeros(rows * n, self.heads, self.head_dim).index_copy_(0, g.dest, q)
+        padded = padded.view(rows, n, self.heads, self.head_dim).transpose(1, 2)
+        # [rows, kv_heads, span, d]; index_select copies whole [kv_heads, d] rows (advanced indexing: 3x slower)
+        k = keys.index_select(0, g.gather.view(-1)).view(rows, span, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = values.index_select(0, g.gather.view(-1)).view(rows, span, self.kv_heads, self.head_dim).transpose(1, 2)
+        # enable_gqa: each KV head serves its query group in place (no repeated copy of the keys)
+        out = torch.nn.functional.scaled_dot_product_attention(padded, k, v, attn_mask=g.mask, scale=self.scaling,
+                                                               enable_gqa=self.groups > 1)
+        return out.transpose(1, 2).reshape(rows * n, self.heads * self.head_dim).index_select(0, g.dest)
+
+
+@dataclass
+class _GroupTensors:
+    """An AttentionGroup's indices on the model's device."""
+
+    width: int
+    tokens: torch.Tensor
+    dest: torch.Tensor
+    gather: torch.Tensor
+    mask: torch.Tensor
+    in_order: bool
+    """The group's tokens are the whole step, in order (no gather or scatter of its queries needed)."""
+
+    @classmethod
+    def of(cls, g: AttentionGroup, device: torch.device) -> "_GroupTensors":
+        in_order = bool(np.array_equal(g.tokens, np.arange(g.tokens.size)))
+        return cls(g.width, torch.from_numpy(g.tokens).to(device), torch.from_numpy(g.dest).to(device),
+                   torch.from_numpy(g.gather).to(device), torch.from_numpy(g.mask).to(device), in_order)
 
 
 def forward_backend(model) -> ForwardBackend:

@@ -1,0 +1,110 @@
+"""Operators (and, on a GPU, kernel launches) per step of the torch engine's packed forward, by rows and
+draft length: the count must not grow with either (issue 63; its unit test checks the shape on a tiny model).
+
+Loads the deployment's torch LLM (deploy.torch.yaml: SmolLM2-135M fp32) on --device, gives each of
+--rows sequences a prompt of about --context tokens, then times --steps steps in which every row sends
+one token and a draft of --drafts tokens (0: a plain decoding step). Per cell: torch operators dispatched
+in one step (DispatchCount), on CUDA the kernels one step launched (torch.profiler), and the median ms
+of a step and per token. Writes forward_ops.md and .json under --out.
+
+    python -m benchmarks.bench_forward_ops [--device cpu] [--rows 1 8 16] [--drafts 0 4 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from minions.deploy.artifacts import hf_dir_for
+from minions.deploy.config import ROOT, load_deployment
+from minions.engines.dispatch_count import DispatchCount
+from minions.engines.packed_forward import ForwardRow, forward_backend
+from minions.engines.torch_engine import load_causal_lm
+
+
+def kernel_launches(step) -> int:
+    """CUDA kernels one call of `step` launched."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def measure(model, rows: int, draft: int, context: int, steps: int, seed: int) -> dict:
+    """One cell: operators, launches (CUDA) and step times of `rows` rows drafting `draft` tokens."""
+    backend = forward_backend(model)
+    cuda = next(model.parameters()).device.type == "cuda"
+    rng = np.random.default_rng(seed)
+    states = [backend.new_state() for _ in range(rows)]
+    backend.forward([ForwardRow(s, rng.integers(100, 5000, context + 3 * i).tolist(), 1)
+                     for i, s in enumerate(states)])
+
+    def step() -> None:
+        tokens = rng.integers(100, 5000, (rows, draft + 1)).tolist()
+        backend.forward([ForwardRow(s, t, draft + 1) for s, t in zip(states, tokens)])
+        for s in states:  # the verified tokens are cropped again: every step sees the same context
+            backend.crop(s, backend.length(s) - draft - 1)
+
+    step()  # the first pass of a shape pays one-off costs
+    with DispatchCount() as count:
+        step()
+    launches = kernel_launches(step) if cuda else None
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    ms = 1000 * statistics.median(times)
+    return {"rows": rows, "draft": draft, "operators": count.total, "kernel_launches": launches,
+            "ms_per_step": round(ms, 3), "ms_per_row_token": round(ms / rows, 3)}
+
+
+def format_table(cells: list[dict]) -> str:
+    lines = ["| rows | draft | operators / step | kernel launches / step | ms / step | ms / row |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {c['rows']} | {c['draft']} | {c['operators']} | {c['kernel_launches'] or '-'} | "
+              f"{c['ms_per_step']:.1f} | {c['ms_per_row_token']:.2f} |" for c in cells]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--deploy", default=str(ROOT / "deploy.torch.yaml"), help="its llm (torch) is loaded")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--rows", nargs="+", type=int, default=[1, 8, 16])
+    p.add_argument("--drafts", nargs="+", type=int, default=[0, 4, 16])
+    p.add_argument("--context", type=int, default=200, help="prompt tokens per row")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=str(ROOT / "bench_results" / "forward_ops"))
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    dep = load_deployment(args.deploy)
+    model = load_causal_lm(str(hf_dir_for(dep.llm["source"], dep)), dep.llm.get("dtype", "float32"),
+                           device=args.device)
+    cells = []
+    for rows in args.rows:
+        for draft in args.drafts:
+            cells.append(measure(model, rows, draft, args.context, args.steps, seed=rows * 100 + draft))
+            print(format_table(cells[-1:]).splitlines()[-1], flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = (f"Packed forward of {dep.llm['source']} ({args.device}, {args.threads} thread(s), {args.context}-token "
+            f"contexts):\n\n{format_table(cells)}")
+    (out / "forward_ops.md").write_text(text + "\n")
+    (out / "forward_ops.json").write_text(json.dumps({"device": args.device, "cells": cells}, indent=1))
+    print(f"\n{text}\n\nwrote {out / 'forward_ops.md'}")
+
+
+if __name__ == "__main__":
+    main()
