@@ -112,7 +112,6 @@ class EngineSettings(_Settings):
     num_threads: int = ranged(2, 1)
     max_batch_size: int = ranged(8, 1)
     """Triton's dynamic batcher (or the in-flight batch) hands up to this many requests to one pass."""
-    max_queue_delay_us: int = 0
     instance_count: int = ranged(1, 1)
     max_sequences: int = ranged(8, 1)
     """Sequences whose state (KV cache, llama.cpp sequence) the engine keeps, LRU beyond."""

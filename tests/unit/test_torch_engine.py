@@ -6,13 +6,15 @@ from-scratch forward pass), never hard-coded.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
 from minions.decoding.engine_call import EngineRequest
 from minions.decoding.sampling import SamplingParams
 from minions.decoding.tokens import common_prefix_len
-from minions.engines.torch_engine import TorchEngine
+from minions.engines.torch_engine import InflightTorchEngine, TorchEngine
 from minions.errors import InvalidRequest
 from minions.text.bad_words import BadWords
 from tiny_models import VOCAB, full_logits, hf_greedy
@@ -215,3 +217,42 @@ def test_the_warm_up_at_load_leaves_no_sequence_and_counts_no_work(tiny_llm):
     engine = TorchEngine(tiny_llm, max_sequences=4)
     assert list(engine.cache.items()) == [] and engine.cached_bytes() == 0
     assert engine.stats.passes == 0 and engine.forward_tokens == 0
+
+
+@pytest.fixture
+def inflight(tiny_llm):
+    engine = InflightTorchEngine(TorchEngine(tiny_llm, max_sequences=8), capacity=4)
+    yield engine
+    engine.close()
+
+
+def test_in_flight_every_call_gets_what_it_gets_alone(inflight, tiny_llm):
+    """Ragged generations and a verification stepped together, and more calls than the batch holds."""
+    requests = [EngineRequest(f"g{i}", p, 3 + 4 * i) for i, p in enumerate(PROMPTS)]
+    want = hf_greedy(tiny_llm, PROMPTS[0], 6)
+    requests += [EngineRequest("v", PROMPTS[0], 4, draft=want[:3]), EngineRequest("g3", PROMPTS[1], 2)]
+    results = inflight.generate_batch(requests)
+    assert [r.tokens for r in results[:3]] == [hf_greedy(tiny_llm, p, 3 + 4 * i) for i, p in enumerate(PROMPTS)]
+    assert results[3].tokens == want[:4] and results[4].tokens == hf_greedy(tiny_llm, PROMPTS[1], 2)
+    assert inflight.stats.passes < sum(r.request_output_len for r in requests)  # steps were shared
+
+
+def test_a_streaming_call_answers_its_tokens_as_they_come_then_a_final_answer(inflight, tiny_llm):
+    answers = []
+    done = threading.Event()
+
+    def answer(value):
+        answers.append(value)
+        if not isinstance(value, Exception) and value.final:
+            done.set()
+
+    inflight.submit([(EngineRequest("s", PROMPTS[2], 6, streaming=True), answer)])
+    assert done.wait(60)
+    assert [t for a in answers for t in a.tokens] == hf_greedy(tiny_llm, PROMPTS[2], 6)
+    assert [a.final for a in answers] == [False] * (len(answers) - 1) + [True] and len(answers) > 1
+
+
+def test_in_flight_a_call_the_engine_cannot_serve_fails_alone(inflight, tiny_llm):
+    too_long = EngineRequest("long", [1] * 60, 10)
+    results = inflight.generate_batch([too_long, EngineRequest("ok", PROMPTS[0], 2)])
+    assert isinstance(results[0], InvalidRequest) and results[1].tokens == hf_greedy(tiny_llm, PROMPTS[0], 2)

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[3]
 TEMPLATE_BY_ENGINE = {EngineKind.TORCH: "torch", EngineKind.DISTILLED: "torch", EngineKind.LLAMACPP: "llamacpp",
                       EngineKind.NGRAM: "lookup", EngineKind.SUFFIX: "lookup", EngineKind.TENSORRTLLM: "tensorrt_llm"}
 """Which model_repository/ template serves each engine kind."""
-DECOUPLED_TEMPLATES = {"llamacpp", "tensorrt_llm"}
+DECOUPLED_TEMPLATES = {"llamacpp", "torch", "tensorrt_llm"}
 """Templates of decoupled engine models (in-flight batching); the orchestrator calls them accordingly."""
 
 

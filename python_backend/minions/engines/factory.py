@@ -19,20 +19,22 @@ def build_engine(settings: EngineSettings, step_lock_path: str | None = None) ->
     if kind in (EngineKind.TORCH, EngineKind.DISTILLED):
         import torch
 
-        from minions.engines.torch_engine import TorchEngine
+        from minions.engines.torch_engine import InflightTorchEngine, TorchEngine
 
         torch.set_num_threads(settings.num_threads)
         if kind == EngineKind.TORCH:
             from minions.engines.torch_engine import load_causal_lm
 
             model = load_causal_lm(settings.model_path, settings.dtype, device=settings.device)
-            return TorchEngine(model, settings.max_sequences, settings.max_context, settings.min_forward_tokens,
-                               **_torch_caches(settings))
-        from minions.engines.distilled_model import load_draft_model
+            engine = TorchEngine(model, settings.max_sequences, settings.max_context, settings.min_forward_tokens,
+                                 **_torch_caches(settings))
+        else:
+            from minions.engines.distilled_model import load_draft_model
 
-        # min_forward_tokens (padding small passes) is the `torch` engine's setting only.
-        return TorchEngine(load_draft_model(settings.model_path), settings.max_sequences, settings.max_context,
-                           **_torch_caches(settings))
+            # min_forward_tokens (padding small passes) is the `torch` engine's setting only.
+            engine = TorchEngine(load_draft_model(settings.model_path), settings.max_sequences,
+                                 settings.max_context, **_torch_caches(settings))
+        return InflightTorchEngine(engine, settings.max_batch_size)
     if kind == EngineKind.LLAMACPP:
         from minions.engines.llamacpp_engine import LlamaCppEngine
 

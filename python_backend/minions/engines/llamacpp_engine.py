@@ -36,8 +36,8 @@ from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.decoding.sampling import Randomness, request_randomness
 from minions.decoding.tokens import common_prefix_len
 from minions.decoding.verification import verify_draft
-from minions.engines.api import WARM_UP_TOKENS, Answer, BatchStats, result_or_raise
-from minions.engines.inflight_batching import InflightBatcher
+from minions.engines.api import WARM_UP_TOKENS, BatchStats
+from minions.engines.inflight_batching import BatchedCalls, InflightBatcher
 from minions.engines.llamacpp_patches import (
     FLASH_ATTN_ROW_BLOCKS,
     K_QUANT_BATCH_INVARIANT,
@@ -78,7 +78,7 @@ class _Job:
         return len(self.draft) + 1
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(BatchedCalls):
     """An InflightEngine and MeteredEngine (engines/api.py): every call, batched or submitted, goes
     through an in-flight batcher, so it joins the drafts already running at their next decode step
     instead of waiting for them to finish (inflight_batching.py)."""
@@ -112,24 +112,6 @@ class LlamaCppEngine:
         # (docs/engines.md, "Warm-up at load").
         self.batcher: InflightBatcher[_Job] = InflightBatcher(self.stepper, max_sequences, name="llamacpp",
                                                               prepare=self.stepper.warm_up)
-
-    def generate(self, request: EngineRequest) -> EngineResult:
-        return result_or_raise(self.batcher.run([request])[0])
-
-    def generate_batch(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
-        return self.batcher.run(requests)
-
-    def submit(self, calls: list[tuple[EngineRequest, Answer]]) -> None:
-        """Queue calls and return at once; each answer comes from the batcher's thread when done."""
-        self.batcher.submit(calls)
-
-    def cancel(self, requests: list[EngineRequest]) -> None:
-        """End submitted calls before the next step (their client has gone)."""
-        self.batcher.cancel(requests)
-
-    def release(self, request_id: str) -> None:
-        """Free the sequence's slot, after any call of it still queued or running."""
-        result_or_raise(self.batcher.run([EngineRequest.release(request_id)])[0])
 
     def close(self) -> None:
         self.batcher.close()

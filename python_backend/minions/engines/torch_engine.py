@@ -29,6 +29,7 @@ from minions.decoding.sampling import Randomness, request_randomness
 from minions.decoding.tokens import common_prefix_len, longest_shared
 from minions.decoding.verification import verify_draft
 from minions.engines.api import WARM_UP_TOKENS, BatchStats, SplitBatchEngine
+from minions.engines.inflight_batching import BatchedCalls, InflightBatcher
 from minions.engines.packed_forward import ForwardBackend, ForwardRow, forward_backend
 from minions.engines.prefix_cache import PrefixCacheStats
 from minions.engines.sequence_cache import CachedSequence, SequenceCache
@@ -62,7 +63,6 @@ def load_causal_lm(path: str, dtype: str = "float32", gguf_file: str | None = No
 class _Job:
     """One request inside a batch: verification (one pass) or generation (one pass per token)."""
 
-    index: int
     request: EngineRequest
     rng: Randomness
     sequence: list[int]
@@ -72,10 +72,15 @@ class _Job:
     cached: int | None = None
     """Tokens of the input found in the sequence's cache at the job's first pass."""
     result: EngineResult | None = None
+    error: InvalidRequest | None = None
+    """What ended the job instead of a result (draft logits that do not fit)."""
+    streamed: int = 0
+    """Tokens of a streaming generation already answered (partial)."""
 
 
 class TorchEngine(SplitBatchEngine):
-    """A BatchEngine, MeteredEngine and PrefixCachingEngine (engines/api.py) over a transformers model.
+    """A BatchEngine, MeteredEngine and PrefixCachingEngine (engines/api.py) over a transformers model,
+    and the Stepper (inflight_batching.py) that InflightTorchEngine batches in flight.
     `prefix_caching` false: every new request is computed from scratch and nothing is stored."""
 
     def __init__(
@@ -111,37 +116,77 @@ class TorchEngine(SplitBatchEngine):
     # -- BatchEngine (generate, generate_batch: SplitBatchEngine) ----------------------------------
     def _generate_distinct(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
         out: list[EngineResult | Exception | None] = [None] * len(requests)
-        jobs = []
+        jobs: list[tuple[int, _Job]] = []
         for i, request in enumerate(requests):
-            total = len(request.input_ids) + max(request.request_output_len, len(request.draft) + 1)
-            if total > self.max_context:
-                out[i] = InvalidRequest(
-                    f"sequence of {total} tokens exceeds the engine's context of {self.max_context}")
-                continue
-            jobs.append(_Job(i, request, request_randomness(request.seed), list(request.input_ids)))
-        with self._lock, torch.inference_mode():
-            known = {job.request.request_id for job in jobs if job.request.request_id in self.cache}
-            while jobs:
-                try:
-                    logits = self._forward_jobs(jobs)
-                except InvalidRequest as exc:
-                    for job in jobs:
-                        out[job.index] = exc
-                        if job.request.request_id not in known:  # a refused batch leaves no new sequence
-                            self.cache.release(job.request.request_id)
-                            self._private.discard(job.request.request_id)
-                    break
-                still = []
-                for job, rows in zip(jobs, logits):
-                    try:
-                        if self._absorb(job, rows):
-                            out[job.index] = job.result
-                        else:
-                            still.append(job)
-                    except InvalidRequest as exc:
-                        out[job.index] = exc
-                jobs = still
+            try:
+                jobs.append((i, self.start(request)))
+            except InvalidRequest as exc:
+                out[i] = exc
+        known = {job.request.request_id for _, job in jobs if job.request.request_id in self.cache}
+        while jobs:
+            try:
+                done = self.step([job for _, job in jobs])
+            except InvalidRequest as exc:
+                for i, job in jobs:
+                    out[i] = exc
+                    if job.request.request_id not in known:  # a refused batch leaves no new sequence
+                        self.drop(job.request.request_id)
+                break
+            for (i, job), finished in zip(jobs, done):
+                if finished:
+                    out[i] = job.error or job.result
+            jobs = [(i, job) for (i, job), finished in zip(jobs, done) if not finished]
         return out  # type: ignore[return-value]
+
+    # -- Stepper (inflight_batching.py) ------------------------------------------------------------
+    def start(self, request: EngineRequest) -> _Job:
+        """A call's job; InvalidRequest for one longer than the context."""
+        total = len(request.input_ids) + max(request.request_output_len, len(request.draft) + 1)
+        if total > self.max_context:
+            raise InvalidRequest(f"sequence of {total} tokens exceeds the engine's context of {self.max_context}")
+        return _Job(request, request_randomness(request.seed), list(request.input_ids))
+
+    def step(self, jobs: list[_Job]) -> list[bool]:
+        """One pass over every job; which are finished (a result, or an error of their own). A batch the
+        KV budget cannot hold raises InvalidRequest for all of them."""
+        with self._lock, torch.inference_mode():
+            logits = self._forward_jobs(jobs)
+            done = []
+            for job, rows in zip(jobs, logits):
+                try:
+                    done.append(self._absorb(job, rows))
+                except InvalidRequest as exc:
+                    job.error = exc
+                    done.append(True)
+            return done
+
+    def partial(self, job: _Job) -> EngineResult | None:
+        """The tokens a streaming generation made since the last call (None: nothing new)."""
+        new = job.tokens[job.streamed:]
+        if not new:
+            return None
+        result = self._tokens_result(job, final=False)
+        job.streamed = len(job.tokens)
+        return result
+
+    def result(self, job: _Job) -> EngineResult:
+        """What is left to answer: every token, or a streaming job's tokens not yet reported."""
+        if job.error is not None:
+            raise job.error
+        if not job.streamed:
+            return job.result
+        return self._tokens_result(job, final=True)
+
+    def _tokens_result(self, job: _Job, final: bool) -> EngineResult:
+        request, tokens, rows = job.request, job.tokens[job.streamed:], job.rows[job.streamed:]
+        return EngineResult(tokens, logits=np.stack(rows) if request.return_generation_logits and rows else None,
+                            log_probs=request.log_probs(rows, tokens), final=final, cached_tokens=job.cached or 0)
+
+    def drop(self, request_id: str) -> None:
+        """Forget a sequence (a refused or failed step left it unknown): nothing is stored."""
+        with self._lock:
+            self.cache.release(request_id)
+            self._private.discard(request_id)
 
     def release(self, request_id: str) -> None:
         """The request is done: its KV is stored for later requests (unless it shares none), else freed."""
@@ -306,3 +351,21 @@ class TorchEngine(SplitBatchEngine):
     def _crop(self, entry: CachedSequence, length: int) -> None:
         self.backend.crop(entry.state, length)
         entry.tokens = entry.tokens[: min(length, self.backend.length(entry.state))]
+
+
+class InflightTorchEngine(BatchedCalls):
+    """A TorchEngine batched in flight (InflightEngine, MeteredEngine, PrefixCachingEngine): a decoupled
+    model's calls join the running passes at the next step instead of waiting for a batch's longest
+    generation to end, as LlamaCppEngine's do (inflight_batching.py). Under Triton's dynamic batching
+    alone, `off` at 8 streams ran passes of 4 rows on average."""
+
+    def __init__(self, engine: TorchEngine, capacity: int) -> None:
+        self.engine = engine
+        self.cache, self.stats, self.prefix_stats = engine.cache, engine.stats, engine.prefix_stats
+        self.batcher: InflightBatcher[_Job] = InflightBatcher(engine, capacity, name="torch")
+
+    def close(self) -> None:
+        self.batcher.close()
+
+    def cached_bytes(self) -> int:
+        return self.engine.cached_bytes()
