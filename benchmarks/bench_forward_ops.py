@@ -5,7 +5,8 @@ Loads the deployment's torch LLM (deploy.torch.yaml: SmolLM2-135M fp32) on --dev
 --rows sequences a prompt of about --context tokens, then times --steps steps in which every row sends
 one token and a draft of --drafts tokens (0: a plain decoding step). Per cell: torch operators dispatched
 in one step (DispatchCount), on CUDA the kernels one step launched (torch.profiler), and the median ms
-of a step and per token. Writes forward_ops.md and .json under --out.
+of a step and per token. On CUDA every cell runs eagerly and then through CUDA graphs captured for the
+cells' buckets (engines/cuda_graphs.py). Writes forward_ops.md and .json under --out.
 
     python -m benchmarks.bench_forward_ops [--device cpu] [--rows 1 8 16] [--drafts 0 4 16]
 """
@@ -23,8 +24,9 @@ import torch
 
 from minions.deploy.artifacts import hf_dir_for
 from minions.deploy.config import ROOT, load_deployment
+from minions.engines.cuda_graphs import cuda_graph_runner
 from minions.engines.dispatch_count import DispatchCount
-from minions.engines.packed_forward import ForwardRow, forward_backend
+from minions.engines.packed_forward import ForwardBackend, ForwardRow, forward_backend
 from minions.engines.torch_engine import load_causal_lm
 
 
@@ -38,10 +40,14 @@ def kernel_launches(step) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def measure(model, rows: int, draft: int, context: int, steps: int, seed: int) -> dict:
+POOL_BYTES = 2**30
+"""The KV pool, sized at once (graphs hold its tensors): far more than the cells take."""
+GRAPH_BYTES = 2**30
+
+
+def measure(backend: ForwardBackend, rows: int, draft: int, context: int, steps: int, seed: int) -> dict:
     """One cell: operators, launches (CUDA) and step times of `rows` rows drafting `draft` tokens."""
-    backend = forward_backend(model)
-    cuda = next(model.parameters()).device.type == "cuda"
+    cuda = backend.device.type == "cuda"
     rng = np.random.default_rng(seed)
     states = [backend.new_state() for _ in range(rows)]
     backend.forward([ForwardRow(s, rng.integers(100, 5000, context + 3 * i).tolist(), 1)
@@ -65,15 +71,16 @@ def measure(model, rows: int, draft: int, context: int, steps: int, seed: int) -
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     ms = 1000 * statistics.median(times)
-    return {"rows": rows, "draft": draft, "operators": count.total, "kernel_launches": launches,
+    graphs = getattr(backend, "runner", None) is not None
+    return {"rows": rows, "draft": draft, "graphs": graphs, "operators": count.total, "kernel_launches": launches,
             "ms_per_step": round(ms, 3), "ms_per_row_token": round(ms / rows, 3)}
 
 
 def format_table(cells: list[dict]) -> str:
-    lines = ["| rows | draft | operators / step | kernel launches / step | ms / step | ms / row |",
-             "|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {c['rows']} | {c['draft']} | {c['operators']} | {c['kernel_launches'] or '-'} | "
-              f"{c['ms_per_step']:.1f} | {c['ms_per_row_token']:.2f} |" for c in cells]
+    lines = ["| rows | draft | CUDA graphs | operators / step | kernel launches / step | ms / step | ms / row |",
+             "|---:|---:|---|---:|---:|---:|---:|"]
+    lines += [f"| {c['rows']} | {c['draft']} | {'yes' if c['graphs'] else 'no'} | {c['operators']} | "
+              f"{c['kernel_launches'] or '-'} | {c['ms_per_step']:.1f} | {c['ms_per_row_token']:.2f} |" for c in cells]
     return "\n".join(lines)
 
 
@@ -93,10 +100,15 @@ def main(argv: list[str] | None = None) -> None:
     model = load_causal_lm(str(hf_dir_for(dep.llm["source"], dep)), dep.llm.get("dtype", "float32"),
                            device=args.device)
     cells = []
-    for rows in args.rows:
-        for draft in args.drafts:
-            cells.append(measure(model, rows, draft, args.context, args.steps, seed=rows * 100 + draft))
-            print(format_table(cells[-1:]).splitlines()[-1], flush=True)
+    for graphs in ([False, True] if args.device.startswith("cuda") else [False]):
+        backend = forward_backend(model, POOL_BYTES if graphs else 0)
+        if graphs:
+            backend.runner = cuda_graph_runner(backend, max(args.rows), max(args.drafts),
+                                               args.context + 4 * max(args.rows) + max(args.drafts) + 1, GRAPH_BYTES)
+        for rows in args.rows:
+            for draft in args.drafts:
+                cells.append(measure(backend, rows, draft, args.context, args.steps, seed=rows * 100 + draft))
+                print(format_table(cells[-1:]).splitlines()[-1], flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     text = (f"Packed forward of {dep.llm['source']} ({args.device}, {args.threads} thread(s), {args.context}-token "

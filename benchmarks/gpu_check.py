@@ -1,6 +1,8 @@
 """`make gpu-check`: the GPU acceptance run in one command, on a lent GPU machine (docs/benchmarks.md).
 
-Serves deploy.cuda.yaml (SmolLM2 on torch on CUDA, fp32) and runs benchmarks.bench_load on chat prompts
+First the packed forward alone (benchmarks.bench_forward_ops on CUDA: operators, kernel launches and ms
+per step at 1, 8 and 16 rows with drafts of 0, 4 and 16 tokens; `off`'s ms per token at one stream is
+its one-row plain cell). Then it serves deploy.cuda.yaml (SmolLM2 on torch on CUDA, fp32) and runs benchmarks.bench_load on chat prompts
 and on copy-heavy ones, for the default (`minions`: vote + adaptive length + pipeline) and the suffix
 drafter alone, each against `off` at 1, 8 and 16 streams, greedy, counting outputs identical to `off`'s.
 bench_load gives every mode a server of its own: the adaptive length learns the LLM's costs server-wide,
@@ -65,6 +67,15 @@ def sweep(name: str, datasets: list[str], deploy: Path, out: Path, args: argpars
     return proc.wait(), target
 
 
+def forward_ops(deploy: str, out: Path) -> tuple[int, Path]:
+    """bench_forward_ops on CUDA in a process of its own (its GPU memory is freed before the servers start)."""
+    target = out / "forward_ops"
+    cmd = [sys.executable, "-m", "benchmarks.bench_forward_ops", "--deploy", deploy, "--device", "cuda",
+           "--out", str(target)]
+    print(f"== forward ops: {' '.join(cmd)}", flush=True)
+    return subprocess.run(cmd, cwd=ROOT).returncode, target / "forward_ops.md"
+
+
 def mismatches(target: Path) -> list[str]:
     """Cells whose outputs were not all identical to `off`'s (a near tie flipped, or a bug)."""
     path = target / "load_sweep.json"
@@ -89,6 +100,10 @@ def main() -> None:
     deploy = replay_deployment(Path(args.deploy), out / "deploy.yaml")  # each mode has its own server
     report = ["# GPU check", "", machine(), "", f"Deployment: {args.deploy}, suffix corpus off ({deploy} here).", ""]
     failures: list[str] = []
+    code, table = forward_ops(args.deploy, out)
+    report += ["## Packed forward, per step", "",
+               table.read_text() if table.exists() else f"(no table: bench_forward_ops exited {code})", ""]
+    failures += [f"forward ops: bench_forward_ops exited {code}"] if code else []
     for name in args.sweeps:
         code, target = sweep(name, SWEEPS[name], deploy, out, args)
         table = target / "load_sweep.md"

@@ -26,8 +26,11 @@ def build_engine(settings: EngineSettings, step_lock_path: str | None = None) ->
             from minions.engines.torch_engine import load_causal_lm
 
             model = load_causal_lm(settings.model_path, settings.dtype, device=settings.device)
+            graphs = {"graph_rows": settings.max_batch_size if settings.cuda_graphs else 0,
+                      "graph_draft_tokens": settings.max_draft_tokens,
+                      "graph_memory_bytes": int(settings.cuda_graph_memory_mb * 2**20)}
             engine = TorchEngine(model, settings.max_sequences, settings.max_context, settings.min_forward_tokens,
-                                 **_torch_caches(settings))
+                                 **_torch_caches(settings), **graphs)
         else:
             from minions.engines.distilled_model import load_draft_model
 

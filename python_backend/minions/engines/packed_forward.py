@@ -25,16 +25,21 @@ from __future__ import annotations
 import weakref
 from copy import deepcopy
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
 from minions.engines.sequence_cache import KV_GROWTH_TOKENS, kv_bytes_per_token
+from minions.engines.graph_plan import dense_step
 from minions.engines.step_plan import AttentionGroup, RowSpec, plan_step
+
+if TYPE_CHECKING:
+    from minions.engines.cuda_graphs import DenseRunner
 
 BLOCK_TOKENS = KV_GROWTH_TOKENS
 """Positions per pool block: the step in which the KV budget already counts a sequence's growth."""
+SCRATCH_BLOCK = 0
 
 
 @dataclass
@@ -117,15 +122,18 @@ class SerialForward:
 class KvPool:
     """Every layer's keys and values in blocks of BLOCK_TOKENS positions: one tensor per layer and kind,
     [blocks * BLOCK_TOKENS, kv_heads, head_dim], zeroed (a padded gather reads finite numbers). A sequence
-    holds block ids (PagedKv); the pool doubles when it runs short, and a sequence's blocks return to it
-    when the sequence is dropped."""
+    holds block ids (PagedKv); the pool doubles when it runs short (`grown` counts it: captured CUDA
+    graphs hold the old tensors), and a sequence's blocks return to it when the sequence is dropped.
+    Block SCRATCH_BLOCK is no sequence's: a padded step writes its padding there."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu", blocks: int = 8) -> None:
+        blocks = max(blocks, 2)
         self.keys = [torch.zeros(blocks * BLOCK_TOKENS, kv_heads, head_dim, dtype=dtype, device=device)
                      for _ in range(layers)]
         self.values = [torch.zeros_like(k) for k in self.keys]
-        self.free: list[int] = list(range(blocks - 1, -1, -1))
+        self.free: list[int] = [b for b in range(blocks - 1, -1, -1) if b != SCRATCH_BLOCK]
+        self.grown = 0
 
     @property
     def blocks(self) -> int:
@@ -157,6 +165,7 @@ class KvPool:
                 grown[: tensor.shape[0]] = tensor
                 store[i] = grown
         self.free[:0] = range(new - 1, old - 1, -1)
+        self.grown += 1
 
 
 class PagedKv:
@@ -187,7 +196,8 @@ class PagedKv:
 class PackedLlamaForward:
     """Packed forward over ragged rows for LlamaForCausalLM-shaped models (see the module docstring)."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, pool_blocks: int = 8) -> None:
+        """`pool_blocks`: the KV pool's first size (it doubles when short; CUDA graphs want it sized once)."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         self.model = model
@@ -203,7 +213,9 @@ class PackedLlamaForward:
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
         self.kv_bytes_per_token = kv_bytes_per_token(config.to_dict())
-        self.pool = KvPool(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
+        self.pool = KvPool(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, pool_blocks)
+        self.runner: DenseRunner | None = None
+        """Where a step that fits one of its buckets runs (cuda_graphs.py); None: every step eagerly."""
         self._rope = apply_rotary_pos_emb
 
     @staticmethod
@@ -240,16 +252,61 @@ class PackedLlamaForward:
     def forward(self, rows: list[ForwardRow]) -> list[np.ndarray]:
         for r in rows:
             r.state.reserve(r.state.length + len(r.new_tokens))
-        plan = plan_step([RowSpec(r.state.length, len(r.new_tokens), tuple(r.state.blocks)) for r in rows],
-                         BLOCK_TOKENS)
+        specs = [RowSpec(r.state.length, len(r.new_tokens), tuple(r.state.blocks)) for r in rows]
+        bucket = self.runner.bucket(specs, self.pool) if self.runner is not None else None
+        if bucket is None:
+            return self._eager(rows, specs)
+        step = dense_step(specs, [r.new_tokens for r in rows], [r.n_logits for r in rows], bucket, BLOCK_TOKENS,
+                          SCRATCH_BLOCK)
+        hidden = self.runner.run(step)
+        for r in rows:
+            r.state.length += len(r.new_tokens)
+        keep = torch.from_numpy(np.concatenate(step.logit_rows)).to(self.device)
+        logits = self.model.lm_head(hidden.index_select(0, keep)).float().cpu().numpy()
+        bounds = np.cumsum([0] + [len(i) for i in step.logit_rows])
+        return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def dense_hidden(self, ids: torch.Tensor, positions: torch.Tensor, writes: torch.Tensor, gather: torch.Tensor,
+                     mask: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+        """A step laid out in a bucket (graph_plan.DenseStep, as tensors): the final normed hidden state of
+        every token slot, [rows * width, hidden] (the head runs on the wanted rows alone, outside). Fixed
+        shapes and no host synchronisation, so that a CUDA graph can capture it."""
+        span, flat = gather.shape[1], gather.reshape(-1)
+
+        def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+            queries = q.reshape(rows, width, self.heads, self.head_dim).transpose(1, 2)
+            k = keys.index_select(0, flat).view(rows, span, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = values.index_select(0, flat).view(rows, span, self.kv_heads, self.head_dim).transpose(1, 2)
+            out = torch.nn.functional.scaled_dot_product_attention(queries, k, v, attn_mask=mask, scale=self.scaling,
+                                                                   enable_gqa=self.groups > 1)
+            return out.transpose(1, 2).reshape(rows * width, self.heads * self.head_dim)
+
+        return self.inner.norm(self._layers(ids, positions, writes, attend)[0])
+
+    def _eager(self, rows: list[ForwardRow], specs: list[RowSpec]) -> list[np.ndarray]:
+        """A step as it comes: packed tokens, attention per group of rows (step_plan.py)."""
+        plan = plan_step(specs, BLOCK_TOKENS)
         device = self.device
         ids = torch.tensor([t for r in rows for t in r.new_tokens], dtype=torch.long, device=device)
-        positions = torch.from_numpy(plan.positions).to(device)[None]
-        writes = torch.from_numpy(plan.writes).to(device)
         groups = [_GroupTensors.of(g, device) for g in plan.groups]
-        h = self.inner.embed_tokens(ids)[None]  # [1, T, hidden]
-        cos, sin = self.inner.rotary_emb(h, positions)
+        h = self._layers(ids, torch.from_numpy(plan.positions).to(device), torch.from_numpy(plan.writes).to(device),
+                         lambda q, keys, values: self._attend(q, keys, values, groups, ids.shape[0]))
+        for r in rows:
+            r.state.length += len(r.new_tokens)
+        sizes = [len(r.new_tokens) for r in rows]
+        ends = np.cumsum(sizes)
+        keep = torch.tensor([i for e, r in zip(ends, rows) for i in range(e - r.n_logits, e)], dtype=torch.long,
+                            device=device)
+        logits = self.model.lm_head(self.inner.norm(h[0, keep])).float().cpu().numpy()
+        bounds = np.cumsum([0] + [r.n_logits for r in rows])
+        return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, writes: torch.Tensor, attend) -> torch.Tensor:
+        """The decoder layers over packed tokens [T]: each layer writes the tokens' keys and values to the
+        pool at `writes`, then `attend(q [T, heads, d], keys, values)` gives [T, heads * d]. h [1, T, hidden]."""
         total = ids.shape[0]
+        h = self.inner.embed_tokens(ids)[None]
+        cos, sin = self.inner.rotary_emb(h, positions[None])
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
@@ -260,18 +317,9 @@ class PackedLlamaForward:
             keys, values = self.pool.keys[index], self.pool.values[index]
             keys.index_copy_(0, writes, k[0].transpose(0, 1))
             values.index_copy_(0, writes, v[0].transpose(0, 1))
-            out = self._attend(q[0].transpose(0, 1), keys, values, groups, total)
-            h = h + attn.o_proj(out[None])
+            h = h + attn.o_proj(attend(q[0].transpose(0, 1), keys, values)[None])
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        for r in rows:
-            r.state.length += len(r.new_tokens)
-        sizes = [len(r.new_tokens) for r in rows]
-        ends = np.cumsum(sizes)
-        keep = torch.tensor([i for e, r in zip(ends, rows) for i in range(e - r.n_logits, e)], dtype=torch.long,
-                            device=device)
-        logits = self.model.lm_head(self.inner.norm(h[0, keep])).float().cpu().numpy()
-        bounds = np.cumsum([0] + [r.n_logits for r in rows])
-        return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        return h
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, groups: list[_GroupTensors],
                 total: int) -> torch.Tensor:
@@ -319,6 +367,10 @@ class _GroupTensors:
                    torch.from_numpy(g.gather).to(device), torch.from_numpy(g.mask).to(device), in_order)
 
 
-def forward_backend(model) -> ForwardBackend:
-    """The packed backend where the model is Llama-shaped, the serial one otherwise."""
-    return PackedLlamaForward(model) if PackedLlamaForward.supports(model) else SerialForward(model)
+def forward_backend(model, pool_bytes: int = 0) -> ForwardBackend:
+    """The packed backend where the model is Llama-shaped (its KV pool sized for `pool_bytes` at first),
+    the serial one otherwise."""
+    if not PackedLlamaForward.supports(model):
+        return SerialForward(model)
+    blocks = 1 + pool_bytes // (BLOCK_TOKENS * kv_bytes_per_token(model.config.to_dict()))
+    return PackedLlamaForward(model, max(blocks, 8))

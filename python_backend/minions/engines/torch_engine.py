@@ -30,7 +30,8 @@ from minions.decoding.tokens import common_prefix_len, longest_shared
 from minions.decoding.verification import verify_draft
 from minions.engines.api import WARM_UP_TOKENS, BatchStats, SplitBatchEngine
 from minions.engines.inflight_batching import BatchedCalls, InflightBatcher
-from minions.engines.packed_forward import ForwardBackend, ForwardRow, forward_backend
+from minions.engines.cuda_graphs import cuda_graph_runner
+from minions.engines.packed_forward import ForwardBackend, ForwardRow, PackedLlamaForward, forward_backend
 from minions.engines.prefix_cache import PrefixCacheStats
 from minions.engines.sequence_cache import CachedSequence, SequenceCache
 from minions.engines.stored_prefixes import StoredPrefixes
@@ -92,9 +93,17 @@ class TorchEngine(SplitBatchEngine):
         kv_budget_bytes: int | None = None,
         prefix_caching: bool = True,
         prefix_cache_bytes: int = 0,
+        graph_rows: int = 0,
+        graph_draft_tokens: int = 16,
+        graph_memory_bytes: int = 0,
     ) -> None:
+        """`graph_rows` > 0 on CUDA: steps of up to that many rows, drafts of up to `graph_draft_tokens`,
+        run as CUDA graphs captured at load within `graph_memory_bytes` (cuda_graphs.py); the KV pool is
+        then sized for the KV budget at once, as graphs hold its tensors."""
         self.model = model.eval()
-        self.backend: ForwardBackend = forward_backend(self.model)
+        on_cuda = next(model.parameters()).device.type == "cuda"
+        graphs = graph_rows > 0 and on_cuda and kv_budget_bytes is not None
+        self.backend: ForwardBackend = forward_backend(self.model, kv_budget_bytes if graphs else 0)
         # Passes of 2..min_forward_tokens-1 rows are padded up to min_forward_tokens: on this CPU's
         # MKL a 2-3 row matmul is slower than a 4-row one. Pads follow the last row's real tokens, so
         # causal attention keeps them out of the real rows; their KV is cropped right after.
@@ -111,6 +120,9 @@ class TorchEngine(SplitBatchEngine):
         self.stats = BatchStats()
         self.prefix_stats = PrefixCacheStats()
         self._warm_up()
+        if graphs and isinstance(self.backend, PackedLlamaForward):
+            self.backend.runner = cuda_graph_runner(self.backend, graph_rows, graph_draft_tokens, self.max_context,
+                                                    graph_memory_bytes)
         self.stats, self.prefix_stats = BatchStats(), PrefixCacheStats()  # the warm-up is not served work
 
     # -- BatchEngine (generate, generate_batch: SplitBatchEngine) ----------------------------------
