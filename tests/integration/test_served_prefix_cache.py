@@ -21,11 +21,13 @@ FRESH_TAG_TOKENS = 8
 
 
 def long_prompt() -> str:
-    """About 800 tokens no earlier request began with (a fresh tag first)."""
+    """About 800 tokens no earlier request began with (a fresh tag first), ending with a whole question:
+    an answer that went on with a cut word would take the prompt's last token into its own at the join."""
     text = "\n\n".join(kept_prompts("greedy_equality"))
-    while len(text) < 3000:
+    while len(text) < 3600:
         text += "\n\n" + text
-    return f"[{uuid.uuid4().hex}] Summarise these questions in one line.\n\n{text[:3200]}"
+    whole = text[: text.rfind("\n", 0, 3400)]
+    return f"[{uuid.uuid4().hex}] Summarise these questions in one line.\n\n{whole}"
 
 
 @pytest.fixture(params=["server", "torch_server"])

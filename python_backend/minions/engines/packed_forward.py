@@ -25,17 +25,14 @@ from __future__ import annotations
 import weakref
 from copy import deepcopy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from minions.engines.sequence_cache import KV_GROWTH_TOKENS, kv_bytes_per_token
-from minions.engines.graph_plan import dense_step
+from minions.engines.graph_plan import Bucket, DenseStep, dense_step
 from minions.engines.step_plan import AttentionGroup, RowSpec, plan_step
-
-if TYPE_CHECKING:
-    from minions.engines.cuda_graphs import DenseRunner
 
 BLOCK_TOKENS = KV_GROWTH_TOKENS
 """Positions per pool block: the step in which the KV budget already counts a sequence's growth."""
@@ -117,6 +114,18 @@ class SerialForward:
             ).logits
             out.append(logits[0, -row.n_logits:].float().cpu().numpy())
         return out
+
+
+class StepRunner(Protocol):
+    """Where PackedLlamaForward sends a step that fits a bucket (cuda_graphs.py: eagerly, or a CUDA graph)."""
+
+    def bucket(self, rows: list[RowSpec], pool: KvPool) -> Bucket | None:
+        """The step's bucket; None: the forward runs it eagerly."""
+        ...
+
+    def run(self, step: DenseStep) -> torch.Tensor:
+        """The step's final hidden states, [rows * width, hidden]."""
+        ...
 
 
 class KvPool:
@@ -214,7 +223,7 @@ class PackedLlamaForward:
         self.device = next(model.parameters()).device
         self.kv_bytes_per_token = kv_bytes_per_token(config.to_dict())
         self.pool = KvPool(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, pool_blocks)
-        self.runner: DenseRunner | None = None
+        self.runner: StepRunner | None = None
         """Where a step that fits one of its buckets runs (cuda_graphs.py); None: every step eagerly."""
         self._rope = apply_rotary_pos_emb
 
