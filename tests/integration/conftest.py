@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from minions.text.datasets import CHAT_SETS_VAR
-from tests.integration.helpers import kept_prompts, served
+from tests.integration.helpers import served
 from tests.support.openai_frontend import openai_frontend
 from tests.support.triton_process import ROOT, TritonProcess
 
