@@ -5,8 +5,9 @@ Loads the deployment's torch LLM (deploy.torch.yaml: SmolLM2-135M fp32) on --dev
 --rows sequences a prompt of about --context tokens, then times --steps steps in which every row sends
 one token and a draft of --drafts tokens (0: a plain decoding step). Per cell: torch operators dispatched
 in one step (DispatchCount), on CUDA the kernels one step launched (torch.profiler), and the median ms
-of a step and per token. On CUDA every cell runs eagerly and then through CUDA graphs captured for the
-cells' buckets (engines/cuda_graphs.py). Writes forward_ops.md and .json under --out.
+of a step; launches and ms per row are per token in a plain step. On CUDA every cell runs eagerly and
+then through CUDA graphs captured for the cells' buckets (engines/cuda_graphs.py). Writes
+forward_ops.md and .json under --out.
 
     python -m benchmarks.bench_forward_ops [--device cpu] [--rows 1 8 16] [--drafts 0 4 16]
 """
@@ -77,10 +78,12 @@ def measure(backend: ForwardBackend, rows: int, draft: int, context: int, steps:
 
 
 def format_table(cells: list[dict]) -> str:
-    lines = ["| rows | draft | CUDA graphs | operators / step | kernel launches / step | ms / step | ms / row |",
-             "|---:|---:|---|---:|---:|---:|---:|"]
+    lines = ["| rows | draft | CUDA graphs | operators / step | kernel launches / step | launches / row | ms / step "
+             "| ms / row |", "|---:|---:|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {c['rows']} | {c['draft']} | {'yes' if c['graphs'] else 'no'} | {c['operators']} | "
-              f"{c['kernel_launches'] or '-'} | {c['ms_per_step']:.1f} | {c['ms_per_row_token']:.2f} |" for c in cells]
+              f"{c['kernel_launches'] or '-'} | "
+              f"{round(c['kernel_launches'] / c['rows']) if c['kernel_launches'] else '-'} | "
+              f"{c['ms_per_step']:.1f} | {c['ms_per_row_token']:.2f} |" for c in cells]
     return "\n".join(lines)
 
 
