@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minions.engines.step_plan import SHORT_ROW_TOKENS, RowSpec, pool_positions
+from minions.engines.step_plan import SHORT_ROW_TOKENS, RowSpec, fill_row_keys, pool_positions
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 WIDTH_BUCKETS = (1, 2, 4, 8, 16, SHORT_ROW_TOKENS)
@@ -92,18 +92,13 @@ def dense_step(rows: list[RowSpec], tokens: list[list[int]], n_logits: list[int]
     writes = scratch.copy()
     gather = np.full((bucket.rows, span), scratch_block * block_tokens, dtype=np.int64)
     mask = np.zeros((bucket.rows, 1, width, span), dtype=bool)
-    mask[:, 0, :, 0] = True
-    keys, queries = np.arange(span), np.arange(width)
+    mask[:, 0, :, 0] = True  # padding rows' queries see key 0 alone
     logit_rows = []
     for slot, (row, new, keep) in enumerate(zip(rows, tokens, n_logits)):
         at = slot * width + np.arange(row.tokens)
         ids[at] = new
         positions[at] = np.arange(row.start, row.start + row.tokens)
         writes[at] = pool_positions(row.blocks, positions[at], block_tokens)
-        held = np.arange(row.start + row.tokens)
-        gather[slot, : held.size] = pool_positions(row.blocks, held, block_tokens)
-        real = queries < row.tokens
-        mask[slot, 0] = (keys[None, :] <= (row.start + queries)[:, None]) & real[:, None]
-        mask[slot, 0, ~real, 0] = True
+        fill_row_keys(row, gather[slot], mask[slot, 0], block_tokens)
         logit_rows.append(at[row.tokens - keep:])
     return DenseStep(bucket, ids, positions, writes, gather, mask, logit_rows)

@@ -64,6 +64,19 @@ def pool_positions(blocks: tuple[int, ...], positions: np.ndarray, block_tokens:
     return table[positions // block_tokens] * block_tokens + positions % block_tokens
 
 
+def fill_row_keys(row: RowSpec, gather: np.ndarray, mask: np.ndarray, block_tokens: int) -> None:
+    """One row's slot of a padded batch: gather [span] takes the pool positions of the row's keys (the
+    rest left as it is), mask [width, span] lets query i see keys up to start + i, and a padding query
+    key 0 alone, so that its softmax stays finite."""
+    span, width = gather.shape[0], mask.shape[0]
+    held = np.arange(row.start + row.tokens)
+    gather[: held.size] = pool_positions(row.blocks, held, block_tokens)
+    queries = np.arange(width)
+    real = queries < row.tokens
+    mask[:] = (np.arange(span)[None, :] <= (row.start + queries)[:, None]) & real[:, None]
+    mask[~real, 0] = True
+
+
 def plan_step(rows: list[RowSpec], block_tokens: int, short_tokens: int = SHORT_ROW_TOKENS,
               span_align: int = SPAN_ALIGN) -> StepPlan:
     """The indices of one step (see the module docstring)."""
@@ -87,18 +100,12 @@ def _group(rows: list[RowSpec], members: list[int], offsets: np.ndarray, block_t
     width = max(rows[i].tokens for i in members)
     ends = max(rows[i].start + rows[i].tokens for i in members)
     span = -(-ends // span_align) * span_align
-    keys = np.arange(span)
-    queries = np.arange(width)
     gather = np.zeros((len(members), span), dtype=np.int64)
     mask = np.zeros((len(members), 1, width, span), dtype=bool)
     tokens, dest = [], []
     for slot, i in enumerate(members):
         r = rows[i]
-        held = keys[: r.start + r.tokens]
-        gather[slot, : held.size] = pool_positions(r.blocks, held, block_tokens)
-        real = queries < r.tokens
-        mask[slot, 0] = (keys[None, :] <= (r.start + queries)[:, None]) & real[:, None]
-        mask[slot, 0, ~real, 0] = True  # a padding query sees one key, so its softmax stays finite
+        fill_row_keys(r, gather[slot], mask[slot, 0], block_tokens)
         tokens.append(np.arange(offsets[i], offsets[i + 1]))
         dest.append(slot * width + np.arange(r.tokens))
     return AttentionGroup(members, width, span, np.concatenate(tokens), np.concatenate(dest), gather, mask)
