@@ -19,7 +19,7 @@ import torch
 
 from minions.deploy.artifacts import hf_dir_for, repacked_gguf, smollm2_gguf
 from minions.deploy.config import ROOT, load_deployment
-from minions.engines.torch_engine import load_causal_lm
+from minions.engines.torch_models import load_causal_lm
 from minions.text.datasets import chat_sets, load_prompts
 
 SHIPPED = "Q4_1"

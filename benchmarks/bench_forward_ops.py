@@ -28,7 +28,7 @@ from minions.deploy.config import ROOT, load_deployment
 from minions.engines.cuda_graphs import cuda_graph_runner
 from minions.engines.dispatch_count import DispatchCount
 from minions.engines.packed_forward import ForwardBackend, ForwardRow, forward_backend
-from minions.engines.torch_engine import load_causal_lm
+from minions.engines.torch_models import load_causal_lm
 
 
 def kernel_launches(step) -> int:

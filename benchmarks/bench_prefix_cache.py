@@ -20,7 +20,8 @@ from minions.decoding.engine_call import EngineRequest
 from minions.decoding.tokens import common_prefix_len
 from minions.deploy.artifacts import hf_dir_for
 from minions.deploy.config import ROOT, load_deployment
-from minions.engines.torch_engine import TorchEngine, load_causal_lm
+from minions.engines.torch_engine import TorchEngine
+from minions.engines.torch_models import load_causal_lm
 
 
 def _median_ms(fn, repeats: int) -> float:

@@ -154,11 +154,8 @@ class EngineSettings(_Settings):
     kv_budget_mb: float = 0.0
     """0: unbounded."""
     cuda_graphs: bool = True
-    """torch on CUDA with a `kv_budget_mb`: plain and verification steps of up to max_batch_size rows run
-    as CUDA graphs captured at load, per bucket of rows, tokens a row and context (engines/cuda_graphs.py);
-    other steps (prefills) eagerly. False: every step eagerly."""
+    """torch on CUDA with a kv_budget_mb: steps as graphs captured within cuda_graph_memory_mb (cuda_graphs.py)."""
     cuda_graph_memory_mb: float = ranged(1024.0, 0)
-    """GPU memory the captured graphs may take (plain decoding's buckets first)."""
     draft_min_prob: float = ranged(0.0, 0, 1)
     """llama.cpp: stop a greedy draft early below this top-1 probability (0 = never)."""
     max_ngram: int = ranged(3, 1)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from minions.engines.dispatch_count import DispatchCount
-from minions.engines.packed_forward import BLOCK_TOKENS, ForwardRow, PackedLlamaForward
+from minions.engines.kv_pool import BLOCK_TOKENS
+from minions.engines.packed_forward import ForwardRow, PackedLlamaForward
 from minions.engines.step_plan import SHORT_ROW_TOKENS, RowSpec, plan_step
 from tiny_models import full_logits
 

@@ -14,7 +14,8 @@ import pytest
 from minions.decoding.engine_call import EngineRequest
 from minions.decoding.sampling import SamplingParams
 from minions.decoding.tokens import common_prefix_len
-from minions.engines.torch_engine import InflightTorchEngine, TorchEngine
+from minions.engines.torch_engine import TorchEngine
+from minions.engines.torch_inflight import InflightTorchEngine
 from minions.errors import InvalidRequest
 from minions.text.bad_words import BadWords
 from tiny_models import VOCAB, full_logits, hf_greedy

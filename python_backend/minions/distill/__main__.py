@@ -27,7 +27,8 @@ import torch
 from minions.deploy.artifacts import hf_dir_for, smollm2_gguf
 from minions.deploy.config import ROOT, load_or_exit
 from minions.engines.distilled_model import MANIFEST_FILE, DistilledDraftModel, is_distilled_dir, load_draft_model
-from minions.engines.torch_engine import TorchEngine, load_causal_lm
+from minions.engines.torch_engine import TorchEngine
+from minions.engines.torch_models import load_causal_lm
 from minions.text.datasets import DATASETS, chat_sets, exit_on_missing_set, load_prompts, require
 from minions.text.prompt import encode_prompt
 

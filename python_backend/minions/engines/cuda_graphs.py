@@ -23,7 +23,8 @@ from minions.engines.graph_plan import Bucket, DenseStep, bucket_for, captured_b
 from minions.engines.step_plan import RowSpec
 
 if TYPE_CHECKING:
-    from minions.engines.packed_forward import KvPool, PackedLlamaForward
+    from minions.engines.kv_pool import KvPool
+    from minions.engines.packed_forward import PackedLlamaForward
 
 log = logging.getLogger(__name__)
 

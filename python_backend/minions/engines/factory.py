@@ -19,11 +19,12 @@ def build_engine(settings: EngineSettings, step_lock_path: str | None = None) ->
     if kind in (EngineKind.TORCH, EngineKind.DISTILLED):
         import torch
 
-        from minions.engines.torch_engine import InflightTorchEngine, TorchEngine
+        from minions.engines.torch_engine import TorchEngine
+        from minions.engines.torch_inflight import InflightTorchEngine
 
         torch.set_num_threads(settings.num_threads)
         if kind == EngineKind.TORCH:
-            from minions.engines.torch_engine import load_causal_lm
+            from minions.engines.torch_models import load_causal_lm
 
             model = load_causal_lm(settings.model_path, settings.dtype, device=settings.device)
             graphs = {"graph_rows": settings.max_batch_size if settings.cuda_graphs else 0,

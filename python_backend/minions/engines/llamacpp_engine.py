@@ -37,7 +37,8 @@ from minions.decoding.sampling import Randomness, request_randomness
 from minions.decoding.tokens import common_prefix_len
 from minions.decoding.verification import verify_draft
 from minions.engines.api import WARM_UP_TOKENS, BatchStats
-from minions.engines.inflight_batching import BatchedCalls, InflightBatcher
+from minions.engines.batched_calls import BatchedCalls
+from minions.engines.inflight_batching import InflightBatcher
 from minions.engines.llamacpp_patches import (
     FLASH_ATTN_ROW_BLOCKS,
     K_QUANT_BATCH_INVARIANT,

@@ -8,9 +8,11 @@ requests the caches are a prefix cache: a finished sequence's KV is stored (stor
 sequence (taking over a stored one no longer than its input, copying the prefix otherwise), so
 a repeated prompt or a conversation's next turn prefills only what is new.
 
-`generate_batch` serves all the requests Triton's dynamic batcher hands over in one forward pass per
-step (see packed_forward): verification of ragged drafts and plain decoding steps share the pass, so
-`off` batches exactly like speculation. A KV budget in bytes bounds the caches: least recently used
+Every call is a job (torch_jobs.py) that `step` advances by one forward pass over all the jobs it is
+given (packed_forward.py); InflightTorchEngine (torch_inflight.py) steps every live call so, taking new
+calls in before each pass, and `generate_batch` steps the calls it is given until all are done.
+Verification of ragged drafts and plain decoding steps share the pass, so `off` batches exactly like
+speculation. A KV budget in bytes bounds the caches: least recently used
 sequences outside the batch are evicted before it would be exceeded (they are recomputed if they
 return), and a batch that cannot fit alone is refused.
 """
@@ -19,69 +21,28 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
-from minions.decoding.sampling import Randomness, request_randomness
+from minions.decoding.sampling import request_randomness
 from minions.decoding.tokens import common_prefix_len, longest_shared
-from minions.decoding.verification import verify_draft
 from minions.engines.api import WARM_UP_TOKENS, BatchStats, SplitBatchEngine
-from minions.engines.inflight_batching import BatchedCalls, InflightBatcher
 from minions.engines.cuda_graphs import cuda_graph_runner
 from minions.engines.packed_forward import ForwardBackend, ForwardRow, PackedLlamaForward, forward_backend
 from minions.engines.prefix_cache import PrefixCacheStats
 from minions.engines.sequence_cache import CachedSequence, SequenceCache
 from minions.engines.stored_prefixes import StoredPrefixes
+from minions.engines.torch_jobs import TorchJob
 from minions.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 
 
-def torch_device(name: str) -> torch.device:
-    """deploy.yaml's `device`: cpu, cuda, cuda:N, or auto (cuda when a GPU is visible)."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r}: torch sees no CUDA GPU (use cpu or auto)")
-    return device
-
-
-def load_causal_lm(path: str, dtype: str = "float32", gguf_file: str | None = None, device: str = "cpu"):
-    """Load a transformers model from a local directory (or a GGUF file in it) onto `device`; never downloads."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        path, gguf_file=gguf_file, dtype=getattr(torch, dtype), local_files_only=True
-    )
-    return model.to(torch_device(device)).eval()
-
-
-@dataclass
-class _Job:
-    """One request inside a batch: verification (one pass) or generation (one pass per token)."""
-
-    request: EngineRequest
-    rng: Randomness
-    sequence: list[int]
-    entry: CachedSequence | None = None
-    tokens: list[int] = field(default_factory=list)
-    rows: list[np.ndarray] = field(default_factory=list)
-    cached: int | None = None
-    """Tokens of the input found in the sequence's cache at the job's first pass."""
-    result: EngineResult | None = None
-    error: InvalidRequest | None = None
-    """What ended the job instead of a result (draft logits that do not fit)."""
-    streamed: int = 0
-    """Tokens of a streaming generation already answered (partial)."""
-
-
 class TorchEngine(SplitBatchEngine):
     """A BatchEngine, MeteredEngine and PrefixCachingEngine (engines/api.py) over a transformers model,
-    and the Stepper (inflight_batching.py) that InflightTorchEngine batches in flight.
+    and the Stepper (inflight_batching.py) that InflightTorchEngine (torch_inflight.py) batches in flight.
     `prefix_caching` false: every new request is computed from scratch and nothing is stored."""
 
     def __init__(
@@ -128,7 +89,7 @@ class TorchEngine(SplitBatchEngine):
     # -- BatchEngine (generate, generate_batch: SplitBatchEngine) ----------------------------------
     def _generate_distinct(self, requests: list[EngineRequest]) -> list[EngineResult | Exception]:
         out: list[EngineResult | Exception | None] = [None] * len(requests)
-        jobs: list[tuple[int, _Job]] = []
+        jobs: list[tuple[int, TorchJob]] = []
         for i, request in enumerate(requests):
             try:
                 jobs.append((i, self.start(request)))
@@ -151,14 +112,14 @@ class TorchEngine(SplitBatchEngine):
         return out  # type: ignore[return-value]
 
     # -- Stepper (inflight_batching.py) ------------------------------------------------------------
-    def start(self, request: EngineRequest) -> _Job:
+    def start(self, request: EngineRequest) -> TorchJob:
         """A call's job; InvalidRequest for one longer than the context."""
         total = len(request.input_ids) + max(request.request_output_len, len(request.draft) + 1)
         if total > self.max_context:
             raise InvalidRequest(f"sequence of {total} tokens exceeds the engine's context of {self.max_context}")
-        return _Job(request, request_randomness(request.seed), list(request.input_ids))
+        return TorchJob(request, request_randomness(request.seed), list(request.input_ids))
 
-    def step(self, jobs: list[_Job]) -> list[bool]:
+    def step(self, jobs: list[TorchJob]) -> list[bool]:
         """One pass over every job; which are finished (a result, or an error of their own). A batch the
         KV budget cannot hold raises InvalidRequest for all of them."""
         with self._lock, torch.inference_mode():
@@ -166,33 +127,19 @@ class TorchEngine(SplitBatchEngine):
             done = []
             for job, rows in zip(jobs, logits):
                 try:
-                    done.append(self._absorb(job, rows))
+                    done.append(job.absorb(rows))
                 except InvalidRequest as exc:
                     job.error = exc
                     done.append(True)
+                if job.kept is not None:  # a verification keeps its accepted tokens' KV alone
+                    self._crop(job.entry, job.kept)
             return done
 
-    def partial(self, job: _Job) -> EngineResult | None:
-        """The tokens a streaming generation made since the last call (None: nothing new)."""
-        new = job.tokens[job.streamed:]
-        if not new:
-            return None
-        result = self._tokens_result(job, final=False)
-        job.streamed = len(job.tokens)
-        return result
+    def partial(self, job: TorchJob) -> EngineResult | None:
+        return job.partial()
 
-    def result(self, job: _Job) -> EngineResult:
-        """What is left to answer: every token, or a streaming job's tokens not yet reported."""
-        if job.error is not None:
-            raise job.error
-        if not job.streamed:
-            return job.result
-        return self._tokens_result(job, final=True)
-
-    def _tokens_result(self, job: _Job, final: bool) -> EngineResult:
-        request, tokens, rows = job.request, job.tokens[job.streamed:], job.rows[job.streamed:]
-        return EngineResult(tokens, logits=np.stack(rows) if request.return_generation_logits and rows else None,
-                            log_probs=request.log_probs(rows, tokens), final=final, cached_tokens=job.cached or 0)
+    def result(self, job: TorchJob) -> EngineResult:
+        return job.final()
 
     def drop(self, request_id: str) -> None:
         """Forget a sequence (a refused or failed step left it unknown): nothing is stored."""
@@ -226,15 +173,11 @@ class TorchEngine(SplitBatchEngine):
         self._generate_distinct([request])
         self.cache.release(request.request_id)  # not stored: no request starts with it
 
-    @staticmethod
-    def _draft(request: EngineRequest) -> list[int]:
-        return request.draft[: max(request.request_output_len - 1, 0)]
-
-    def _forward_jobs(self, jobs: list[_Job]) -> list[np.ndarray]:
+    def _forward_jobs(self, jobs: list[TorchJob]) -> list[np.ndarray]:
         """One pass over every job's uncached tokens (+ its draft on a verification)."""
         rows = []
         for job in jobs:
-            extra = self._draft(job.request) if job.request.draft else []
+            extra = job.draft if job.request.draft else []
             job.entry = self._entry(job.request, job.sequence)
             if job.cached is None:
                 job.cached = self.backend.length(job.entry.state)
@@ -331,53 +274,7 @@ class TorchEngine(SplitBatchEngine):
             self.cache.evict(request_id)
             self._private.discard(request_id)
 
-    def _absorb(self, job: _Job, logits: np.ndarray) -> bool:
-        """Apply a pass's logits to a job; True when the job is finished (job.result set)."""
-        request = job.request
-        if request.draft:
-            draft = self._draft(request)
-            try:
-                verdict = verify_draft(
-                    logits, draft, request.sampling, job.rng, request.input_ids, request.bad_words, request.end_id,
-                    request.draft_logits, request.penalties,
-                )
-            except ValueError as exc:  # draft_logits that do not fit the draft or the vocabulary
-                raise InvalidRequest(str(exc)) from None
-            self._crop(job.entry, len(request.input_ids) + verdict.num_accepted)
-            job.result = EngineResult(
-                verdict.tokens, logits[: len(verdict.tokens)] if request.return_generation_logits else None,
-                log_probs=request.log_probs(logits, verdict.tokens), cached_tokens=job.cached or 0,
-            )
-            return True
-        token = request.next_token(logits[0], job.sequence, job.rng)
-        job.tokens.append(token)
-        job.sequence.append(token)
-        job.rows.append(logits[0])
-        done = request.generation_done(job.tokens)
-        if done:
-            rows = np.stack(job.rows) if request.return_generation_logits else None
-            job.result = EngineResult(job.tokens, logits=rows, log_probs=request.log_probs(job.rows, job.tokens),
-                                      cached_tokens=job.cached or 0)
-        return done
-
     def _crop(self, entry: CachedSequence, length: int) -> None:
         self.backend.crop(entry.state, length)
         entry.tokens = entry.tokens[: min(length, self.backend.length(entry.state))]
 
-
-class InflightTorchEngine(BatchedCalls):
-    """A TorchEngine batched in flight (InflightEngine, MeteredEngine, PrefixCachingEngine): a decoupled
-    model's calls join the running passes at the next step instead of waiting for a batch's longest
-    generation to end, as LlamaCppEngine's do (inflight_batching.py). Under Triton's dynamic batching
-    alone, `off` at 8 streams ran passes of 4 rows on average."""
-
-    def __init__(self, engine: TorchEngine, capacity: int) -> None:
-        self.engine = engine
-        self.cache, self.stats, self.prefix_stats = engine.cache, engine.stats, engine.prefix_stats
-        self.batcher: InflightBatcher[_Job] = InflightBatcher(engine, capacity, name="torch")
-
-    def close(self) -> None:
-        self.batcher.close()
-
-    def cached_bytes(self) -> int:
-        return self.engine.cached_bytes()
