@@ -1,13 +1,15 @@
 """The LLM's model gone (unloaded by an operator) or its stub killed with SIGKILL mid-stream: requests
 are refused at once with UNAVAILABLE and a message saying why, rather than failing after the engine
 stall timeout (60 s); a request streaming on the dead stub ends within seconds with that error; the
-orchestrator loads the model again and requests are served exactly once it is back.
+orchestrator loads the model again and requests are served exactly once it is back. The OpenAI port's
+/health, which a balancer and a readiness probe read, answers 503 with the reason meanwhile.
 
 Runs its own server (the default deployment), since it breaks its LLM on purpose.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -15,7 +17,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from client.api import GenerationParams, MinionsClientError, generate_grpc
-from tests.integration.helpers import KillAfterChunk, metric_above, metric_samples, metric_value, sole_stub, wait_until
+from tests.integration.helpers import (KillAfterChunk, http_request, metric_above, metric_samples, metric_value,
+                                       sole_stub, wait_until)
+from tests.support.openai_frontend import openai_frontend
 from tests.support.stub_kill import kill_outside_locks
 from tests.support.triton_process import KILLED_STUBS_EXIT_TIMEOUT, ROOT, TritonProcess
 
@@ -41,6 +45,17 @@ def llm_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def health_url(llm_server):
+    with openai_frontend(llm_server) as url:
+        yield url.removesuffix("/v1") + "/health"
+
+
+def _health(url: str) -> tuple[int, dict]:
+    status, _, body = http_request(url, method="GET", timeout=30)
+    return status, json.loads(body)
+
+
+@pytest.fixture(scope="module")
 def plain(llm_server) -> str:
     return generate_grpc(llm_server.grpc_url, "minions", PROMPT, GenerationParams(**PARAMS)).text
 
@@ -59,8 +74,9 @@ def _llm_ready(server) -> float | None:
     return samples[0][1] if samples else None
 
 
-def test_requests_are_refused_while_the_llm_is_unloaded(llm_server, plain):
+def test_requests_are_refused_while_the_llm_is_unloaded(llm_server, plain, health_url):
     server = llm_server
+    wait_until(lambda: _health(health_url)[0] == 200, 30, "/health 200 with the LLM serving", interval=0.1)
     operator = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         operator.unload_model("llm")
@@ -68,14 +84,17 @@ def test_requests_are_refused_while_the_llm_is_unloaded(llm_server, plain):
         message, seconds = _refusal(server)
         assert "is not ready" in message and "llm" in message, message
         assert seconds < WELL_BEFORE_STALL_S
+        status, body = _health(health_url)
+        assert status == 503 and not body["ready"] and "'llm'" in body["reason"], body
         operator.load_model("llm")
         wait_until(lambda: _llm_ready(server) == 1.0, 30, "minions_llm_ready == 1", interval=0.1)
     finally:
         operator.close()
+    assert _health(health_url) == (200, {"ready": True})
     assert generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(**PARAMS)).text == plain
 
 
-def test_the_llm_stub_killed_mid_stream_is_reloaded(llm_server, plain):
+def test_the_llm_stub_killed_mid_stream_is_reloaded(llm_server, plain, health_url):
     server = llm_server
     reloads = metric_value(server.metrics_url, "minions_llm_reloads", outcome="success")
     victim = sole_stub(server, "llm_0_0").pid  # not the old instance of an earlier test's reload
@@ -92,6 +111,7 @@ def test_the_llm_stub_killed_mid_stream_is_reloaded(llm_server, plain):
     assert metric_above(server.metrics_url, "minions_llm_reloads", reloads, timeout=60, outcome="success") > reloads, \
         "the dead LLM's model was not loaded again"
     wait_until(lambda: _llm_ready(server) == 1.0, 30, "minions_llm_ready == 1", interval=0.1)
+    assert _health(health_url) == (200, {"ready": True})
     assert server.stubs()["llm_0_0"].pid != victim
     assert generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(**PARAMS)).text == plain
     assert generate_grpc(server.grpc_url, "minions", PROMPT,

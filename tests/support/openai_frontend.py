@@ -5,6 +5,7 @@ orchestrator stub leaves unanswered (minions/frontend/orphans.py)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import subprocess
 from collections.abc import Iterator, Mapping
@@ -31,7 +32,7 @@ def openai_frontend(triton: TritonProcess, log_path: Path | None = None, model: 
     cleanly and logged no traceback (FrontendStopError)."""
     port = free_port()
     log_path = log_path or triton.log_path.with_name(f"frontend-{port}.log")
-    command = frontend_command(triton.grpc_url, "127.0.0.1", port, model, triton.build / "model_repository")
+    command = frontend_command(dataclasses.replace(triton.ports, openai=port), model, triton.build / "model_repository")
     keyless = {name: value for name, value in server_env().items() if not name.startswith("MINIONS_API_KEY")}
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, env={**keyless, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)

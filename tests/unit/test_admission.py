@@ -119,13 +119,28 @@ def test_a_request_whose_llm_release_is_queued_gives_its_slot_to_the_next_but_ke
 
 def test_it_tells_every_change_of_the_requests_running_and_waiting():
     async def scenario():
-        seen: list[tuple[int, int]] = []
-        admission = Admission(max_sequences=1, on_change=lambda running, waiting: seen.append((running, waiting)))
+        seen: list[tuple[int, int, float]] = []
+        admission = Admission(max_sequences=1, on_change=lambda *change: seen.append(change))
         first = await admission.reserve(1)
         second = asyncio.ensure_future(admission.reserve(1))
         await asyncio.sleep(0)
         first.release()
         (await second).release()
-        assert seen == [(1, 0), (1, 1), (1, 0), (0, 0)]  # the waiter takes the slot as it is given back: once
+        # the waiter takes the slot as it is given back: once; without a token budget, KV use is slots held
+        assert seen == [(1, 0, 1.0), (1, 1, 1.0), (1, 0, 1.0), (0, 0, 0.0)]
+
+    asyncio.run(scenario())
+
+
+def test_kv_usage_is_the_tokens_admitted_requests_may_hold_over_the_budget():
+    async def scenario():
+        seen: list[float] = []
+        admission = Admission(max_sequences=4, capacity_tokens=1000, chunk=100,
+                              on_change=lambda running, waiting, kv_usage: seen.append(kv_usage))
+        first = await admission.reserve(250)  # 300 tokens, in chunks of 100
+        second = await admission.reserve(100)
+        first.release()
+        second.release()
+        assert seen == [0.3, 0.4, 0.1, 0.0]
 
     asyncio.run(scenario())

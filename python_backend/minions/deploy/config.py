@@ -40,10 +40,18 @@ class ServerPorts:
                    int(s.get("metrics_port", 8002)), int(s.get("openai_port", 9000)))
 
     @property
+    def loopback_host(self) -> str:
+        """The address the server's own processes reach it at."""
+        return "127.0.0.1" if self.host in ("", "0.0.0.0", "::") else self.host
+
+    @property
     def loopback_grpc_url(self) -> str:
         """The gRPC endpoint as the server's own models reach it."""
-        host = "127.0.0.1" if self.host in ("", "0.0.0.0", "::") else self.host
-        return f"{host}:{self.grpc}"
+        return f"{self.loopback_host}:{self.grpc}"
+
+    @property
+    def loopback_metrics_url(self) -> str:
+        return f"http://{self.loopback_host}:{self.metrics}/metrics"
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import shlex
@@ -40,6 +41,10 @@ TRITON_HOME_ENV = "MINIONS_TRITON_HOME"
 
 EXTRA_ARGS_ENV = "MINIONS_TRITON_ARGS"
 """More tritonserver options, appended to the command line as a shell would split them."""
+
+
+PORT_FLAGS = ("http", "grpc", "metrics", "openai")
+"""The ports `--<name>-port` sets, by their ServerPorts field."""
 
 
 def triton_home() -> Path:
@@ -187,11 +192,13 @@ def wait_http_ok(url: str, proc: subprocess.Popen, what: str, timeout: float) ->
     raise TimeoutError(f"{what} not ready after {timeout:.0f} s")
 
 
-def frontend_command(grpc_url: str, host: str, port: int, model: str, repository: Path | None = None) -> list[str]:
-    """The OpenAI-compatible frontend's command line (python -m minions.frontend); with the model
-    repository, it ends the generations a dead orchestrator stub leaves unanswered."""
-    return [sys.executable, "-m", "minions.frontend", f"--grpc-url={grpc_url}", f"--host={host}", f"--port={port}",
-            f"--model={model}"] + ([f"--model-repository={repository}"] if repository is not None else [])
+def frontend_command(ports: ServerPorts, model: str, repository: Path | None = None) -> list[str]:
+    """The OpenAI-compatible frontend's command line (python -m minions.frontend) for tritonserver on
+    `ports`; with the model repository, it ends the generations a dead orchestrator stub leaves
+    unanswered, and its /health follows the orchestrator's stub and its view of the LLM."""
+    local = [f"--model-repository={repository}", f"--metrics-url={ports.loopback_metrics_url}"] if repository else []
+    return [sys.executable, "-m", "minions.frontend", f"--grpc-url={ports.loopback_grpc_url}", f"--host={ports.host}",
+            f"--port={ports.openai}", f"--model={model}", *local]
 
 
 def serve(cmd: list[str], ports: ServerPorts, model: str, repository: Path) -> int:
@@ -205,9 +212,7 @@ def serve(cmd: list[str], ports: ServerPorts, model: str, repository: Path) -> i
     try:
         wait_ready(ports, triton, timeout=3600)
         if ports.openai:
-            frontend = subprocess.Popen(frontend_command(ports.loopback_grpc_url, ports.host, ports.openai, model,
-                                                         repository),
-                                        env=server_env())
+            frontend = subprocess.Popen(frontend_command(ports, model, repository), env=server_env())
         watchdog, watched_at = StubWatchdog(repository, model, ports.loopback_grpc_url), time.monotonic()
         while triton.poll() is None and (frontend is None or frontend.poll() is None):
             time.sleep(0.5)
@@ -240,13 +245,17 @@ def main() -> None:
     parser.add_argument("--deploy", default=os.environ.get("DEPLOY", str(ROOT / "deploy.yaml")))
     parser.add_argument("--build", default=str(ROOT / "build"))
     parser.add_argument("--prepare-only", action="store_true", help="render the repository and exit")
+    for port in PORT_FLAGS:
+        parser.add_argument(f"--{port}-port", type=int, default=None,
+                            help=f"the {port} port instead of the deployment's (several replicas on one host)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     dep = load_or_exit(args.deploy)
     if dep.server.get("triton_home"):
         os.environ[TRITON_HOME_ENV] = str(dep.server["triton_home"])
     build = Path(args.build)
-    ports = ServerPorts.of(dep)
+    ports = dataclasses.replace(ServerPorts.of(dep), **{port: getattr(args, f"{port}_port") for port in PORT_FLAGS
+                                                         if getattr(args, f"{port}_port") is not None})
     try:
         repo, backends = prepare(dep, build, ports)
     except LlamaBuildError as exc:

@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from minions.frontend.app import create_app
 from minions.frontend.auth import API_KEY_ENV, API_KEY_FILE_ENV, api_key_from
+from minions.frontend.health import ReplicaHealth
 from minions.frontend.orphans import OrphanWatch
 from minions.frontend.settings import FrontendSettings
 from minions.frontend.triton_stream import TritonStream
@@ -39,7 +40,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-repository", type=Path, default=None,
                         help="tritonserver's model repository, on this host: with it, a generation the "
                              "orchestrator's stub leaves unanswered when it dies ends with 503 (Triton 2.51 "
-                             "never answers it)")
+                             "never answers it), and /health answers 503 while its stub is dead")
+    parser.add_argument("--metrics-url", default=None,
+                        help="tritonserver's metrics (http://host:8002/metrics): with --model-repository, /health "
+                             "answers 503 while the orchestrator refuses requests (its LLM not ready or reloading)")
     FrontendSettings.add_arguments(parser)
     return parser.parse_args(argv)
 
@@ -53,14 +57,16 @@ def build_app(args: argparse.Namespace, environ: Mapping[str, str]) -> FastAPI:
         log.info("API key: none required (set %s or %s to require one)", API_KEY_ENV, API_KEY_FILE_ENV)
     else:
         log.info("API key: required on /v1, from %s", key[1])
-    orphans = None
+    orphans, repository = None, None
     if args.model_repository is not None:
         model_dir = args.model_repository / args.model
         if not model_dir.is_dir():
             raise ValueError(f"--model-repository: {args.model_repository} has no folder for the model {args.model!r}")
         orphans = OrphanWatch(lambda: stub_start_times(model_dir), boot_clock)
-    return create_app(TritonStream(args.grpc_url, args.model, orphans), args.model, settings,
-                      key[0] if key else None)
+        repository = args.model_repository
+    triton = TritonStream(args.grpc_url, args.model, orphans)
+    health = ReplicaHealth(triton, repository, args.metrics_url if repository is not None else None)
+    return create_app(triton, args.model, settings, key[0] if key else None, health)
 
 
 def main() -> None:

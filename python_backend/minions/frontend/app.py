@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from minions.frontend.auth import RequireApiKey
 from minions.frontend.errors import install_error_handlers, openai_error
+from minions.frontend.health import ReplicaHealth
 from minions.frontend.limits import BodyLimit, check_stop
 from minions.frontend.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from minions.frontend.settings import FrontendSettings
@@ -34,9 +35,11 @@ DISCONNECT_POLL_S = 0.1
 
 
 def create_app(triton: TritonStream, model: str, settings: FrontendSettings = FrontendSettings(),
-               api_key: str | None = None) -> FastAPI:
+               api_key: str | None = None, health: ReplicaHealth | None = None) -> FastAPI:
     """The service for `model` (the name clients send, and /v1/models lists) served through `triton`;
-    with `api_key`, /v1 answers only requests that carry it."""
+    with `api_key`, /v1 answers only requests that carry it. /health answers 200 while `health` (by
+    default Triton's readiness of the orchestrator and its LLM) finds nothing in the way, else 503 with
+    the reason; each change is logged once."""
     app = FastAPI(title="Minions OpenAI-compatible API")
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
@@ -47,10 +50,21 @@ def create_app(triton: TritonStream, model: str, settings: FrontendSettings = Fr
     def card() -> dict[str, Any]:
         return {"id": model, "object": "model", "created": started, "owned_by": "minions"}
 
+    checks = health or ReplicaHealth(triton)
+    last: list[str | None] = [None]
+
     @app.get("/health")
-    async def health() -> JSONResponse:
-        ready = await triton.ready()
-        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+    async def health_check() -> JSONResponse:
+        reason = await checks.unavailable()
+        if reason != last[0]:
+            if reason is None:
+                log.info("health: serving")
+            else:
+                log.warning("health: not serving: %s", reason)
+            last[0] = reason
+        if reason is None:
+            return JSONResponse({"ready": True})
+        return JSONResponse({"ready": False, "reason": reason}, status_code=503)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -32,6 +32,10 @@ NOT_SERVED = ("unknown model", "is not ready", "no available versions", "is not 
 its stub dead until it is loaded again (python_backend's `Stub process '<instance>' is not healthy.`)."""
 
 
+LLM_PARAMETER = "llm_model_name"
+"""The orchestrator's config parameter naming its LLM model (minions.settings.OrchestratorSettings)."""
+
+
 class TritonError(RuntimeError):
     """Triton refused or failed a request; `code` is the gRPC status it ended the stream with."""
 
@@ -91,6 +95,7 @@ class TritonStream:
         self.model = model
         self.orphans = orphans
         self._service: service_pb2_grpc.GRPCInferenceServiceStub | None = None
+        self._model_config: service_pb2.ModelConfigResponse | None = None
         self._inputs: ModelInputs | None = None
 
     def service(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
@@ -99,22 +104,33 @@ class TritonStream:
             self._service = service_pb2_grpc.GRPCInferenceServiceStub(grpc.aio.insecure_channel(self.url))
         return self._service
 
-    async def ready(self) -> bool:
-        """Whether Triton says the model is ready."""
+    async def ready(self, model: str | None = None) -> bool:
+        """Whether Triton says `model` (by default the served one) is ready."""
         try:
-            answer = await self.service().ModelReady(service_pb2.ModelReadyRequest(name=self.model), timeout=5)
+            answer = await self.service().ModelReady(service_pb2.ModelReadyRequest(name=model or self.model),
+                                                     timeout=5)
         except grpc.aio.AioRpcError:
             return False
         return answer.ready
 
-    async def inputs(self) -> ModelInputs:
-        if self._inputs is None:
+    async def _config(self) -> service_pb2.ModelConfigResponse:
+        """The served model's config, read once it is loaded."""
+        if self._model_config is None:
             try:
                 config = await self.service().ModelConfig(service_pb2.ModelConfigRequest(name=self.model), timeout=10)
             except grpc.aio.AioRpcError as exc:
                 raise TritonError(exc.code(), exc.details() or str(exc.code())) from None
-            self._inputs = ModelInputs.of(config)
+            self._model_config = config
+        return self._model_config
+
+    async def inputs(self) -> ModelInputs:
+        if self._inputs is None:
+            self._inputs = ModelInputs.of(await self._config())
         return self._inputs
+
+    async def llm_model(self) -> str:
+        """The LLM model the orchestrator sends requests to (its config's `llm_model_name`)."""
+        return (await self._config()).config.parameters[LLM_PARAMETER].string_value
 
     async def generate(self, inputs: Mapping[str, Any], request_id: str) -> AsyncIterator[dict[str, Any]]:
         """Each response's outputs (name -> value: a str, number or list) until the final one.

@@ -57,8 +57,9 @@ class Admission:
     token budget); up to `max_queued` more wait in order (0: no bound)."""
 
     def __init__(self, max_sequences: int, capacity_tokens: int = 0, chunk: int = 1, max_queued: int = 0,
-                 on_change: Callable[[int, int], None] = lambda running, waiting: None) -> None:
-        """`on_change` is told the requests running and waiting whenever either changes."""
+                 on_change: Callable[[int, int, float], None] = lambda running, waiting, kv_usage: None) -> None:
+        """`on_change` is told the requests running and waiting and the KV use (`kv_usage`) whenever
+        any changes."""
         self.max_sequences = max_sequences
         self.on_change = on_change
         self.capacity = capacity_tokens
@@ -91,6 +92,14 @@ class Admission:
     @property
     def waiting(self) -> int:
         return len(self._queue)
+
+    @property
+    def kv_usage(self) -> float:
+        """How full the KV cache is, 0-1 (vLLM's kv_cache_usage_perc): the tokens admitted requests may
+        hold at most over the budget; without a token budget, the sequence slots held over the slots."""
+        if self.capacity:
+            return self.in_use / self.capacity
+        return self.holding_slots / self.max_sequences if self.max_sequences else 0.0
 
     def _room(self, need: int) -> bool:
         return self.holding_slots < self.max_sequences and (not self.capacity or self.in_use + need <= self.capacity)
@@ -158,7 +167,7 @@ class Admission:
         self._changed()
 
     def _changed(self) -> None:
-        self.on_change(self.running, self.waiting)
+        self.on_change(self.running, self.waiting, self.kv_usage)
 
     def _admit(self) -> None:
         """Admit queued requests in order while the first one fits (no overtaking: no starvation)."""

@@ -95,11 +95,12 @@ class MetricTally:
             self.observe("minions_time_per_output_token_seconds", itl_s, speculation=mode)
         self.observe("minions_e2e_request_latency_seconds", e2e_s, speculation=mode)
 
-    def observe_admission(self, running: int, waiting: int) -> None:
-        """Requests holding a decoding slot, and those waiting for one (vLLM's num_requests_running and
-        num_requests_waiting)."""
+    def observe_admission(self, running: int, waiting: int, kv_usage: float) -> None:
+        """Requests holding a decoding slot, those waiting for one, and how full the KV cache is (vLLM's
+        num_requests_running, num_requests_waiting and kv_cache_usage_perc)."""
         self.set("minions_num_requests_running", running)
         self.set("minions_num_requests_waiting", waiting)
+        self.set("minions_kv_cache_usage_perc", kv_usage)
 
     def observe_weights(self, weights: dict[str, float]) -> None:
         for name, weight in weights.items():

@@ -38,6 +38,8 @@ GAUGES = {
     "minions_llm_ready": "1 while the LLM's model is ready and its stub answers, else 0 (requests are refused)",
     "minions_num_requests_running": "Requests holding a decoding slot (vLLM's num_requests_running)",
     "minions_num_requests_waiting": "Requests waiting for a decoding slot or KV room (vLLM's num_requests_waiting)",
+    "minions_kv_cache_usage_perc": ("How full the LLM's KV cache is, 0-1, as admission counts it: the tokens admitted "
+                                    "requests may hold over the KV budget (vLLM's kv_cache_usage_perc)"),
 }
 
 HISTOGRAMS = {

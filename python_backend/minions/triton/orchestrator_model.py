@@ -91,7 +91,7 @@ class TritonPythonModel:
         self.admission = Admission(self.settings.active_requests_limit, self.settings.kv_budget_tokens,
                                    self.settings.kv_chunk_tokens, self.settings.max_queued_requests,
                                    on_change=self.metrics.tally.observe_admission)
-        self.metrics.tally.observe_admission(0, 0)  # the series exist from the start
+        self.metrics.tally.observe_admission(0, 0, 0.0)  # the series exist from the start
         self.services = Services.from_settings(self.settings, load=lambda: self.admission.decoding)
         self.services.on_probe = self.metrics.tally.observe_probe
         self.models = ModelControl(self.client, Path(args["model_repository"]).parent, self.services,
