@@ -13,7 +13,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv serve prepare engines test test-unit test-integration bench bench-peers bench-paired bench-openai-peers bench-aiperf gpu-bundle gpu-check soak chaos loadtest distill clean
+.PHONY: venv serve prepare engines test test-unit test-integration bench bench-peers bench-paired bench-openai-peers bench-aiperf gpu-bundle gpu-check soak chaos loadtest distill cluster bench-cluster clean
 
 # The Triton stub links Debian's libpython3.11, so the venv must come from the system python3.11.
 $(STAMP): requirements.txt patches/llama-cpp-python/install.sh $(wildcard patches/llama-cpp-python/*.patch)
@@ -35,6 +35,14 @@ prepare: $(STAMP)
 
 serve: $(STAMP)
 	$(PY) -m minions.deploy.server --deploy $(DEPLOY)
+
+# CLUSTER_REPLICAS replicas of DEPLOY on this host behind the SGLang Model Gateway with prefix affinity, each on
+# its own ports (the deployment's + 10 per replica); prints the gateway's URL and every port; Ctrl-C stops all
+# of it (docs/deployments.md). More: CLUSTER_ARGS="--pin --gateway-port 9100"; python -m minions.deploy.cluster --help.
+CLUSTER_REPLICAS ?= 2
+CLUSTER_ARGS ?=
+cluster: $(STAMP)
+	$(PY) -m minions.deploy.cluster --deploy $(DEPLOY) --replicas $(CLUSTER_REPLICAS) $(CLUSTER_ARGS)
 
 # The TensorRT-LLM engines of DEPLOY's `engine: tensorrtllm` models (deploy.gpu.yaml); runs inside the Triton
 # TRT-LLM container (its python3 has tensorrt_llm and trtllm-build), so not through .venv. Up-to-date engines are skipped.

@@ -113,6 +113,8 @@ class Completion:
     usage.prompt_tokens_details.cached_tokens)."""
     ttft_s: float | None = None
     latency_s: float = 0.0
+    response_id: str | None = None
+    """The answer's id (an OpenAI server's `id`, which its log names)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -308,7 +310,7 @@ goes as `stop`."""
 def generate_openai(
     url: str,
     model: str,
-    prompt: str,
+    prompt: str | list[dict],
     params: GenerationParams,
     on_text: Callable[[str], None] | None = None,
     timeout_s: float = 600.0,
@@ -317,9 +319,11 @@ def generate_openai(
     base URL, as OpenAI's clients take it: http://host:port/v1; Minions' frontend, or llama-server: the
     same client measures both), read as OpenAI's clients read it: each
     event's `choices[0].delta.content`, its `finish_reason`, and the final `usage` (asked for with
-    `stream_options.include_usage`). `timeout_s` bounds each wait on the socket, as for the others."""
+    `stream_options.include_usage`). `prompt` is the user's message, or a whole conversation's messages.
+    `timeout_s` bounds each wait on the socket, as for the others."""
     base = url if url.startswith("http") else f"http://{url}"
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    body = {"model": model, "messages": messages, "stream": True,
             "stream_options": {"include_usage": True}}
     body |= {k: v for k in OPENAI_FIELDS if (v := getattr(params, k)) is not None}
     if params.stop_words:
@@ -330,6 +334,7 @@ def generate_openai(
         with _post(f"{base.rstrip('/')}/chat/completions", body, timeout_s) as response:
             for event in _sse_events(response):
                 outputs = {}
+                completion.response_id = completion.response_id or event.get("id")
                 for choice in event.get("choices") or []:
                     outputs["text_output"] = (choice.get("delta") or {}).get("content")
                     outputs["finish_reason"] = choice.get("finish_reason")

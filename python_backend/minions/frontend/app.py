@@ -66,6 +66,16 @@ def create_app(triton: TritonStream, model: str, settings: FrontendSettings = Fr
             return JSONResponse({"ready": True})
         return JSONResponse({"ready": False, "reason": reason}, status_code=503)
 
+    # What the SGLang Model Gateway asks a worker it adds (its discovery falls back to the deprecated
+    # /get_* names, warning, on a 404): the model's name, and that it generates.
+    @app.get("/model_info")
+    async def model_info() -> dict[str, Any]:
+        return {"served_model_name": model, "is_generation": True}
+
+    @app.get("/server_info")
+    async def server_info() -> dict[str, Any]:
+        return {"served_model_name": model}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [card()]}
