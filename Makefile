@@ -44,6 +44,11 @@ CLUSTER_ARGS ?=
 cluster: $(STAMP)
 	$(PY) -m minions.deploy.cluster --deploy $(DEPLOY) --replicas $(CLUSTER_REPLICAS) $(CLUSTER_ARGS)
 
+# One replica direct vs CLUSTER_REPLICAS behind the gateway (affinity) vs round-robin on the multi-turn workloads:
+# tokens/s, TTFT, prefix hit rate, prefill tokens, turns kept, spread; into bench_results/cluster/ (docs/benchmarks.md).
+bench-cluster: $(STAMP)
+	$(PY) -m benchmarks.bench_cluster --deploy $(DEPLOY) --replicas $(CLUSTER_REPLICAS) $(CLUSTER_ARGS)
+
 # The TensorRT-LLM engines of DEPLOY's `engine: tensorrtllm` models (deploy.gpu.yaml); runs inside the Triton
 # TRT-LLM container (its python3 has tensorrt_llm and trtllm-build), so not through .venv. Up-to-date engines are skipped.
 engines:

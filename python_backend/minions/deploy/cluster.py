@@ -5,8 +5,9 @@ Each replica is `python -m minions.deploy.server` (tritonserver and the OpenAI f
 build folder, so its model repository and stubs are its own, and ports offset by PORT_STRIDE per replica
 from the deployment's. The gateway starts once every replica's /health answers 200 and routes the
 OpenAI endpoints; Triton's KServe HTTP/gRPC ports are each replica's own (docs/deployments.md says what
-goes in front of them). With `--pin`, replica i runs on CPU i (taskset), so that replicas do not
-share cores where the host has enough.
+goes in front of them). The host's cores are split between the replicas (each engine's `num_threads`:
+cores / replicas, at least one), and with `--pin` each replica runs on cores of its own (taskset) where
+the host has enough.
 """
 
 from __future__ import annotations
@@ -59,11 +60,13 @@ class Replica:
     build: Path
     proc: subprocess.Popen | None = None
 
-    def command(self, deploy: Path, cpu: int | None) -> list[str]:
-        """`make serve` on this replica's ports and build folder, on CPU `cpu` if given."""
-        pin = [shutil.which("taskset") or "taskset", "-c", str(cpu)] if cpu is not None else []
-        return [*pin, sys.executable, "-m", "minions.deploy.server", f"--deploy={deploy}", f"--build={self.build}",
-                *(f"--{port}-port={getattr(self.ports, port)}" for port in PORT_FLAGS)]
+    def command(self, deploy: Path, threads: int, pin: bool) -> list[str]:
+        """`make serve` on this replica's ports and build folder, its engines on `threads` threads, and
+        with `pin` on CPUs of its own (the index-th `threads` of them)."""
+        first = self.index * threads
+        cpus = [shutil.which("taskset") or "taskset", "-c", f"{first}-{first + threads - 1}"] if pin else []
+        return [*cpus, sys.executable, "-m", "minions.deploy.server", f"--deploy={deploy}", f"--build={self.build}",
+                f"--threads={threads}", *(f"--{port}-port={getattr(self.ports, port)}" for port in PORT_FLAGS)]
 
     def kill(self) -> None:
         """SIGKILL the whole replica: server, tritonserver, its stubs and frontend (its own process group)."""
@@ -118,15 +121,19 @@ class Cluster:
         self._logs.append(out)
         return out
 
+    @property
+    def threads(self) -> int:
+        """Each replica's engine threads: the host's cores split between the replicas (one at least)."""
+        return max(1, (os.cpu_count() or 1) // len(self.replicas))
+
     def __enter__(self) -> Cluster:
-        cpus = os.cpu_count() or 1
         # the model artifacts once, before replicas that would each convert them into the shared cache
         prepare(self.dep, self.replicas[0].build, self.replicas[0].ports)
         try:
             for replica in self.replicas:
                 out = self._output(f"replica-{replica.index}")
-                cpu = replica.index % cpus if self.pin else None
-                replica.proc = subprocess.Popen(replica.command(self.deploy, cpu), env=server_env(), stdout=out,
+                pin = self.pin and (replica.index + 1) * self.threads <= (os.cpu_count() or 1)
+                replica.proc = subprocess.Popen(replica.command(self.deploy, self.threads, pin), env=server_env(), stdout=out,
                                                 stderr=subprocess.STDOUT if out else None, start_new_session=True)
             deadline = time.monotonic() + READY_TIMEOUT_S
             for replica in self.replicas:
@@ -182,7 +189,7 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--gateway-port", type=int, default=GATEWAY_PORT)
     parser.add_argument("--round-robin", action="store_true", help="no prefix affinity (to compare)")
-    parser.add_argument("--pin", action="store_true", help="replica i on CPU i (taskset)")
+    parser.add_argument("--pin", action="store_true", help="each replica on cores of its own (taskset)")
     parser.add_argument("--build", default=str(ROOT / "build" / "cluster"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

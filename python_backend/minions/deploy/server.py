@@ -47,6 +47,19 @@ PORT_FLAGS = ("http", "grpc", "metrics", "openai")
 """The ports `--<name>-port` sets, by their ServerPorts field."""
 
 
+THREADED_ENGINES = (EngineKind.LLAMACPP, EngineKind.TORCH, EngineKind.DISTILLED)
+
+
+def set_threads(dep: Deployment, threads: int) -> None:
+    """Every compute engine of `dep` on `threads` threads: replicas that share a host split its cores, as
+    llama.cpp's spinning threads slow each other down many times over on shared cores (docs/engines.md)."""
+    if threads < 1:
+        raise SystemExit(f"--threads must be at least 1, got {threads}")
+    for model in (dep.llm, *dep.ssms):
+        if model["engine"] in THREADED_ENGINES:
+            model["num_threads"] = threads
+
+
 def triton_home() -> Path:
     """The tritonserver installation: $MINIONS_TRITON_HOME, else the one inside the nvidia-pytriton wheel."""
     if os.environ.get(TRITON_HOME_ENV):
@@ -248,9 +261,13 @@ def main() -> None:
     for port in PORT_FLAGS:
         parser.add_argument(f"--{port}-port", type=int, default=None,
                             help=f"the {port} port instead of the deployment's (several replicas on one host)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="every engine's num_threads instead of the deployment's (replicas sharing a host's cores)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     dep = load_or_exit(args.deploy)
+    if args.threads is not None:
+        set_threads(dep, args.threads)
     if dep.server.get("triton_home"):
         os.environ[TRITON_HOME_ENV] = str(dep.server["triton_home"])
     build = Path(args.build)
