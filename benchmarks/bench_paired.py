@@ -66,9 +66,9 @@ def learning_ssms(dep: Deployment, mode: str) -> list[str]:
 
 
 def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int, against: str,
-        alternate: bool) -> list[PairedCell]:
+        alternate: bool, control: bool = False) -> list[PairedCell]:
     """Every workload's cells, each printed as it ends; with `alternate`, every other pair asks the
-    other mode first (peers/paired.ask_pair)."""
+    other mode first, with `control` the other mode once more after each pair (peers/paired.ask_pair)."""
     cells = []
     for workload in workloads:
         if workload in MULTI_TURN:
@@ -76,7 +76,7 @@ def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int, a
         else:
             talks = {name: [[t] for t in texts] for name, texts in single_turn(workload, prompts).items()}
         for name, turn_lists in talks.items():
-            cells.append(PairedCell(name, [converse_pair(ask, turns, against, alternate and i % 2 == 1)
+            cells.append(PairedCell(name, [converse_pair(ask, turns, against, alternate and i % 2 == 1, control)
                                            for i, turns in enumerate(turn_lists)]))
             print(format_rows([cells[-1].row()], against).splitlines()[-1], flush=True)
     return cells
@@ -91,6 +91,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--conversations", type=int, default=8, help="conversations per multi-turn workload")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--against", default="off", help="the mode each default request is paired with")
+    p.add_argument("--control", action="store_true",
+                   help="ask the other mode once more after each pair: the time ratio two identical requests "
+                        "read, each cell's noise floor beside its default / other ratio")
     p.add_argument("--out", default=str(ROOT / "bench_results" / "paired"))
     return p
 
@@ -115,7 +118,7 @@ def main() -> None:
         for prompt in warm_up_prompts(2):  # first calls pay one-off costs
             ask_pair(ask, [{"role": "user", "content": prompt}], args.against)
         alternate = not learning_ssms(dep, orchestrator.default_speculation)
-        cells = run(args.workloads, ask, args.prompts, args.conversations, args.against, alternate)
+        cells = run(args.workloads, ask, args.prompts, args.conversations, args.against, alternate, args.control)
     rows = [c.row() for c in cells]
     text = (f"Default ({orchestrator.default_speculation}) against `{args.against}` on one server, prompt by "
             f"prompt ({dep.path.name}, greedy, {args.max_tokens} tokens; decode time per token):\n\n"

@@ -12,6 +12,7 @@ of a pair (bench_paired refuses them).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 from collections.abc import Callable, Sequence
@@ -40,6 +41,8 @@ class Pair:
 
     default: Answer
     other: Answer
+    control: Answer | None = None
+    """The other mode asked once more, right after: how far two identical requests' times differ."""
 
     @property
     def speed_ratio(self) -> float | None:
@@ -53,26 +56,31 @@ Ask = Callable[[list[dict], str | None], Answer]
 deployment's default)."""
 
 
-def ask_pair(ask: Ask, messages: list[dict], against: str = "off", other_first: bool = False) -> Pair:
-    """The default and the other mode on the same messages, the default first unless `other_first`.
+def ask_pair(ask: Ask, messages: list[dict], against: str = "off", other_first: bool = False,
+             control: bool = False) -> Pair:
+    """The default and the other mode on the same messages, the default first unless `other_first`;
+    with `control`, the other mode once more after both (the pair's noise floor).
     The default goes first where either mode drafts with an SSM that learns from finished requests
     (suffix), so that it never drafts the other's answer to this prompt; else the order alternates, as
     the second request finds the first's prompt in every engine's prefix cache, a model SSM's too."""
     if other_first:
         other = ask(messages, against)
-        return Pair(ask(messages, None), other)
-    default = ask(messages, None)
-    return Pair(default, ask(messages, against))
+        pair = Pair(ask(messages, None), other)
+    else:
+        default = ask(messages, None)
+        pair = Pair(default, ask(messages, against))
+    return dataclasses.replace(pair, control=ask(messages, against)) if control else pair
 
 
-def converse_pair(ask: Ask, turns: Sequence[str], against: str = "off", other_first: bool = False) -> Pair:
+def converse_pair(ask: Ask, turns: Sequence[str], against: str = "off", other_first: bool = False,
+                  control: bool = False) -> Pair:
     """A conversation's turns with the default, each turn's history holding its earlier answers, and
     its last turn paired (`ask_pair`)."""
     messages: list[dict] = []
     for text in turns[:-1]:
         messages.append({"role": "user", "content": text})
         messages.append({"role": "assistant", "content": ask(messages, None).text})
-    return ask_pair(ask, [*messages, {"role": "user", "content": turns[-1]}], against, other_first)
+    return ask_pair(ask, [*messages, {"role": "user", "content": turns[-1]}], against, other_first, control)
 
 
 @dataclass
@@ -91,7 +99,7 @@ class PairedCell:
         row = {"workload": self.workload, "pairs": len(self.pairs), "timed": len(timed),
                "same": sum(p.default.text == p.other.text for p in self.pairs),
                "drafted_per_request": statistics.mean(p.default.drafted for p in self.pairs) if self.pairs else 0.0,
-               "median": None, "low": None, "high": None, "time_ratio": None}
+               "median": None, "low": None, "high": None, "time_ratio": None, "control_ratio": None}
         if not ratios:
             return row
         rng = random.Random(seed)
@@ -100,6 +108,10 @@ class PairedCell:
         other_s = sum(p.other.s_per_token * (p.default.tokens - 1) for p in timed)
         row.update(median=statistics.median(ratios), low=medians[int(0.05 * resamples)],
                    high=medians[int(0.95 * resamples) - 1], time_ratio=other_s / default_s)
+        controlled = [p for p in timed if p.control is not None and p.control.s_per_token]
+        if controlled:  # the same measure between the other mode's two requests: 1 but for noise
+            row["control_ratio"] = (sum(p.other.s_per_token for p in controlled)
+                                    / sum(p.control.s_per_token for p in controlled))
         return row
 
 
@@ -108,9 +120,12 @@ def format_rows(rows: list[dict], against: str = "off") -> str:
     def f(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}"
 
+    control = any(r.get("control_ratio") is not None for r in rows)
     lines = [f"| workload | pairs | default / `{against}`, median of pairs | 90% interval | time ratio "
-             "| drafted / request | same |", "|---|---:|---:|---|---:|---:|---:|"]
+             + (f"| control: `{against}` / `{against}` again " if control else "")
+             + "| drafted / request | same |", "|---|---:|---:|---|---:|" + ("---:|" if control else "") + "---:|---:|"]
     for r in rows:
         lines.append(f"| {r['workload']} | {r['timed']} | {f(r['median'])} | {f(r['low'])}–{f(r['high'])} | "
-                     f"{f(r['time_ratio'])} | {r['drafted_per_request']:.1f} | {r['same']}/{r['pairs']} |")
+                     f"{f(r['time_ratio'])} | " + (f"{f(r.get('control_ratio'))} | " if control else "")
+                     + f"{r['drafted_per_request']:.1f} | {r['same']}/{r['pairs']} |")
     return "\n".join(lines)

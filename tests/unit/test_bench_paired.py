@@ -41,6 +41,22 @@ def test_the_other_mode_may_ask_first():
     assert pair.other.text == "answer 1" and pair.default.text == "answer 2"
 
 
+def test_a_control_asks_the_other_mode_again_after_the_pair():
+    server = Recorder()
+    pair = ask_pair(server, [{"role": "user", "content": "hi"}], control=True)
+    assert [mode for _, mode in server.calls] == [None, "off", "off"]
+    assert pair.control.text == "answer 3"
+
+
+def test_a_cells_control_ratio_is_the_other_modes_time_over_its_own_again():
+    pairs = [Pair(Answer("a", 11, 1.0), Answer("a", 11, 1.1), Answer("a", 11, 1.0)),
+             Pair(Answer("a", 11, 1.0), Answer("a", 11, 0.9), Answer("a", 11, 1.1))]
+    row = PairedCell("x", pairs).row()
+    assert row["control_ratio"] == pytest.approx(2.0 / 2.1)
+    assert "`off` / `off` again" in format_rows([row]) and "0.952" in format_rows([row])
+    assert PairedCell("x", [Pair(Answer("a", 11, 1.0), Answer("a", 11, 1.0))]).row()["control_ratio"] is None
+
+
 def test_a_conversation_carries_the_defaults_answers_and_pairs_its_last_turn():
     server = Recorder()
     converse_pair(server, ["edit the file", "now rename", "and again"], against="single:ssm_ngram")
