@@ -17,10 +17,22 @@ src=$cache/llama_cpp_python-$version
 if [ ! -f "$archive" ]; then
     "$py" -m pip download --no-binary :all: --no-deps "llama-cpp-python==$version" -d "$cache"
 fi
+# The sdist the patches were written against, by its sha256 (sdist.sha256: one line per pinned version).
+expected=$(awk -v name="$(basename "$archive")" '$2 == name {print $1}' "$here/sdist.sha256")
+if [ -z "$expected" ]; then
+    echo "$here/sdist.sha256 pins no hash for $(basename "$archive"): check the patches against it, then add its sha256" >&2
+    exit 1
+fi
+actual=$(sha256sum "$archive" | cut -d' ' -f1)
+if [ "$actual" != "$expected" ]; then
+    echo "$archive: sha256 $actual, expected $expected (sdist.sha256); removed, run again to download it anew" >&2
+    rm -f "$archive"
+    exit 1
+fi
 rm -rf "$src"
 tar -xzf "$archive" -C "$cache"
-for patch in "$here"/*.patch; do
+for patch in "$here"/*.patch; do  # no fuzz: a patch whose context moved must be rebased, not guessed
     echo "applying $(basename "$patch")"
-    patch -p1 --forward --quiet -d "$src" < "$patch"
+    patch -p1 --forward --fuzz=0 --quiet -d "$src" < "$patch"
 done
 "$py" -m pip install --no-cache-dir --force-reinstall --no-deps "$src"

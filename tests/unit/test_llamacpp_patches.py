@@ -4,8 +4,13 @@ and the check tells a patched libggml-cpu from one without the patches."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import re
+import subprocess
+import tarfile
 from pathlib import Path
+
+import pytest
 
 from minions.engines.llamacpp_patches import (
     DISABLE_TILES,
@@ -53,3 +58,33 @@ def test_the_k_quant_tiles_go_off_only_where_the_build_can_turn_them_off(tmp_pat
     patched = stand_in(tmp_path / "patched", f"int off = 0;\nvoid {DISABLE_TILES}(void) {{ off = 1; }}\n")
     assert disable_k_quant_tiles(patched)
     assert ctypes.c_int.in_dll(ctypes.CDLL(str(patched / "libggml-cpu.so")), "off").value == 1
+
+
+SDIST_CACHE = PATCHES.parents[1] / ".cache" / "llama-cpp-python"
+
+
+def pinned_sdist() -> tuple[str, str]:
+    """The sdist requirements.txt pins, and the sha256 patches/llama-cpp-python/sdist.sha256 pins for it."""
+    requirements = (PATCHES.parents[1] / "requirements.txt").read_text()
+    version = re.search(r"^llama-cpp-python==([^\s;#]+)", requirements, re.MULTILINE)[1]
+    archive = f"llama_cpp_python-{version}.tar.gz"
+    hashes = dict(reversed(line.split()) for line in (PATCHES / "sdist.sha256").read_text().splitlines() if line)
+    assert archive in hashes, f"sdist.sha256 pins no hash for {archive}, which requirements.txt pins"
+    return archive, hashes[archive]
+
+
+def test_the_sdist_install_sh_builds_is_pinned_and_every_patch_applies_without_fuzz(tmp_path):
+    """install.sh refuses another sdist than the pinned one and applies the patches with --fuzz=0;
+    `make venv` leaves the sdist in .cache/llama-cpp-python, where this checks both."""
+    archive, sha256 = pinned_sdist()
+    path = SDIST_CACHE / archive
+    if not path.is_file():
+        pytest.skip(f"{path} is not there (make venv downloads it)")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == sha256
+    with tarfile.open(path) as tar:
+        tar.extractall(tmp_path)  # the pinned sdist, its hash checked above
+    source = tmp_path / archive.removesuffix(".tar.gz")
+    for patch in sorted(PATCHES.glob("*.patch")):
+        applied = subprocess.run(["patch", "-p1", "--forward", "--fuzz=0", "-d", str(source), "-i", str(patch)],
+                                 capture_output=True, text=True)
+        assert applied.returncode == 0 and "offset" not in applied.stdout, f"{patch.name}:\n{applied.stdout}"
