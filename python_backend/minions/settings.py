@@ -140,7 +140,7 @@ class EngineSettings(_Settings):
     matrix products take one row at a time) and, with the project's `k-quant-batch-invariant` patch, for
     Q4_K_M's (llama.cpp's tiled K-quant kernels are then off in the engine's process); F16's products
     still depend on the batch. Needs `kv_unified: false` (in one buffer attention sums over cells in the
-    order they were filled). Long prompts cost more to compute (docs/engines.md)."""
+    order they were filled). Refused off x86-64 with AVX2/FMA/F16C, or without that patch (docs/engines.md)."""
     max_context: int = derived(2048)
     """Set from orchestrator.max_context by the renderer."""
     max_draft_tokens: int = derived(16)

@@ -39,12 +39,7 @@ from minions.decoding.verification import verify_draft
 from minions.engines.api import WARM_UP_TOKENS, BatchStats
 from minions.engines.batched_calls import BatchedCalls
 from minions.engines.inflight_batching import InflightBatcher
-from minions.engines.llamacpp_patches import (
-    FLASH_ATTN_ROW_BLOCKS,
-    K_QUANT_BATCH_INVARIANT,
-    carried,
-    disable_k_quant_tiles,
-)
+from minions.engines.llamacpp_patches import FLASH_ATTN_ROW_BLOCKS, carried, disable_k_quant_tiles, invariance_refusal
 from minions.engines.prefix_cache import PrefixCache, SlotChoice
 from minions.engines.sequence_cache import CachedSequence
 from minions.engines.step_lock import StepLock, step_slots
@@ -144,7 +139,14 @@ class LlamaCppStepper:
         self.slots = PrefixCache(max_sequences, enabled=prefix_caching, stored_bytes=stored_bytes)
         self._stepping: set[str] = set()  # ids with a call in progress: their slots are never evicted
         # Loaded eagerly so that a bad path fails at model load.
-        self._model = LlamaModel(path_model=model_path, params=LlamaModel.default_params(), verbose=False)
+        model_params = LlamaModel.default_params()
+        if batch_invariant:
+            refusal = invariance_refusal(carried())
+            if refusal:
+                raise ValueError(f"batch_invariant: {refusal}: outputs could differ from plain decoding; "
+                                 "set batch_invariant: false for this model in the deployment")
+            model_params.n_gpu_layers = 0  # the patches are CPU kernels: a GPU build must not offload
+        self._model = LlamaModel(path_model=model_path, params=model_params, verbose=False)
         params = LlamaContext.default_params()
         params.n_seq_max = max_sequences
         # Unified: one KV buffer, any sequences share a ubatch, but every token's attention spans every
@@ -163,9 +165,7 @@ class LlamaCppStepper:
                 log.warning("llama.cpp without the project's %s patch: batch-invariant attention walks the "
                             "cells one at a time, long prompts decode slower (make venv builds it in)",
                             FLASH_ATTN_ROW_BLOCKS)
-            if not disable_k_quant_tiles():
-                log.warning("llama.cpp without the project's %s patch: a K-quant model's (Q4_K_M) products "
-                            "still depend on the batch (make venv builds it in)", K_QUANT_BATCH_INVARIANT)
+            disable_k_quant_tiles()  # carried: invariance_refusal checked
         self._ctx = LlamaContext(model=self._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = self._model.n_vocab()

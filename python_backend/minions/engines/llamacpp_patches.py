@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import platform
+from collections.abc import Collection
 from pathlib import Path
 
 FLASH_ATTN_ROW_BLOCKS = "flash-attn-row-blocks"
@@ -24,6 +26,10 @@ FLASH_ATTN_ROW_BLOCKS = "flash-attn-row-blocks"
 
 K_QUANT_BATCH_INVARIANT = "k-quant-batch-invariant"
 """Repacked Q4_K's one-row kernel rounding as its four-row one, and K-quant tiles off on request (0006-*.patch)."""
+
+PROVEN_ON = ("x86_64", frozenset({"avx2", "fma", "f16c"}))
+"""The CPUs the patches' batch invariance was proven on (machine, instruction sets its flags must show):
+their kernels elsewhere (NEON, i8mm, AVX-512 paths, a GPU) round otherwise (issue 66's reading)."""
 
 MARKER = "ggml_cpu_minions_patches"
 """The function the patches add to libggml-cpu: their names, comma-separated."""
@@ -76,3 +82,34 @@ def disable_k_quant_tiles(lib_dir: Path | None = None) -> bool:
     disable.restype = None
     disable()
     return True
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The first CPU's instruction-set flags (x86's `flags`, ARM's `Features`); empty where unreadable."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return frozenset()
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def invariance_refusal(patches: Collection[str], machine: str | None = None,
+                       flags: Collection[str] | None = None) -> str | None:
+    """Why a batch-invariant llama.cpp engine cannot claim exactness here, or None: the CPU must be one
+    the patches were proven on (PROVEN_ON) and the build must carry K_QUANT_BATCH_INVARIANT (without
+    it K-quant products depend on the batch)."""
+    machine = machine if machine is not None else platform.machine()
+    flags = frozenset(flags if flags is not None else cpu_flags())
+    proven_machine, proven_flags = PROVEN_ON
+    if machine != proven_machine or not proven_flags <= flags:
+        missing = ", ".join(sorted(proven_flags - flags)) or "none"
+        return (f"batch invariance is proven on {proven_machine} with {', '.join(sorted(proven_flags))} only; this "
+                f"CPU is {machine} (missing: {missing})")
+    if K_QUANT_BATCH_INVARIANT not in patches:
+        return (f"the llama.cpp build lacks the project's {K_QUANT_BATCH_INVARIANT} patch (make venv builds it in; "
+                "patches/llama-cpp-python/README.md)")
+    return None

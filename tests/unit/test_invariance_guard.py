@@ -1,0 +1,37 @@
+"""A batch-invariant llama.cpp engine claims exactness only on a CPU the patches were proven on and with
+the patches it relies on (engines/llamacpp_patches.py `invariance_refusal`); elsewhere it refuses to
+load with the reason. The engine on this machine: tests/unit/test_llamacpp_batch_invariance.py."""
+
+from __future__ import annotations
+
+from minions.engines.llamacpp_patches import K_QUANT_BATCH_INVARIANT, carried, cpu_flags, invariance_refusal
+
+AVX2 = {"sse4_2", "avx", "avx2", "fma", "f16c"}
+
+
+def test_an_avx2_x86_cpu_with_the_patches_may_claim_it():
+    assert invariance_refusal({K_QUANT_BATCH_INVARIANT}, "x86_64", AVX2) is None
+
+
+def test_other_cpus_are_refused_with_what_they_lack():
+    assert "aarch64" in invariance_refusal({K_QUANT_BATCH_INVARIANT}, "aarch64", {"asimd", "i8mm"})
+    refusal = invariance_refusal({K_QUANT_BATCH_INVARIANT}, "x86_64", {"avx", "sse4_2"})
+    assert "missing: avx2, f16c, fma" in refusal
+
+
+def test_a_build_without_the_k_quant_patch_is_refused():
+    assert K_QUANT_BATCH_INVARIANT in invariance_refusal(set(), "x86_64", AVX2)
+
+
+def test_cpu_flags_read_x86_and_arm_cpuinfo(tmp_path):
+    x86, arm, none = tmp_path / "x86", tmp_path / "arm", tmp_path / "none"
+    x86.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma f16c\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd i8mm\n")
+    assert cpu_flags(x86) == {"fpu", "avx2", "fma", "f16c"}
+    assert cpu_flags(arm) == {"fp", "asimd", "i8mm"}
+    assert cpu_flags(none) == frozenset()
+
+
+def test_this_machine_and_build_pass_the_guard():
+    """make venv's AVX2 build on the AVX2 machines CI runs on: the default deployment's engines load."""
+    assert invariance_refusal(carried()) is None
