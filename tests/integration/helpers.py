@@ -208,10 +208,14 @@ class NearTies:
         assert where is not None and where.gap < NEAR_TIE, f"{what}: not a near tie: {where}"
 
 
-def served(deploy: Path, build: Path, edit: Callable[[Path], None] | None = None):
+def served(deploy: Path, build: Path, edit: Callable[[Path], None] | None = None, known_crash: str | None = None):
     """A fixture's body: the real tritonserver with `deploy` (its rendered repository changed by `edit`),
-    yielded while it runs; after, it must have stopped cleanly, every stub included (no crash at unload)."""
+    yielded while it runs; after, it must have stopped cleanly, every stub included (no crash at unload),
+    unless its log shows `known_crash`, a Triton bug the module triggers on purpose."""
     with TritonProcess(deploy, log_path=build / "tritonserver.log", build=build, edit=edit) as proc:
         yield proc
+    if proc.proc.returncode != 0 and known_crash and known_crash in proc.log_text():
+        print(f"tritonserver exited with {proc.proc.returncode} after Triton's known crash: {known_crash}")
+        return
     assert proc.proc.returncode == 0, f"tritonserver did not shut down cleanly:\n{proc.log_text()[-3000:]}"
     assert "Fatal Python error" not in proc.log_text(), f"a stub crashed:\n{proc.log_text()[-3000:]}"

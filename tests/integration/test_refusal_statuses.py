@@ -24,6 +24,8 @@ from minions.errors import ServerBusy
 from tests.integration.helpers import metric_value, wait_until
 from tests.integration.triton_calls import DEADLINE_S, GRPC_ERROR_HEADER, grpc_stream, http_generate, tensors
 
+SENDS_GRPC_ERROR_HEADER = True
+"""Its server may hit Triton 2.51's crash after a stream the header ended (conftest TRITON_HEADER_RACE)."""
 SHORT = {"text_input": "Name three animals.", "max_tokens": 4}
 HOLD = {"text_input": "Count upwards from one:", "max_tokens": 1024, "min_tokens": 1024, "stream": True,
         "speculation": "off"}
