@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,13 +38,11 @@ from minions.decoding.verification import verify_draft
 from minions.engines.api import WARM_UP_TOKENS, BatchStats
 from minions.engines.batched_calls import BatchedCalls
 from minions.engines.inflight_batching import InflightBatcher
-from minions.engines.llamacpp_patches import FLASH_ATTN_ROW_BLOCKS, carried, disable_k_quant_tiles, invariance_refusal
+from minions.engines.llamacpp_setup import context_params, model_params, require_batch_invariance
 from minions.engines.prefix_cache import PrefixCache, SlotChoice
 from minions.engines.sequence_cache import CachedSequence
 from minions.engines.step_lock import StepLock, step_slots
 from minions.errors import InvalidRequest
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -125,7 +122,6 @@ class LlamaCppStepper:
     def __init__(self, model_path: str, num_threads: int, max_sequences: int, n_ctx: int,
                  draft_min_prob: float, n_batch: int, prefix_caching: bool, stored_bytes: int = 0,
                  kv_unified: bool = True, batch_invariant: bool = False, step_lock: StepLock | None = None) -> None:
-        import llama_cpp
         from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
         from llama_cpp._logger import set_verbose
 
@@ -136,37 +132,15 @@ class LlamaCppStepper:
         self.draft_min_prob = draft_min_prob
         self.n_ctx = n_ctx
         self.n_batch = n_batch
+        self.kv_unified = kv_unified
         self.slots = PrefixCache(max_sequences, enabled=prefix_caching, stored_bytes=stored_bytes)
         self._stepping: set[str] = set()  # ids with a call in progress: their slots are never evicted
-        # Loaded eagerly so that a bad path fails at model load.
-        model_params = LlamaModel.default_params()
         if batch_invariant:
-            refusal = invariance_refusal(carried())
-            if refusal:
-                raise ValueError(f"batch_invariant: {refusal}: outputs could differ from plain decoding; "
-                                 "set batch_invariant: false for this model in the deployment")
-            model_params.n_gpu_layers = 0  # the patches are CPU kernels: a GPU build must not offload
-        self._model = LlamaModel(path_model=model_path, params=model_params, verbose=False)
-        params = LlamaContext.default_params()
-        params.n_seq_max = max_sequences
-        # Unified: one KV buffer, any sequences share a ubatch, but every token's attention spans every
-        # sequence's cells. Per sequence: llama.cpp cuts a step into one ubatch per run of consecutive
-        # sequence ids with equal token counts, so steps go in slot order and slots are taken lowest
-        # first (docs/engines.md, EngineSettings.kv_unified).
-        self.kv_unified = kv_unified
-        params.kv_unified = kv_unified
-        params.n_ctx = n_ctx * max_sequences  # each sequence is held to n_ctx by the check in start()
-        params.n_batch = params.n_ubatch = n_batch
-        params.n_threads = params.n_threads_batch = num_threads
-        if batch_invariant:  # EngineSettings.batch_invariant: K in Q8_0 and V in F16, so attention goes row by row
-            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-            params.type_k, params.type_v = llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_F16
-            if FLASH_ATTN_ROW_BLOCKS not in carried():
-                log.warning("llama.cpp without the project's %s patch: batch-invariant attention walks the "
-                            "cells one at a time, long prompts decode slower (make venv builds it in)",
-                            FLASH_ATTN_ROW_BLOCKS)
-            disable_k_quant_tiles()  # carried: invariance_refusal checked
-        self._ctx = LlamaContext(model=self._model, params=params, verbose=False)
+            require_batch_invariance()
+        # Loaded eagerly so that a bad path fails at model load.
+        self._model = LlamaModel(path_model=model_path, params=model_params(batch_invariant), verbose=False)
+        self._ctx = LlamaContext(model=self._model, verbose=False, params=context_params(
+            max_sequences, n_ctx, n_batch, num_threads, kv_unified, batch_invariant))
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = self._model.n_vocab()
         self.stats = BatchStats()  # passes = llama.cpp decode calls
