@@ -57,3 +57,18 @@ def test_with_the_repository_it_needs_a_live_stub_that_says_its_llm_serves():
     assert "no live stub" in unavailable(both, stubs=[])
     assert "refuses requests" in unavailable(both, stubs=[101])  # the live stub reports 0
     assert "not yet reported" in unavailable(both, stubs=[303])  # a new stub before its first export
+
+
+def test_each_change_is_logged_once(caplog):
+    triton = Triton({"minions", "llm"})
+    health = ReplicaHealth(triton)
+    caplog.set_level("INFO", logger="minions.frontend")
+
+    async def checks():
+        for ready in ({"minions", "llm"}, {"minions"}, {"minions"}, {"minions", "llm"}, {"minions", "llm"}):
+            triton.ready_models = ready
+            await health.check()
+
+    asyncio.run(checks())
+    assert [r.getMessage() for r in caplog.records] == [
+        "health: not serving: the LLM model 'llm' is not ready", "health: serving"]

@@ -271,8 +271,8 @@ def main() -> None:
     if dep.server.get("triton_home"):
         os.environ[TRITON_HOME_ENV] = str(dep.server["triton_home"])
     build = Path(args.build)
-    ports = dataclasses.replace(ServerPorts.of(dep), **{port: getattr(args, f"{port}_port") for port in PORT_FLAGS
-                                                         if getattr(args, f"{port}_port") is not None})
+    ports = dataclasses.replace(ServerPorts.of(dep), **{port: number for port in PORT_FLAGS
+                                                         if (number := getattr(args, f"{port}_port")) is not None})
     try:
         repo, backends = prepare(dep, build, ports)
     except LlamaBuildError as exc:

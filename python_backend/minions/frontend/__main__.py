@@ -57,15 +57,14 @@ def build_app(args: argparse.Namespace, environ: Mapping[str, str]) -> FastAPI:
         log.info("API key: none required (set %s or %s to require one)", API_KEY_ENV, API_KEY_FILE_ENV)
     else:
         log.info("API key: required on /v1, from %s", key[1])
-    orphans, repository = None, None
+    orphans = None
     if args.model_repository is not None:
         model_dir = args.model_repository / args.model
         if not model_dir.is_dir():
             raise ValueError(f"--model-repository: {args.model_repository} has no folder for the model {args.model!r}")
         orphans = OrphanWatch(lambda: stub_start_times(model_dir), boot_clock)
-        repository = args.model_repository
     triton = TritonStream(args.grpc_url, args.model, orphans)
-    health = ReplicaHealth(triton, repository, args.metrics_url if repository is not None else None)
+    health = ReplicaHealth(triton, args.model_repository, args.metrics_url)  # the URL counts with a repository only
     return create_app(triton, args.model, settings, key[0] if key else None, health)
 
 

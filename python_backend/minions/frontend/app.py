@@ -51,17 +51,10 @@ def create_app(triton: TritonStream, model: str, settings: FrontendSettings = Fr
         return {"id": model, "object": "model", "created": started, "owned_by": "minions"}
 
     checks = health or ReplicaHealth(triton)
-    last: list[str | None] = [None]
 
     @app.get("/health")
     async def health_check() -> JSONResponse:
-        reason = await checks.unavailable()
-        if reason != last[0]:
-            if reason is None:
-                log.info("health: serving")
-            else:
-                log.warning("health: not serving: %s", reason)
-            last[0] = reason
+        reason = await checks.check()
         if reason is None:
             return JSONResponse({"ready": True})
         return JSONResponse({"ready": False, "reason": reason}, status_code=503)

@@ -11,6 +11,7 @@ its stub died: triton/model_control.py).
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import urllib.request
 from collections.abc import Callable, Collection
@@ -18,6 +19,8 @@ from pathlib import Path
 
 from minions.frontend.triton_stream import TritonError, TritonStream
 from minions.triton.stubs import live_stub_pids
+
+log = logging.getLogger("minions.frontend")
 
 LLM_READY_GAUGE = "minions_llm_ready"
 SERIES = re.compile(r'^(?P<name>\w+)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)', re.MULTILINE)
@@ -46,6 +49,19 @@ class ReplicaHealth:
                  fetch: Callable[[str], str] = read_url, stubs: Callable[[Path], list[int]] = live_stub_pids) -> None:
         self.triton, self.repository, self.metrics_url = triton, repository, metrics_url
         self.fetch, self.stubs = fetch, stubs
+        self._last: str | None = None
+        """The last check's reason (None: serving), so that each change is logged once."""
+
+    async def check(self) -> str | None:
+        """`unavailable()`, logged when it changed since the last check."""
+        reason = await self.unavailable()
+        if reason != self._last:
+            if reason is None:
+                log.info("health: serving")
+            else:
+                log.warning("health: not serving: %s", reason)
+            self._last = reason
+        return reason
 
     async def unavailable(self) -> str | None:
         orchestrator = self.triton.model
