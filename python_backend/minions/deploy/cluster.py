@@ -69,10 +69,15 @@ class Replica:
                 f"--threads={threads}", *(f"--{port}-port={getattr(self.ports, port)}" for port in PORT_FLAGS)]
 
     def kill(self) -> None:
-        """SIGKILL the whole replica: server, tritonserver, its stubs and frontend (its own process group)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        """SIGKILL the whole replica: server, tritonserver, its stubs and frontend."""
+        kill_group(self.proc)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL `proc` and every process of its group (it was started in a session of its own)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 class Cluster:
@@ -113,13 +118,20 @@ class Cluster:
             served |= {answer: replica.index for answer in ANSWERED.findall(text)}
         return served
 
-    def _output(self, name: str):
-        if self.log_dir is None:
-            return None
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        out = open(self.log_dir / f"{name}.log", "w")
-        self._logs.append(out)
-        return out
+    def _start(self, name: str, command: list[str]) -> subprocess.Popen:
+        """`command` in a session of its own, its output in `log_dir`/<name>.log where given."""
+        out = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / f"{name}.log", "w")
+            self._logs.append(out)
+        return subprocess.Popen(command, env=server_env(), stdout=out, stderr=subprocess.STDOUT if out else None,
+                                start_new_session=True)
+
+    @property
+    def _processes(self) -> list[subprocess.Popen]:
+        """The gateway, then each replica: those started."""
+        return [p for p in (self.gateway, *(r.proc for r in self.replicas)) if p is not None]
 
     @property
     def threads(self) -> int:
@@ -131,19 +143,14 @@ class Cluster:
         prepare(self.dep, self.replicas[0].build, self.replicas[0].ports)
         try:
             for replica in self.replicas:
-                out = self._output(f"replica-{replica.index}")
                 pin = self.pin and (replica.index + 1) * self.threads <= (os.cpu_count() or 1)
-                replica.proc = subprocess.Popen(replica.command(self.deploy, self.threads, pin), env=server_env(), stdout=out,
-                                                stderr=subprocess.STDOUT if out else None, start_new_session=True)
+                replica.proc = self._start(f"replica-{replica.index}", replica.command(self.deploy, self.threads, pin))
             deadline = time.monotonic() + READY_TIMEOUT_S
             for replica in self.replicas:
                 wait_http_ok(f"{openai_url(replica.ports)}/health", replica.proc, f"replica {replica.index}",
                              max(deadline - time.monotonic(), 1.0))
-            out = self._output("gateway")
-            self.gateway = subprocess.Popen(gateway_command(sys.executable, self.gateway_port, self.workers,
-                                                            self.affinity, self.gateway_metrics_port),
-                                            env=server_env(), stdout=out, stderr=subprocess.STDOUT if out else None,
-                                            start_new_session=True)
+            self.gateway = self._start("gateway", gateway_command(sys.executable, self.gateway_port, self.workers,
+                                                                  self.affinity, self.gateway_metrics_port))
             wait_http_ok(f"http://127.0.0.1:{self.gateway_port}/health", self.gateway, "the gateway", 60.0)
         except BaseException:
             self.stop()
@@ -154,22 +161,18 @@ class Cluster:
         self.stop()
 
     def alive(self) -> bool:
-        return all(p.poll() is None for p in (self.gateway, *(r.proc for r in self.replicas)) if p is not None)
+        return all(p.poll() is None for p in self._processes)
 
     def stop(self) -> None:
         """The gateway, then each replica, as Ctrl-C stops `make serve` (SIGTERM), killed if it hangs."""
-        for proc in (self.gateway, *(r.proc for r in self.replicas)):
-            if proc is not None and proc.poll() is None:
+        for proc in self._processes:
+            if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in (self.gateway, *(r.proc for r in self.replicas)):
-            if proc is None:
-                continue
+        for proc in self._processes:
             try:
                 proc.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                kill_group(proc)
         for out in self._logs:
             out.close()
 
