@@ -137,15 +137,28 @@ def fault_deck(kinds: Iterable[str], llm: str, orchestrator: str, ssms: Sequence
 
 def fault_schedule(seed: int, deck: Sequence[tuple[str, str]], min_gap_s: float, max_gap_s: float) -> Iterator[Fault]:
     """Faults without end, from `seed` alone: the deck dealt in a shuffled order, reshuffled once dealt
-    (every pair comes once before any comes again), each with a gap drawn uniformly from the range."""
+    (every pair comes once before any comes again), each with a gap drawn uniformly from the range. The
+    first deal opens with one fault of each kind, so a run long enough for that many faults meets
+    every kind, however slowly the machine recovers from them."""
     if not deck:
         raise ValueError("no fault to inject")
     rng = random.Random(seed)
+    first = True
     while True:
         order = list(deck)
         rng.shuffle(order)
+        if first:
+            order, first = _each_kind_first(order), False
         for kind, model in order:
             yield Fault(kind, model, round(rng.uniform(min_gap_s, max_gap_s), 3))
+
+
+def _each_kind_first(order: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`order` with each kind's first pair moved to the front, in their order."""
+    openers: dict[str, tuple[str, str]] = {}
+    for kind, model in order:
+        openers.setdefault(kind, (kind, model))
+    return [*openers.values(), *(pair for pair in order if pair not in openers.values())]
 
 
 def classify(completion: Completion | None, exc: BaseException | None) -> tuple[str, str]:

@@ -16,7 +16,7 @@ from benchmarks.chaos import FAILED, HUNG, INCOMPLETE, MODES, PROTOCOLS, REFUSED
 
 
 def test_a_short_chaos_run_with_ssm_kills_and_reloads(tmp_path, nothing_beside):
-    # seed 1 deals reloads of llm, minions and ssm_suffix, then kills ssm_ngram's stub (then more)
+    # the first two faults are one ssm_kill and one reload (fault_schedule), whatever the seed
     rc = main(["--minutes", "1.25", "--seed", "1", "--faults", "ssm_kill,reload", "--min-gap-s", "3",
                "--max-gap-s", "6", "--users", "3", "--max-tokens", "32", "--hang-s", "120",
                "--recovery-s", "60", "--exit-timeout-s", "5", "--out", str(tmp_path)])

@@ -17,6 +17,9 @@ from minions.triton.engine_client import TritonEngineClient
 from tests.integration.helpers import metric_above, metric_value
 
 LLM = "llm"
+LONG = 1024
+"""Tokens the stream is asked for: more than it could make (12 s and more here) before the `stop` sent
+after its second token is taken, however busy the machine."""
 
 
 def _tokens(n: int, seed: int) -> list[int]:
@@ -30,12 +33,12 @@ async def _stream_end_and_continue(url: str, end: str) -> int:
     client = TritonEngineClient(url, frozenset({LLM}), stall_timeout_s=60)
     sequence, prompt = f"interrupt-{uuid.uuid4().hex}", _tokens(60, seed=len(end))
     made: list[int] = []
-    async for result in client.stream(LLM, EngineRequest(sequence, prompt, 64, streaming=True,
+    async for result in client.stream(LLM, EngineRequest(sequence, prompt, LONG, streaming=True,
                                                          exclude_input_in_output=True)):
         made += result.tokens
         if len(made) >= 2 and len(made) - len(result.tokens) < 2:  # once
             await getattr(client, end)(LLM, sequence)
-    assert 2 <= len(made) < 64, "the stream ran to its end"
+    assert 2 <= len(made) < LONG, "the stream ran to its end"
     go_on = await client.generate(LLM, EngineRequest(sequence, prompt + made, 2, exclude_input_in_output=True))
     assert len(go_on.tokens) == 2
     await client.release(LLM, sequence)

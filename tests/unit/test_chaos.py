@@ -61,6 +61,12 @@ def test_every_fault_comes_once_before_any_comes_again():
     assert [(f.kind, f.model) for f in faults[:8]] != deck()  # shuffled
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_the_first_faults_are_one_of_each_kind(seed):
+    faults = list(itertools.islice(fault_schedule(seed, deck(), 1, 2), len(FAULT_KINDS)))
+    assert sorted(f.kind for f in faults) == sorted(FAULT_KINDS)
+
+
 def test_gaps_are_drawn_from_the_range_and_only_chosen_kinds_come():
     faults = list(itertools.islice(fault_schedule(1, deck(("ssm_kill", "reload")), 5, 9), 200))
     assert all(5 <= f.gap_s <= 9 for f in faults)
