@@ -5,7 +5,6 @@ failing; every output stays `off`'s."""
 from __future__ import annotations
 
 import threading
-import time
 import urllib.request
 
 import tritonclient.grpc as grpcclient
@@ -48,7 +47,7 @@ def test_an_ssm_unloaded_and_loaded_back_while_requests_stream(server):
         c.start()
     operator = grpcclient.InferenceServerClient(server.grpc_url)
     try:
-        time.sleep(1.0)
+        wait_until(lambda: outputs or errors, 60, "a first request served with every SSM")
         operator.unload_model(SSM)
         _wait_for_ready(server, 0.0)
         unloaded_at = len(outputs)

@@ -16,14 +16,14 @@ def test_kv_admission_never_exceeds_its_budget_and_admits_in_order():
         admission = Admission(max_sequences=100, capacity_tokens=1000, chunk=100)
         order: list[int] = []
 
-        async def request(i: int, tokens: int, hold: float):
+        async def request(i: int, tokens: int):
             reservation = await admission.reserve(tokens)
             order.append(i)
             assert admission.in_use <= admission.capacity
-            await asyncio.sleep(hold)
+            await asyncio.sleep(0)  # held while the others run up to their own reservations
             reservation.release()
 
-        await asyncio.gather(*(request(i, t, 0.01) for i, t in enumerate([450, 450, 450, 90, 1000, 10])))
+        await asyncio.gather(*(request(i, t) for i, t in enumerate([450, 450, 450, 90, 1000, 10])))
         assert admission.peak <= 1000 and admission.in_use == 0
         assert order == [0, 1, 2, 3, 4, 5], "first come, first served: no overtaking"
         with pytest.raises(InvalidRequest, match="budget is 1000"):
@@ -49,7 +49,7 @@ def test_no_more_requests_decode_than_the_llm_has_sequence_slots():
             reservation = await admission.reserve(10)
             running += 1
             most = max(most, running)
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0)  # held while the others run up to their own reservations
             running -= 1
             reservation.release()
 
