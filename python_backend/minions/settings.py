@@ -285,6 +285,9 @@ class OrchestratorSettings(_Settings):
     """When the LLM streams but cannot be stopped mid-stream (a TensorRT-LLM engine: tensorrtllm_backend
     has no `stop` for a running request), plain decoding of a request that drafts streams this many
     tokens from one call before the next plan; other streaming LLMs stream until a probe finds a draft."""
+    lookups_in_process: bool = True
+    """The lookup drafters (ngram, suffix) answer the orchestrator's calls in its own process, built from
+    their models' configs, not through Triton (engines/in_process.py); their models stay loaded."""
     probe_tokens: int = 8
     """When the LLM streams (a decoupled in-flight engine), a drafting request's plain tokens stream from
     one call while its drafters are asked now and then (probes) for this many tokens (0: never)..."""

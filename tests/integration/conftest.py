@@ -76,6 +76,13 @@ def speculating_server(tmp_path_factory):
     yield from _serve_default_with(tmp_path_factory, "speculating", speculation_max_load=0)
 
 
+@pytest.fixture(scope="module")
+def triton_lookups_server(tmp_path_factory):
+    """The default deployment with its lookup drafters called through their Triton models, as before
+    they answered in the orchestrator's process."""
+    yield from _serve_default_with(tmp_path_factory, "triton-lookups", lookups_in_process=False)
+
+
 @pytest.fixture(scope="session")
 def openai_url(server):
     """The OpenAI-compatible frontend (python -m minions.frontend) in front of `server`: its /v1 URL."""

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import triton_python_backend_utils as pb_utils
 
 from minions.decoding.engine_call import KEEP_SEQUENCE_PARAMETER, STREAM_INTERVAL_PARAMETER, EngineResult
-from minions.engines.api import BatchEngine, BatchStats, InflightEngine, MeteredEngine, PrefixCachingEngine
+from minions.engines.api import BatchEngine, InflightEngine
 from minions.engines.factory import build_engine
 from minions.engines.step_lock import step_lock_path
 from minions.engines.tensors import CallTimes, encode_engine_outputs, parse_engine_inputs
@@ -32,8 +32,9 @@ from minions.errors import InvalidRequest
 from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
 from minions.settings import EngineSettings
 
-from .common import (CANCEL_CHECK_INTERVAL_S, error, input_arrays, model_config, release_metrics, series_labels,
-                     setup_logging, string_parameters)
+from .common import (CANCEL_CHECK_INTERVAL_S, error, input_arrays, model_config, release_metrics, setup_logging,
+                     string_parameters)
+from .metrics import EngineGauges
 
 log = logging.getLogger("minions.engine")
 
@@ -50,47 +51,10 @@ class TritonPythonModel:
         if self.decoupled and not isinstance(self.engine, InflightEngine):
             raise pb_utils.TritonModelException(f"{self.name}: engine {settings.engine!r} cannot serve "
                                                 "a decoupled model (it has no in-flight batching)")
-        self.outbox = _Outbox(self.name, self._observe)
+        self.gauges = EngineGauges(self.name, self.engine)
+        self.outbox = _Outbox(self.name, self.gauges.observe)
         log.info("%s: %s engine ready in %.1f s%s", self.name, settings.engine, time.perf_counter() - start,
                  " (decoupled, in-flight batching)" if self.decoupled else "")
-        # The family must outlive its metrics, so keep a reference to it as well.
-        self.cached_family = pb_utils.MetricFamily(
-            name="minions_engine_cached_sequences",
-            description="Sequences whose state (KV cache or llama.cpp context) an engine holds",
-            kind=pb_utils.MetricFamily.GAUGE,
-        )
-        self.cached_gauge = self.cached_family.Metric(labels=series_labels(self.name))
-        # Batching: mean batch = sequences / passes; padding share = pad_tokens / tokens. Totals as
-        # gauges (the engine owns the counters; a gauge mirrors them without double counting).
-        self.batch_family = pb_utils.MetricFamily(
-            name="minions_engine_batch_total",
-            description="Engine forward passes, sequences served by them, tokens computed and pad tokens among them",
-            kind=pb_utils.MetricFamily.GAUGE,
-        )
-        self.batch_gauges = {
-            what: self.batch_family.Metric(labels=series_labels(self.name, what=what))
-            for what in (f.name for f in dataclasses.fields(BatchStats))
-        }
-        self.kv_family = pb_utils.MetricFamily(
-            name="minions_engine_kv_bytes",
-            description="Bytes held by the engine's KV caches (bounded by its kv_budget_mb)",
-            kind=pb_utils.MetricFamily.GAUGE,
-        )
-        self.kv_gauge = self.kv_family.Metric(labels=series_labels(self.name))
-        # vLLM's prefix-cache counters (prefix_cache_queries, prefix_cache_hits), in tokens.
-        self.prefix_families = {
-            what: pb_utils.MetricFamily(name=f"minions_prefix_cache_{what}", description=description,
-                                        kind=pb_utils.MetricFamily.COUNTER)
-            for what, description in (
-                ("queries", "Prompt tokens of new sequences looked up in the engine's prefix cache"),
-                ("hits", "Prompt tokens of new sequences found in the engine's prefix cache (not computed again)"),
-            )
-        }
-        self.prefix_counters = {what: family.Metric(labels=series_labels(self.name))
-                                for what, family in self.prefix_families.items()}
-        self._exported: dict[object, float] = {}
-        """The value each gauge was last set to, and each counter's total when last increased: an update is
-        a round trip to tritonserver, made only on change."""
 
     def execute(self, requests):
         """Serve Triton's dynamic batch: a BatchEngine gets every request in one call."""
@@ -206,33 +170,11 @@ class TritonPythonModel:
             output_tensors=[pb_utils.Tensor(name, array) for name, array in outputs.items() if name in wanted]
         )
 
-    def _observe(self) -> None:
-        """Mirror a MeteredEngine's state into the gauges (an engine without state caches nothing). Each
-        update is a round trip to tritonserver (serving/metric_tally.py), so only changed values are sent;
-        a decoupled model observes from its outbox thread alone, never from two threads at once."""
-        values: dict[object, float] = {self.cached_gauge: 0}
-        if isinstance(self.engine, MeteredEngine):
-            values[self.cached_gauge] = len(self.engine.cache)
-            for name, value in dataclasses.asdict(self.engine.stats).items():
-                values[self.batch_gauges[name]] = value
-            if (kv_bytes := self.engine.cached_bytes()) is not None:
-                values[self.kv_gauge] = kv_bytes
-        for gauge, value in values.items():
-            if self._exported.get(gauge) != value:
-                gauge.set(value)
-                self._exported[gauge] = value
-        if isinstance(self.engine, PrefixCachingEngine):
-            for what, value in dataclasses.asdict(self.engine.prefix_stats).items():
-                counter = self.prefix_counters[what]
-                if (delta := value - self._exported.get(counter, 0)) > 0:
-                    counter.increment(delta)
-                    self._exported[counter] = value
-
     def finalize(self) -> None:
         if isinstance(self.engine, InflightEngine):
             self.engine.close()
         self.outbox.close()  # after the engine: its last answers go out first
-        release_metrics(self)
+        release_metrics(self.gauges)
         log.info("%s: unloaded", self.name)
 
 

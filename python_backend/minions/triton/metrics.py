@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import triton_python_backend_utils as pb_utils
 
+from minions.engines.api import BatchStats, Engine, MeteredEngine, PrefixCachingEngine
+from minions.engines.prefix_cache import PrefixCacheStats
 from minions.serving.metric_tally import Key, MetricTally
 
 from .common import series_labels
@@ -57,24 +60,37 @@ HISTOGRAMS = {
 }
 """Buckets as vLLM's."""
 
+ENGINE_GAUGES = {
+    "minions_engine_cached_sequences": "Sequences whose state (KV cache or llama.cpp context) an engine holds",
+    "minions_engine_batch_total": ("Engine forward passes, sequences served by them, tokens computed and pad tokens "
+                                   "among them"),
+    "minions_engine_kv_bytes": "Bytes held by the engine's KV caches (bounded by its kv_budget_mb)",
+}
+"""An engine's state; the batching totals are gauges that mirror the engine's own counters."""
+ENGINE_COUNTERS = {
+    "minions_prefix_cache_queries": "Prompt tokens of new sequences looked up in the engine's prefix cache",
+    "minions_prefix_cache_hits": "Prompt tokens of new sequences found in the engine's prefix cache (not computed again)",
+}
+"""vLLM's prefix-cache counters, in tokens."""
+
+
+def families(table: dict[str, str], kind) -> dict[str, object]:
+    """A pb_utils MetricFamily of `kind` per name in `table` (name -> description)."""
+    return {name: pb_utils.MetricFamily(name=name, description=doc, kind=kind) for name, doc in table.items()}
+
 
 class SpeculationMetrics:
     """Exports a MetricTally's batches as Triton custom metrics (one pb_utils update per changed series)."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, engine_gauges: list[EngineGauges] | None = None) -> None:
         self.model = model
         self.tally = MetricTally()
+        self.engine_gauges = engine_gauges or []
+        """The model's in-process engines' state, observed at each flush."""
         # MetricFamily objects must stay referenced for their metrics to be exported.
-        self.families = {
-            name: pb_utils.MetricFamily(name=name, description=doc, kind=pb_utils.MetricFamily.COUNTER)
-            for name, doc in COUNTERS.items()
-        } | {
-            name: pb_utils.MetricFamily(name=name, description=doc, kind=pb_utils.MetricFamily.GAUGE)
-            for name, doc in GAUGES.items()
-        } | {
-            name: pb_utils.MetricFamily(name=name, description=doc, kind=pb_utils.MetricFamily.HISTOGRAM)
-            for name, (doc, _) in HISTOGRAMS.items()
-        }
+        self.families = (families(COUNTERS, pb_utils.MetricFamily.COUNTER) | families(GAUGES, pb_utils.MetricFamily.GAUGE)
+                         | families({name: doc for name, (doc, _) in HISTOGRAMS.items()},
+                                    pb_utils.MetricFamily.HISTOGRAM))
         self._metrics: dict[Key, object] = {}
 
     def _metric(self, key: Key):
@@ -105,3 +121,48 @@ class SpeculationMetrics:
             await asyncio.sleep(seconds)
             if self.tally:
                 self.flush()
+            for gauges in self.engine_gauges:
+                gauges.observe()
+
+
+class EngineGauges:
+    """An engine's state mirrored into ENGINE_GAUGES and ENGINE_COUNTERS under its model's name (an engine
+    that is not a MeteredEngine holds no sequence). Each update is a round trip to tritonserver, so
+    `observe` sends only what changed; it is called from one thread at a time."""
+
+    def __init__(self, model: str, engine: Engine) -> None:
+        self.engine = engine
+        # MetricFamily objects must stay referenced for their metrics to be exported.
+        self.families = (families(ENGINE_GAUGES, pb_utils.MetricFamily.GAUGE)
+                         | families(ENGINE_COUNTERS, pb_utils.MetricFamily.COUNTER))
+        labels = series_labels(model)
+        self.series = {
+            "cached": self.families["minions_engine_cached_sequences"].Metric(labels=labels),
+            "kv": self.families["minions_engine_kv_bytes"].Metric(labels=labels),
+        } | {
+            f"batch_{f.name}": self.families["minions_engine_batch_total"].Metric(
+                labels=series_labels(model, what=f.name)) for f in dataclasses.fields(BatchStats)
+        } | {
+            f"prefix_{f.name}": self.families[f"minions_prefix_cache_{f.name}"].Metric(labels=labels)
+            for f in dataclasses.fields(PrefixCacheStats)
+        }
+        self._exported: dict[str, float] = {}
+        """The value each gauge was last set to, and each counter's total when last increased."""
+
+    def observe(self) -> None:
+        values: dict[str, float] = {"cached": 0}
+        if isinstance(self.engine, MeteredEngine):
+            values["cached"] = len(self.engine.cache)
+            values |= {f"batch_{k}": v for k, v in dataclasses.asdict(self.engine.stats).items()}
+            if (kv_bytes := self.engine.cached_bytes()) is not None:
+                values["kv"] = kv_bytes
+        for key, value in values.items():
+            if self._exported.get(key) != value:
+                self.series[key].set(value)
+                self._exported[key] = value
+        if isinstance(self.engine, PrefixCachingEngine):
+            for what, value in dataclasses.asdict(self.engine.prefix_stats).items():
+                key = f"prefix_{what}"
+                if (delta := value - self._exported.get(key, 0)) > 0:
+                    self.series[key].increment(delta)
+                    self._exported[key] = value

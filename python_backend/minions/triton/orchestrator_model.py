@@ -20,6 +20,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from minions.engines.in_process import InProcessEngines
 from minions.errors import INTERNAL_PREFIX, InvalidRequest, ModelUnavailable, RequestCancelled, ServerBusy
 from minions.serving.admission import Admission, Reservation
 from minions.serving.flow import RequestPerf, TextStream, admit, decode_request, response_arrays
@@ -33,7 +34,8 @@ from minions.speculation.services import Services
 from .common import (CANCEL_CHECK_INTERVAL_S, error, input_arrays, model_config, release_metrics, setup_logging,
                      string_parameters)
 from .engine_client import EngineCallError, TritonEngineClient
-from .metrics import SpeculationMetrics
+from .lookups import in_process_lookups
+from .metrics import EngineGauges, SpeculationMetrics
 from .model_control import ModelControl
 
 log = logging.getLogger("minions.orchestrator")
@@ -87,14 +89,19 @@ class TritonPythonModel:
         self.tokenizer = AutoTokenizer.from_pretrained(self.settings.tokenizer_path, local_files_only=True)
         self.client = TritonEngineClient(self.settings.engine_grpc_url, frozenset(self.settings.decoupled_model_names),
                                          self.settings.engine_stall_timeout_s, frozenset(self.settings.trtllm_model_names))
-        self.metrics = SpeculationMetrics(self.name)
+        repository = Path(args["model_repository"]).parent
+        lookups = (in_process_lookups(repository, self.settings.lookup_model_names)
+                   if self.settings.lookups_in_process else {})
+        self.engines = InProcessEngines(self.client, lookups)
+        """What the decode loop calls: the lookups here, every other model through Triton (self.client)."""
+        self.metrics = SpeculationMetrics(self.name, [EngineGauges(name, engine) for name, engine in lookups.items()])
         self.admission = Admission(self.settings.active_requests_limit, self.settings.kv_budget_tokens,
                                    self.settings.kv_chunk_tokens, self.settings.max_queued_requests,
                                    on_change=self.metrics.tally.observe_admission)
         self.metrics.tally.observe_admission(0, 0, 0.0)  # the series exist from the start
         self.services = Services.from_settings(self.settings, load=lambda: self.admission.decoding)
         self.services.on_probe = self.metrics.tally.observe_probe
-        self.models = ModelControl(self.client, Path(args["model_repository"]).parent, self.services,
+        self.models = ModelControl(self.client, repository, self.services,
                                    self.metrics.tally, self.settings.model_poll_interval_s, self.settings.ssm_reload,
                                    self._join)
         self.tasks: set[asyncio.Task] = set()
@@ -107,8 +114,9 @@ class TritonPythonModel:
         self._thread.start()
         self._spawn(self.metrics.flush_every(METRICS_FLUSH_INTERVAL_S))
         self._spawn(self.models.watch())
-        log.info("%s: ready (llm=%s, ssms=%s, default speculation %s)", self.name, self.settings.llm_model_name,
-                 ",".join(self.settings.ssm_model_names), self.settings.default_speculation)
+        log.info("%s: ready (llm=%s, ssms=%s, in this process: %s; default speculation %s)", self.name,
+                 self.settings.llm_model_name, ",".join(self.settings.ssm_model_names), ",".join(lookups) or "none",
+                 self.settings.default_speculation)
 
     def _join(self, ssm: str, decoupled: bool, native: bool) -> None:
         """A new SSM model (ModelControl found it READY): requests name it, vote and bandit draft with it.
@@ -208,7 +216,7 @@ class TritonPythonModel:
         """Stream the request's text; returns what the request's log line says about its decoding."""
         text = TextStream(greq, self.tokenizer, request.end_id, perf)
         start = time.perf_counter()
-        async with aclosing(speculative_decode(self.client, request, self.services, request_id,
+        async with aclosing(speculative_decode(self.engines, request, self.services, request_id,
                                                reservation.sequence_released)) as rounds:
             async for r in rounds:
                 done = text.add(r)
@@ -257,5 +265,7 @@ class TritonPythonModel:
             log.warning("%s: not every task ended at unload: %r", self.name, exc)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(FINALIZE_TIMEOUT_S)
+        for gauges in self.metrics.engine_gauges:
+            release_metrics(gauges)
         release_metrics(self.metrics)
         log.info("%s: unloaded", self.name)
