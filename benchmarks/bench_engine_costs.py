@@ -33,7 +33,7 @@ from minions.engines.factory import build_engine
 from minions.engines.llamacpp_engine import LlamaCppEngine
 from minions.settings import EngineSettings
 from minions.text.prompt import encode_prompt
-from tests.integration.helpers import kept_prompts
+from harness.prompts import kept_prompts
 
 Reference = Callable[[], Engine]
 """Makes an engine that computes a prompt's greedy continuation from scratch (own_greedy_kept)."""

@@ -24,8 +24,8 @@ from pathlib import Path
 from client.api import GenerationParams, generate_grpc
 from minions.text.datasets import (COPY_HEAVY, DATASETS, chat_sets, exit_on_missing_set, mixed_prompts, require,
                                    warm_up_prompts)
-from tests.integration.helpers import metric_samples
-from tests.support.triton_process import ROOT, TritonProcess
+from harness.metrics import metric_samples
+from harness.triton_process import ROOT, TritonProcess
 
 from .workers import run_streams
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from loadtest.run import main as loadtest
 from minions.deploy.config import load_deployment
 from minions.settings import OrchestratorSettings
-from tests.support.openai_frontend import openai_frontend
-from tests.support.triton_process import ROOT, TritonProcess
+from harness.openai_frontend import openai_frontend
+from harness.triton_process import ROOT, TritonProcess
 
 from .peers import ggufs
 from .peers.foreign_cpu import ForeignCpu

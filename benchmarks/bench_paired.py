@@ -29,7 +29,7 @@ from minions.settings import EngineKind, OrchestratorSettings
 from minions.speculation.mode import Speculation
 from minions.text.datasets import (COPY_HEAVY, DEFAULT_COPY_HEAVY, category_prompts, exit_on_missing_set,
                                    require, warm_up_prompts)
-from tests.support.triton_process import ROOT, TritonProcess
+from harness.triton_process import ROOT, TritonProcess
 
 from .bench_load import RESPONSE_TIMEOUT_S
 from .bench_peers import CATEGORIES, CATEGORIES_FROM, MULTI_TURN_FROM, TEMPLATED, workload_prompts, workload_sets

@@ -34,8 +34,8 @@ from minions.deploy.config import Deployment, load_deployment
 from minions.settings import OrchestratorSettings
 from minions.text.datasets import (COPY_HEAVY, DEFAULT_COPY_HEAVY, category_prompts, chat_sets,
                                    exit_on_missing_set, load_prompts, mixed_prompts, require, warm_up_prompts)
-from tests.integration.helpers import metric_value
-from tests.support.triton_process import ROOT, TritonProcess
+from harness.metrics import metric_value
+from harness.triton_process import ROOT, TritonProcess
 
 from .bench_load import RESPONSE_TIMEOUT_S
 from .peers import ggufs

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from client.api import Completion, GenerationParams, generate_grpc
 from minions.text.datasets import COPY_HEAVY, DATASETS, chat_sets, exit_on_missing_set, load_prompts, require
-from tests.integration.helpers import metric_value
-from tests.support.triton_process import ROOT, TritonProcess
+from harness.metrics import metric_value
+from harness.triton_process import ROOT, TritonProcess
 
 from .replay import replay_deployment
 

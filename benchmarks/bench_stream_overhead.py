@@ -33,7 +33,7 @@ from minions.engines.factory import build_engine
 from minions.speculation.services import Services
 from minions.text.datasets import MissingPromptSet, chat_sets, exit_on_missing_set, mixed_prompts, warm_up_prompts
 from minions.text.prompt import encode_prompt
-from tests.support.triton_process import ROOT, TritonProcess
+from harness.triton_process import ROOT, TritonProcess
 
 from .bench_peers import MINIONS_OFF, minions_request
 from .peers.streams import Cell, Sample, run_cell

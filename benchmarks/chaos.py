@@ -24,7 +24,7 @@ folded into "error") and a mix of modes in one run. Each request ends in one of:
 
 Faults are dealt from a shuffled deck of every (kind, model) pair, reshuffled when empty, so a run meets
 each before any repeats: `ssm_kill` (SIGKILL an SSM's stub, at a moment it holds no shared-memory lock:
-tests/support/stub_kill.py), `llm_kill`, `minions_kill`, `reload`
+harness/stub_kill.py), `llm_kill`, `minions_kill`, `reload`
 (touch the model's files and load it through the repository API, as an operator after an edit). After
 each fault the tool waits until the model has recovered (a new stub of it runs and Triton logged it
 loaded again), for at most `--recovery-s`, then until a request sent after the fault has been served
@@ -84,9 +84,9 @@ from minions.settings import PREFIX_CACHING_ENGINES
 from minions.errors import is_refusal
 from minions.text.datasets import exit_on_missing_set, mixed_prompts, named_sets, require
 from minions.triton.shm import SHM_PREFIX, mapped_shm_regions
-from tests.support.openai_frontend import openai_frontend
-from tests.support.stub_kill import kill_outside_locks
-from tests.support.triton_process import ROOT, TritonProcess, stop_process
+from harness.openai_frontend import openai_frontend
+from harness.stub_kill import kill_outside_locks
+from harness.triton_process import ROOT, TritonProcess, stop_process
 
 from .trend import Trend, trend
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from minions.text.datasets import chat_sets, exit_on_missing_set, load_prompts, mixed_prompts, require
-from tests.support.triton_process import ROOT, TritonProcess
+from harness.triton_process import ROOT, TritonProcess
 
 from .bench_peers import minions_request
 from .trend import trend

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from client.api import GenerationParams, generate_grpc
 from minions.text.datasets import exit_on_missing_set, load_prompts, require
-from tests.support.triton_process import ROOT, TritonProcess
+from harness.triton_process import ROOT, TritonProcess
 
 
 PHASES = {"chat": "mt_bench", "code_edit": "code_edit", "summarisation": "passages"}

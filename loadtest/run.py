@@ -27,7 +27,7 @@ from loadtest.plot import plot
 from loadtest.records import read_records
 from loadtest.summary import Targets, format_markdown, summarize
 from minions.text.datasets import exit_on_missing_set
-from tests.support.triton_process import ROOT, TritonProcess
+from harness.triton_process import ROOT, TritonProcess
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 USER_CLASSES = {"http": "HttpStreamUser", "grpc": "GrpcStreamUser", "openai": "OpenAIStreamUser"}

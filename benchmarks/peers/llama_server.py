@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minions.deploy.server import free_port, wait_http_ok
-from tests.support.triton_process import stop_process
+from harness.triton_process import stop_process
 
 from .streams import Sample
 

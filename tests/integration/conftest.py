@@ -9,8 +9,8 @@ import yaml
 
 from minions.text.datasets import CHAT_SETS_VAR
 from tests.integration.helpers import served
-from tests.support.openai_frontend import openai_frontend
-from tests.support.triton_process import ROOT, TritonProcess
+from harness.openai_frontend import openai_frontend
+from harness.triton_process import ROOT, TritonProcess
 
 
 def pytest_collection_modifyitems(items):

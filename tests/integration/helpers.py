@@ -3,6 +3,7 @@ client library would hide what is under test, metrics, near ties."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -16,13 +17,15 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from minions.settings import EngineSettings
-from tests.support.stub_kill import kill_outside_locks
-from tests.support.triton_process import Stub, TritonProcess
+from harness.metrics import metric_samples, metric_value  # noqa: F401 (the tests import them from here)
+from harness.prompts import kept_prompts  # noqa: F401
+from harness.stub_kill import kill_outside_locks
+from harness.triton_process import KILLED_STUBS_EXIT_TIMEOUT, Stub, TritonProcess
 
 
 class StubKill(threading.Thread):
     """SIGKILL a stub from a thread of its own (started; join it), at a moment it holds no shared-memory
-    lock (tests/support/stub_kill.py): killed inside one, it leaves tritonserver 2.51 to abort itself
+    lock (harness/stub_kill.py): killed inside one, it leaves tritonserver 2.51 to abort itself
     with `boost::interprocess::lock_exception` (docs/operations.md), a fault of Triton's Python backend
     and not what the tests that kill stubs are about. Seen in fresh-clone CI killing the LLM's stub
     as a chunk arrived, the idle orchestrator's just after its last response and, killed 50 ms after a
@@ -81,11 +84,6 @@ lower case was copied until flash attention's accumulator went from F16 to F32 (
 then the first token tipped to "Apple" and the rest went its own way. Capitalised, it is copied on both.)"""
 
 
-def kept_prompts(name: str) -> list[str]:
-    """A set of real prompts kept with the tests (prompts.json), so the tests need nothing outside the project."""
-    return json.loads((Path(__file__).with_name("prompts.json")).read_text())[name]
-
-
 def http_post(url: str, body: dict | str, timeout: float = 120.0) -> tuple[int, str]:
     data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
@@ -128,26 +126,6 @@ def grpc_tensors(arrays: dict[str, np.ndarray]) -> list:
     """gRPC input tensors of numpy arrays by name, each typed from its array (object arrays as BYTES)."""
     return [grpc_tensor(name, array, "BYTES" if array.dtype == object else grpcclient.np_to_triton_dtype(array.dtype))
             for name, array in arrays.items()]
-
-
-def metric_samples(metrics_url: str, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
-    """The samples of a Prometheus metric on Triton's metrics port whose labels include `labels`: each
-    sample's labels and value."""
-    with urllib.request.urlopen(metrics_url, timeout=30) as resp:
-        text = resp.read().decode()
-    samples = []
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            head, value = line.rsplit(" ", 1)
-            found = dict(re.findall(r'(\w+)="([^"]*)"', head))
-            if all(found.get(k) == v for k, v in labels.items()):
-                samples.append((found, float(value)))
-    return samples
-
-
-def metric_value(metrics_url: str, name: str, **labels: str) -> float:
-    """Sum of a Prometheus metric's samples on Triton's metrics port whose labels include `labels`."""
-    return sum(value for _, value in metric_samples(metrics_url, name, **labels))
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.05) -> float:
@@ -219,3 +197,17 @@ def served(deploy: Path, build: Path, edit: Callable[[Path], None] | None = None
         return
     assert proc.proc.returncode == 0, f"tritonserver did not shut down cleanly:\n{proc.log_text()[-3000:]}"
     assert "Fatal Python error" not in proc.log_text(), f"a stub crashed:\n{proc.log_text()[-3000:]}"
+
+
+@contextlib.contextmanager
+def serving_killed_stubs(deploy: Path, build: Path):
+    """A server for a test that kills stubs with SIGKILL, stopped after a 5 s exit timeout instead of
+    Triton's 30 s. Triton 2.51 keeps a killed stub's instance while requests it never answered are
+    pending, waits its exit timeout for it at shutdown, then exits with 1 by itself ("Exit timeout
+    expired"): a Triton limitation (docs/operations.md), checked here so a change shows up, as is any
+    crash."""
+    with TritonProcess(deploy, log_path=build / "tritonserver.log", build=build,
+                       triton_args=KILLED_STUBS_EXIT_TIMEOUT) as proc:
+        yield proc
+    assert proc.proc.returncode in (0, 1), f"tritonserver had to be killed:\n{proc.log_text()[-3000:]}"
+    assert not re.search(r"Signal \((6|11)\)", proc.log_text()), f"tritonserver crashed:\n{proc.log_text()[-3000:]}"

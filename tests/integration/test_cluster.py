@@ -24,7 +24,7 @@ from minions.deploy.cluster import Cluster
 from minions.deploy.gateway import gateway_command
 from minions.deploy.server import ServerPorts, free_ports, server_env, wait_http_ok
 from minions.triton.shm import sweep_orphaned_shm
-from tests.support.triton_process import ROOT, stop_process
+from harness.triton_process import ROOT, stop_process
 
 SYSTEM = ("You are a careful assistant for a team of gardeners. Answer in plain words, keep each answer short, "
           "and when a question is about plants, name the plant's common name first. ") * 3

@@ -1,7 +1,7 @@
 """Lossless greedy: every speculation mode emits exactly what plain decoding (`off`) emits.
 
 Real SmolLM2 verifiers (llama.cpp on the shipped Q4_1 GGUF, batch-invariant, in the default deployment;
-torch fp32 in deploy.torch.yaml), real prompts (tests/integration/prompts.json, MT-bench questions that
+torch fp32 in deploy.torch.yaml), real prompts (harness/prompts.json, MT-bench questions that
 ship in datasets/): every mode must match `off` exactly. (Before the default deployment's `batch_invariant`,
 llama.cpp computed a k-token verification with other kernels than a 1-token step, and outputs could
 leave `off` at near ties of the LLM's logits.)

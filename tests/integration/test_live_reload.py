@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 
 from client.api import GenerationParams, generate_grpc
 from tests.integration.helpers import COPY_PROMPT, NearTies, served, wait_until
-from tests.support.triton_process import ROOT
+from harness.triton_process import ROOT
 
 PROMPTS = [COPY_PROMPT, "List the numbers from one to twelve in words."]
 PARAMS = {"max_tokens": 40, "chat": True}

@@ -17,7 +17,7 @@ import grpc
 from tritonclient.grpc import service_pb2_grpc
 
 from loadtest.run import main
-from tests.support.triton_process import ROOT
+from harness.triton_process import ROOT
 
 
 def test_make_loadtest_records_requests_from_the_shipped_prompt_sets(tmp_path, nothing_beside):

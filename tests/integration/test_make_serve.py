@@ -18,7 +18,7 @@ from minions.deploy.server import EXTRA_ARGS_ENV, free_ports, server_env
 from minions.triton.stubs import live_stub_pids
 from minions.triton.shm import sweep_orphaned_shm
 from tests.integration.helpers import StubKill, http_ok, wait_until
-from tests.support.triton_process import KILLED_STUBS_EXIT_TIMEOUT, ROOT
+from harness.triton_process import KILLED_STUBS_EXIT_TIMEOUT, ROOT
 
 
 EXIT_TIMEOUT = "Exit timeout expired"

@@ -11,7 +11,7 @@ import pytest
 
 from minions.frontend.auth import API_KEY_ENV, API_KEY_FILE_ENV
 from tests.integration.helpers import http_request
-from tests.support.openai_frontend import openai_frontend
+from harness.openai_frontend import openai_frontend
 
 KEY = "sk-minions-test-0123456789"
 

@@ -18,7 +18,7 @@ import pytest
 from minions.errors import ServerBusy
 from minions.frontend.settings import FrontendSettings
 from tests.integration.helpers import http_request, metric_value, wait_until
-from tests.support.openai_frontend import openai_frontend
+from harness.openai_frontend import openai_frontend
 
 SHORT = {"model": "minions", "prompt": "Name three animals.", "max_tokens": 4, "temperature": 0}
 

@@ -17,7 +17,7 @@ import yaml
 from client.api import GenerationParams, MinionsClientError, generate_grpc
 from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
 from tests.integration.helpers import NearTies, metric_above, metric_value, served, wait_until
-from tests.support.triton_process import ROOT
+from harness.triton_process import ROOT
 
 PROMPT = "Name three animals that live in the sea."
 PARAMS = GenerationParams(max_tokens=16, chat=True, speculation="off")

@@ -17,8 +17,8 @@ import pytest
 from client.api import GenerationParams, generate_grpc
 from minions.triton.model_control import DEAD_STUB
 from minions.triton.shm import mapped_shm_regions
-from tests.integration.helpers import KillAfterChunk, metric_above, metric_value, wait_until
-from tests.support.triton_process import KILLED_STUBS_EXIT_TIMEOUT, ROOT, TritonProcess
+from tests.integration.helpers import KillAfterChunk, metric_above, metric_value, serving_killed_stubs, wait_until
+from harness.triton_process import ROOT, TritonProcess
 
 PROMPT = "Explain in a few sentences why the sky is blue."
 PARAMS = {"max_tokens": 64, "chat": True}
@@ -31,13 +31,8 @@ SEEN_REGIONS: set[str] = set()
 
 @pytest.fixture(scope="module")
 def doomed_server(tmp_path_factory):
-    build = tmp_path_factory.mktemp("triton-fault")
-    with TritonProcess(ROOT / "deploy.torch.yaml", log_path=build / "tritonserver.log", build=build,
-                       triton_args=KILLED_STUBS_EXIT_TIMEOUT) as proc:
+    with serving_killed_stubs(ROOT / "deploy.torch.yaml", tmp_path_factory.mktemp("triton-fault")) as proc:
         yield proc
-    # A killed stub's model waits for its exit timeout at shutdown, then Triton exits with 1 by
-    # itself ("Exit timeout expired"): a Triton limitation, recorded here so a change shows up.
-    assert proc.proc.returncode in (0, 1), f"tritonserver had to be killed:\n{proc.log_text()[-3000:]}"
     assert not _regions(proc), "shared memory left in /dev/shm after the server stopped"
 
 

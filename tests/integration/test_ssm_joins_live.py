@@ -11,7 +11,7 @@ import tritonclient.grpc as grpcclient
 
 from client.api import GenerationParams, MinionsClientError, generate_grpc
 from tests.integration.helpers import COPY_PROMPT, NearTies, metric_above, metric_value, served, wait_until
-from tests.support.triton_process import ROOT
+from harness.triton_process import ROOT
 
 NEW = "ssm_lookup_live"
 PARAMS = {"max_tokens": 48, "chat": True}

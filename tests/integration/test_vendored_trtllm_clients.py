@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 
 from client.api import GenerationParams, generate_grpc
 from minions.deploy.artifacts import tokenizer_dir_for
-from tests.support.triton_process import ROOT
+from harness.triton_process import ROOT
 
 VENDOR = ROOT / "tests" / "vendor" / "tensorrtllm_backend"
 PROMPT = "The capital of France is"

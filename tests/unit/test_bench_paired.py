@@ -13,7 +13,7 @@ from minions.deploy.config import load_deployment
 from minions.errors import InvalidRequest
 from minions.text.datasets import COPY_HEAVY, DATASETS
 from tests.support.datasets import write_prompt_sets
-from tests.support.triton_process import ROOT
+from harness.triton_process import ROOT
 
 
 class Recorder:

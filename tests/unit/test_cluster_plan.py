@@ -10,7 +10,7 @@ from minions.deploy.config import ServerPorts, load_deployment
 from minions.deploy.gateway import Affinity, gateway_command
 from minions.deploy.server import set_threads
 from minions.settings import OrchestratorSettings
-from tests.support.triton_process import ROOT
+from harness.triton_process import ROOT
 
 BASE = ServerPorts("127.0.0.1", 8000, 8001, 8002, 9000)
 

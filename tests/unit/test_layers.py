@@ -1,5 +1,6 @@
 """The package's layers: every import points down a floor or stays in its own folder, so no folder
-cycle can form; test support lives with the tests, and benchmarks may import it, not the reverse.
+cycle can form; what tests and tools share lives in `harness/`, which imports neither; nothing outside
+`tests/` imports the tests, and only benchmark code and its own tests import `benchmarks`.
 
 Read from the source's own import statements (ast), so the check runs anywhere `make test` runs.
 """
@@ -84,20 +85,32 @@ def test_imports_only_point_down():
     assert not upward, "imports that do not point down a floor:\n" + "\n".join(upward)
 
 
-@pytest.mark.parametrize("folder", ["tests", "python_backend", "client"])
-def test_nothing_but_benchmarks_imports_benchmarks(folder):
-    """Benchmarks stand on the tests' support (TritonProcess, the near-tie check), never the reverse;
-    only the tests of benchmark code itself (test_bench_*, test_soak_trend, test_gpu_check, and the chaos
-    tool's unit tests and its short run in make test) import it."""
-    allowed = {"test_bench_load.py", "test_bench_peers.py", "test_bench_paired.py", "test_soak_trend.py",
-               "test_gpu_check.py", "test_chaos.py", "test_chaos_run.py"}
+def _importers(folder: str, top: str, allowed: set[str] = frozenset()) -> list[str]:
+    """Every `folder` module (but those named in `allowed`) that imports a module of package `top`."""
     found = []
     for path in sorted((ROOT / folder).rglob("*.py")):
         if ".venv" in path.parts or path.name in allowed:
             continue
         for line, module in _imports(path, "x"):
-            if module.split(".")[0] == "benchmarks":
+            if module.split(".")[0] == top:
                 found.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    return found
+
+
+@pytest.mark.parametrize("folder", ["benchmarks", "loadtest", "client", "python_backend", "harness"])
+def test_nothing_outside_the_tests_imports_them(folder):
+    """Tools stand on `harness/` (the server as a process, metrics, kept prompts), not on the test suite."""
+    found = _importers(folder, "tests")
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("folder", ["tests", "python_backend", "client", "harness"])
+def test_nothing_but_benchmarks_imports_benchmarks(folder):
+    """Benchmarks stand on the harness, never the reverse; only the tests of benchmark code itself (test_bench_*, test_soak_trend, test_gpu_check, and the chaos
+    tool's unit tests and its short run in make test) import it."""
+    allowed = {"test_bench_load.py", "test_bench_peers.py", "test_bench_paired.py", "test_soak_trend.py",
+               "test_gpu_check.py", "test_chaos.py", "test_chaos_run.py"}
+    found = _importers(folder, "benchmarks", allowed)
     assert not found, "\n".join(found)
 
 

@@ -1,4 +1,4 @@
-"""tests/support/stub_kill.py on a real process: a child that holds a robust, process-shared pthread
+"""harness/stub_kill.py on a real process: a child that holds a robust, process-shared pthread
 mutex (what python_backend's shared-memory mutexes are) is seen holding it, and is killed only once
 it has let it go."""
 
@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from tests.support.stub_kill import kill_outside_locks, stopped_outside_locks
+from harness.stub_kill import kill_outside_locks, stopped_outside_locks
 
 HOLDER = """
 import ctypes, sys

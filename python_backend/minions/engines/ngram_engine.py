@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
-from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix, token_log_probs
+from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix, draft_result
 from minions.errors import InvalidRequest
 
 
@@ -104,10 +104,7 @@ class NgramEngine:
             if self.min_confidence > 0 or request.return_log_probs:  # else nothing to estimate on this hot path
                 survival = self.confidence.survival(evidence, len(tokens))
                 tokens = tokens[: confident_prefix(survival, self.min_confidence)]
-        if request.end_id is not None and request.end_id in tokens:
-            tokens = tokens[: tokens.index(request.end_id) + 1]
-        log_probs = token_log_probs(survival[: len(tokens)]) if request.return_log_probs else None
-        return EngineResult(tokens, log_probs=log_probs)
+        return draft_result(request, tokens, survival)
 
     def release(self, request_id: str) -> None:
         """The request is over: drafts still waiting for their outcome are dropped."""

@@ -22,7 +22,7 @@ import numpy as np
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.decoding.tokens import common_prefix_len
 from minions.engines.api import BatchStats
-from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix, token_log_probs
+from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix, draft_result
 from minions.engines.ngram_engine import spec_limit
 from minions.engines.sequence_cache import CachedSequence, SequenceCache
 from minions.errors import InvalidRequest
@@ -219,10 +219,7 @@ class SuffixEngine:
         # Sampling and return_generation_logits: as NgramEngine, a lookup has no logits, so its draft
         # counts as deterministic, which it is. return_log_probs: each token's estimated chance of being
         # right (`_confident`), as NgramEngine.
-        if request.end_id is not None and request.end_id in tokens:
-            tokens = tokens[: tokens.index(request.end_id) + 1]
-        log_probs = token_log_probs(chances[: len(tokens)]) if request.return_log_probs else None
-        return EngineResult(tokens, log_probs=log_probs)
+        return draft_result(request, tokens, chances)
 
     def release(self, request_id: str) -> None:
         """The request is over: its last sequence joins the corpus (unknown ids are ignored)."""

@@ -28,16 +28,21 @@ LABEL = re.compile(r'(\w+)="([^"]*)"')
 METRICS_TIMEOUT_S = 5.0
 
 
+def prometheus_samples(metrics: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Each labelled series of metric `name` in Prometheus text `metrics`: its labels and value."""
+    return [(dict(LABEL.findall(m["labels"])), float(m["value"])) for m in SERIES.finditer(metrics)
+            if m["name"] == name]
+
+
 def gauge_of_stubs(metrics: str, name: str, stubs: Collection[int]) -> list[float]:
     """The values of gauge `name` in Prometheus text `metrics`, from the series whose `stub` label is one
     of `stubs` (a dead stub's series can outlive it)."""
     pids = {str(pid) for pid in stubs}
-    return [float(m["value"]) for m in SERIES.finditer(metrics)
-            if m["name"] == name and dict(LABEL.findall(m["labels"])).get("stub") in pids]
+    return [value for labels, value in prometheus_samples(metrics, name) if labels.get("stub") in pids]
 
 
-def read_url(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=METRICS_TIMEOUT_S) as response:
+def read_url(url: str, timeout_s: float = METRICS_TIMEOUT_S) -> str:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
         return response.read().decode()
 
 

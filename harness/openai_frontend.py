@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from minions.deploy.server import free_port, frontend_command, server_env, wait_http_ok
-from tests.support.triton_process import TritonProcess, stop_process
+from harness.triton_process import TritonProcess, stop_process
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
