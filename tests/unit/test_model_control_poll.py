@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.serving.metric_tally import MetricTally
 from minions.speculation.services import Services
 from minions.triton import model_control
@@ -42,6 +43,7 @@ class _Client:
         self.repository = repository
         self.failed: list[str] = []
         self.retired: list[str] = []
+        self.probed: list[str] = []
 
     def service(self) -> _Repository:
         return self.repository
@@ -51,6 +53,11 @@ class _Client:
 
     def retire_streams(self, model: str) -> None:
         self.retired.append(model)
+
+    async def generate(self, model: str, request: EngineRequest) -> EngineResult:
+        """A live stub's answer to the model-control probe (a `stop`): at once, empty."""
+        self.probed.append(model)
+        return EngineResult([])
 
 
 async def _poll(tmp_path, monkeypatch, *indexes: dict[str, str]) -> _Client:
@@ -129,10 +136,6 @@ def test_the_streams_to_a_reloaded_or_unready_model_are_retired(tmp_path, monkey
     client = _Client(_Repository(*states))
     control = ModelControl(client, tmp_path, Services(ssms=("ssm",), llm="llm"), MetricTally(), 1.0, reload=True)
 
-    async def probe(model):
-        return None
-
-    monkeypatch.setattr(control, "_probe", probe)
     retired_by_poll = []
 
     async def poll_all():
@@ -143,4 +146,5 @@ def test_the_streams_to_a_reloaded_or_unready_model_are_retired(tmp_path, monkey
 
     asyncio.run(poll_all())
     assert retired_by_poll == [[], [], ["llm"], ["llm", "ssm"], ["ssm"]]
+    assert "llm" in client.probed and "ssm" in client.probed, "the live stubs were probed"
     assert client.failed == [] and client.repository.loads == []

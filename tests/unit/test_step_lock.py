@@ -5,6 +5,7 @@ dies holding a slot frees it."""
 from __future__ import annotations
 
 import fcntl
+import logging
 import multiprocessing
 import os
 import signal
@@ -88,11 +89,15 @@ def test_every_instance_of_a_model_shares_one_file_and_other_models_do_not(tmp_p
     assert step_lock_path(tmp_path / "llm") != step_lock_path(tmp_path / "ssm")
 
 
-def test_a_lock_that_cannot_be_made_leaves_steps_unshared(tmp_path):
-    lock = StepLock(tmp_path / "missing" / "steps.lock")
+def test_a_lock_that_cannot_be_made_leaves_steps_unshared_and_says_so(tmp_path, caplog):
+    path = tmp_path / "missing" / "steps.lock"
+    with caplog.at_level(logging.WARNING, logger="minions.engines"):
+        lock = StepLock(path)
+    assert "steps are not shared with the model's other instances" in caplog.text
     with lock:  # no file, no lock: the step runs
         pass
     lock.close()
+    assert not path.parent.exists(), "nothing was made"
 
 
 def test_slots_are_the_cores_over_the_threads():
