@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import platform
 import re
 import subprocess
 import tarfile
@@ -73,18 +74,49 @@ def pinned_sdist() -> tuple[str, str]:
     return archive, hashes[archive]
 
 
-def test_the_sdist_install_sh_builds_is_pinned_and_every_patch_applies_without_fuzz(tmp_path):
-    """install.sh refuses another sdist than the pinned one and applies the patches with --fuzz=0;
-    `make venv` leaves the sdist in .cache/llama-cpp-python, where this checks both."""
+def patched_source(folder: Path) -> Path:
+    """The pinned sdist (its hash checked) extracted into `folder` with every patch applied as install.sh
+    applies them, each without fuzz or offset; skips where `make venv` has not left the sdist."""
     archive, sha256 = pinned_sdist()
     path = SDIST_CACHE / archive
     if not path.is_file():
         pytest.skip(f"{path} is not there (make venv downloads it)")
     assert hashlib.sha256(path.read_bytes()).hexdigest() == sha256
     with tarfile.open(path) as tar:
-        tar.extractall(tmp_path)  # the pinned sdist, its hash checked above
-    source = tmp_path / archive.removesuffix(".tar.gz")
+        tar.extractall(folder)  # the pinned sdist, its hash checked above
+    source = folder / archive.removesuffix(".tar.gz")
     for patch in sorted(PATCHES.glob("*.patch")):
         applied = subprocess.run(["patch", "-p1", "--forward", "--fuzz=0", "-d", str(source), "-i", str(patch)],
                                  capture_output=True, text=True)
         assert applied.returncode == 0 and "offset" not in applied.stdout, f"{patch.name}:\n{applied.stdout}"
+    return source
+
+
+def test_the_sdist_install_sh_builds_is_pinned_and_every_patch_applies_without_fuzz(tmp_path):
+    """install.sh refuses another sdist than the pinned one and applies the patches with --fuzz=0;
+    `make venv` leaves the sdist in .cache/llama-cpp-python, where this checks both."""
+    assert (patched_source(tmp_path) / "vendor" / "llama.cpp").is_dir()
+
+
+def compile_x86_quants(source: Path) -> subprocess.CompletedProcess:
+    """The patched x86 quants.c compiled as a release build for AVX2 (asserts off), syntax and types only."""
+    ggml = source / "vendor" / "llama.cpp" / "ggml"
+    return subprocess.run(["cc", "-std=gnu11", "-fsyntax-only", "-mavx2", "-mfma", "-mf16c", "-DNDEBUG",
+                           f"-I{ggml / 'include'}", f"-I{ggml / 'src'}", f"-I{ggml / 'src' / 'ggml-cpu'}",
+                           str(ggml / "src" / "ggml-cpu" / "arch" / "x86" / "quants.c")],
+                          capture_output=True, text=True)
+
+
+@needs_cc
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="0007 is x86 code")
+def test_0007s_tile_is_tied_to_the_q6_k_block_size_in_a_release_build(tmp_path):
+    """0007's tile holds one Q6_K super block on the stack; a release build drops its assert(), so a
+    static_assert ties the tile to QK_K: a llama.cpp whose block size changed fails to build instead of
+    overflowing the tile."""
+    source = patched_source(tmp_path)
+    built = compile_x86_quants(source)
+    assert built.returncode == 0, built.stderr[-3000:]
+    common = source / "vendor" / "llama.cpp" / "ggml" / "src" / "ggml-common.h"
+    common.write_text(common.read_text().replace("#define QK_K 256", "#define QK_K 512", 1))
+    built = compile_x86_quants(source)
+    assert built.returncode != 0 and "q6k_tile_block holds a Q6_K super block" in built.stderr, built.stderr[-3000:]
