@@ -16,7 +16,8 @@ import pytest
 from minions.decoding.tokens import draft_outcome
 from minions.settings import DEFAULTS
 from minions.speculation.draft_length import ChanceCalibration, DraftLengthSelector, worth_verifying
-from minions.speculation.length_stats import LengthPolicy, SharedLengthStats, VerifyCostTable, load_bucket
+from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
+from minions.speculation.verify_costs import VerifyCostTable, load_bucket
 
 DEFAULT_CANDIDATES = DEFAULTS.draft_length_candidates
 

@@ -18,9 +18,8 @@ padding); uncached prompt tokens beyond the step's n_batch go in chunks over lat
 first. A verification finishes in the step that evaluates its draft: the draft is judged
 (decoding/verification.py) and the KV cells of rejected tokens are removed at once. Calls that
 arrive meanwhile join at the next step, so b calls of s tokens cost about s steps instead of b * s.
-A streaming generation reports each token as it is made (inflight_batching.py sends it on).
-Measured on this machine with one thread, 200-token contexts: 8.5 ms/token at 8 sequences, 6.9 at
-16, 13.6 for one.
+A streaming generation reports each token as it is made (inflight_batching.py sends it on);
+docs/engines.md measures what a token costs at 1, 8 and 16 sequences.
 """
 
 from __future__ import annotations
@@ -229,11 +228,10 @@ class LlamaCppStepper:
             self._ctx.decode(self._batch)
 
     def _close_gaps(self, jobs: list[_Job]) -> None:
-        """With a KV stream per slot, llama.cpp runs a step in one ubatch per run of consecutive slots:
-        a free slot among the step's (a sequence ended, no new one took its place) made a step of 7
-        sequences cost 27 ms where 8 in a row cost 23 and 7 in a row 19 (SmolLM2 F16, 2 threads). So the
-        highest-placed jobs move down into free slots below them, their cells copied through host memory
-        (a few ms for a few hundred tokens, once, against every later step's extra ubatch)."""
+        """With a KV stream per slot, llama.cpp runs a step in one ubatch per run of consecutive slots,
+        so a free slot among the step's (a sequence ended, no new one took its place) costs every later
+        step an extra ubatch (docs/engines.md). So the highest-placed jobs move down into free slots
+        below them, their cells copied through host memory once."""
         for job in sorted(jobs, key=lambda j: j.entry.state, reverse=True):
             slot = self.slots.gap_below(job.entry.state)
             if slot is None:

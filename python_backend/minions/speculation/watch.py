@@ -4,9 +4,9 @@ While a streaming LLM decodes plain tokens for a request that drafts, the drafte
 then (a probe) for a draft that continues what has arrived. A probe that finds one at least
 `min_draft` tokens long stops the stream (tensorrt_llm's `stop`: the engine ends the call before its
 next step and answers the tokens it had made); the draft, less the tokens the stream made meanwhile,
-is verified next. A probe that finds nothing ends nothing: plain decoding goes on in the same call.
-Before, a plain stretch ended every 16 tokens to ask the drafters, and each new call cost a gap in
-the LLM's work: `vote` ran at 0.86x `off` on 16 chat streams (docs/benchmarks.md).
+is verified next. A probe that finds nothing ends nothing: plain decoding goes on in the same call,
+with no gap in the LLM's work between calls (docs/benchmarks.md measures what ending the stream to
+ask would cost).
 
 Probes back off: the first comes `first_gap` tokens in, and the tokens between two probes double
 after each probe that found nothing and each verification that accepted less than half its draft,
