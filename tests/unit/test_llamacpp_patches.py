@@ -120,3 +120,23 @@ def test_0007s_tile_is_tied_to_the_q6_k_block_size_in_a_release_build(tmp_path):
     common.write_text(common.read_text().replace("#define QK_K 256", "#define QK_K 512", 1))
     built = compile_x86_quants(source)
     assert built.returncode != 0 and "q6k_tile_block holds a Q6_K super block" in built.stderr, built.stderr[-3000:]
+
+
+@needs_cc
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the guard is tested with x86 flags")
+def test_0001s_row_blocks_are_compiled_only_where_they_were_proven(tmp_path):
+    """0001's blocks (and its F32 accumulator) are built for AVX2 + F16C + FMA only, where their batch
+    invariance was proven; a build without them (`-DGGML_AVX2=OFF`, NEON) runs upstream's loop."""
+    source = patched_source(tmp_path)
+    ggml = source / "vendor" / "llama.cpp" / "ggml"
+
+    def preprocessed(*flags: str) -> str:
+        run = subprocess.run(["c++", "-std=c++17", "-E", *flags, f"-I{ggml / 'include'}", f"-I{ggml / 'src'}",
+                              f"-I{ggml / 'src' / 'ggml-cpu'}", str(ggml / "src" / "ggml-cpu" / "ops.cpp")],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return run.stdout
+
+    proven, other = preprocessed("-mavx2", "-mfma", "-mf16c"), preprocessed("-mavx", "-mno-avx2", "-mno-fma")
+    assert "s_blk[n] = s + mv" in proven and "s_blk[n] = s + mv" not in other
+    assert "VKQ32[d] = " not in proven and "VKQ32[d] = " in other, "upstream's F16 accumulator is widened at the end"
