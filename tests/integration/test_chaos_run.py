@@ -4,9 +4,9 @@ orchestrator loads its model again) and a reload of each model through the repos
 hangs or crashes, every request is served, refused or failed with an error message (over gRPC, HTTP
 and the OpenAI frontend, each of which serves some), and no shared memory is leaked.
 
-A killed SSM that the vote seldom asks is not always loaded again in time (the orchestrator notices a
-dead SSM stub by failed drafts alone, docs/operations.md "Chaos"): such a fault is printed, and the tool
-loads the model itself after --recovery-s; every other problem the tool reports fails the test."""
+The orchestrator finds a killed SSM stub by its model-control probe each poll and loads the model
+again (docs/operations.md "Chaos"); a killed SSM not loaded again in --recovery-s is a problem of the
+run, as is every other problem the tool reports, and fails the test."""
 
 from __future__ import annotations
 
