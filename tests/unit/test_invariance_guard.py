@@ -4,7 +4,9 @@ load with the reason. The engine on this machine: tests/unit/test_llamacpp_batch
 
 from __future__ import annotations
 
-from minions.engines.llamacpp_patches import K_QUANT_BATCH_INVARIANT, carried, cpu_flags, invariance_refusal
+from minions.engines.llamacpp_patches import (K_QUANT_BATCH_INVARIANT, build_flags, carried, cpu_flags,
+                                              invariance_refusal)
+from tests.support.stand_in_library import needs_cc, stand_in_library
 
 AVX2 = {"sse4_2", "avx", "avx2", "fma", "f16c"}
 
@@ -34,4 +36,17 @@ def test_cpu_flags_read_x86_and_arm_cpuinfo(tmp_path):
 
 def test_this_machine_and_build_pass_the_guard():
     """make venv's AVX2 build on the AVX2 machines CI runs on: the default deployment's engines load."""
-    assert invariance_refusal(carried()) is None
+    assert build_flags() == {"avx2", "fma", "f16c"}
+    assert invariance_refusal(carried(), built=build_flags()) is None
+
+
+@needs_cc
+def test_a_build_compiled_without_avx2_is_refused_on_an_avx2_cpu(tmp_path):
+    """A guards-off build (-DGGML_AVX2=OFF) on a CPU that has AVX2: its patched kernels are compiled out."""
+    source = "".join(f"int ggml_cpu_has_{flag}(void) {{ return {int(flag != 'avx2')}; }}\n"
+                     for flag in ("avx2", "fma", "f16c"))
+    lib_dir = stand_in_library(tmp_path / "no-avx2", "libggml-cpu.so", source).parent
+    built = build_flags(lib_dir)
+    assert built == {"fma", "f16c"}
+    assert "compiled without avx2" in invariance_refusal({K_QUANT_BATCH_INVARIANT}, "x86_64", AVX2, built)
+    assert build_flags(tmp_path / "nowhere") is None

@@ -97,11 +97,24 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
+def build_flags(lib_dir: Path | None = None) -> frozenset[str] | None:
+    """The instruction sets of PROVEN_ON that the libggml-cpu under `lib_dir` was compiled for (its
+    `ggml_cpu_has_<set>`: compile-time answers); None where the library does not say (not checked)."""
+    lib = ggml_library("ggml-cpu", lib_dir)
+    functions = {flag: getattr(lib, f"ggml_cpu_has_{flag}", None) for flag in PROVEN_ON[1]}
+    if lib is None or any(f is None for f in functions.values()):
+        return None
+    for function in functions.values():
+        function.restype = ctypes.c_int
+    return frozenset(flag for flag, function in functions.items() if function())
+
+
 def invariance_refusal(patches: Collection[str], machine: str | None = None,
-                       flags: Collection[str] | None = None) -> str | None:
+                       flags: Collection[str] | None = None, built: Collection[str] | None = None) -> str | None:
     """Why a batch-invariant llama.cpp engine cannot claim exactness here, or None: the CPU must be one
-    the patches were proven on (PROVEN_ON) and the build must carry K_QUANT_BATCH_INVARIANT (without
-    it K-quant products depend on the batch)."""
+    the patches were proven on (PROVEN_ON), the build compiled for those instruction sets (`built`,
+    build_flags: elsewhere the patches' guarded paths are compiled out and upstream's kernels run),
+    and the build must carry K_QUANT_BATCH_INVARIANT (without it K-quant products depend on the batch)."""
     machine = machine if machine is not None else platform.machine()
     flags = frozenset(flags if flags is not None else cpu_flags())
     proven_machine, proven_flags = PROVEN_ON
@@ -109,6 +122,9 @@ def invariance_refusal(patches: Collection[str], machine: str | None = None,
         missing = ", ".join(sorted(proven_flags - flags)) or "none"
         return (f"batch invariance is proven on {proven_machine} with {', '.join(sorted(proven_flags))} only; this "
                 f"CPU is {machine} (missing: {missing})")
+    if built is not None and not proven_flags <= frozenset(built):
+        return (f"the llama.cpp build was compiled without {', '.join(sorted(proven_flags - frozenset(built)))} "
+                "(e.g. -DGGML_AVX2=OFF), where the patches' kernels give way to upstream's")
     if K_QUANT_BATCH_INVARIANT not in patches:
         return (f"the llama.cpp build lacks the project's {K_QUANT_BATCH_INVARIANT} patch (make venv builds it in; "
                 "patches/llama-cpp-python/README.md)")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from minions.engines.llamacpp_patches import FLASH_ATTN_ROW_BLOCKS, carried, disable_k_quant_tiles, invariance_refusal
+from minions.engines.llamacpp_patches import (FLASH_ATTN_ROW_BLOCKS, build_flags, carried, disable_k_quant_tiles,
+                                              invariance_refusal)
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +20,7 @@ def require_batch_invariance() -> None:
     """Raise ValueError where a batch-invariant engine cannot claim exactness; else turn the K-quant
     tiles off, warning where attention will walk the cells one at a time."""
     patches = carried()
-    refusal = invariance_refusal(patches)
+    refusal = invariance_refusal(patches, built=build_flags())
     if refusal:
         raise ValueError(f"batch_invariant: {refusal}: outputs could differ from plain decoding; "
                          "set batch_invariant: false for this model in the deployment")
