@@ -10,7 +10,6 @@ Runs its own server (the default deployment), since it breaks its LLM on purpose
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import tritonclient.grpc as grpcclient
@@ -26,8 +25,9 @@ PROMPT = "Explain in a few sentences why the sky is blue."
 PARAMS = {"max_tokens": 48, "chat": True, "speculation": "off"}
 LONG = GenerationParams(max_tokens=1000, min_tokens=1000, chat=True, speculation="off")
 """A stream that is still running when its LLM stub is killed."""
-WELL_BEFORE_STALL_S = 20.0
-"""Within this a refused or broken request has its answer: well before the engine stall timeout (60 s)."""
+STALL = "no response"
+"""What the engine stall timeout's error says; a request the dead-stub or not-ready path ends says why
+instead ("is not ready", "died"), which is how these tests tell the two apart without a clock."""
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +52,11 @@ def plain(llm_server) -> str:
     return generate_grpc(llm_server.grpc_url, "minions", PROMPT, GenerationParams(**PARAMS)).text
 
 
-def _refusal(server) -> tuple[str, float]:
-    """A request's error message and how long it took to come."""
-    start = time.monotonic()
+def _refusal(server) -> str:
+    """A refused request's error message."""
     with pytest.raises(MinionsClientError) as refused:
-        generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(**PARAMS), timeout_s=60)
-    return str(refused.value), time.monotonic() - start
+        generate_grpc(server.grpc_url, "minions", PROMPT, GenerationParams(**PARAMS), timeout_s=120)
+    return str(refused.value)
 
 
 def _llm_ready(server) -> float | None:
@@ -73,9 +72,8 @@ def test_requests_are_refused_while_the_llm_is_unloaded(llm_server, plain, healt
     try:
         operator.unload_model("llm")
         wait_until(lambda: _llm_ready(server) == 0.0, 20, "minions_llm_ready == 0", interval=0.1)
-        message, seconds = _refusal(server)
-        assert "is not ready" in message and "llm" in message, message
-        assert seconds < WELL_BEFORE_STALL_S
+        message = _refusal(server)
+        assert "is not ready" in message and "llm" in message and STALL not in message, message
         status, body = _health(health_url)
         assert status == 503 and not body["ready"] and "'llm'" in body["reason"], body
         operator.load_model("llm")
@@ -92,12 +90,10 @@ def test_the_llm_stub_killed_mid_stream_is_reloaded(llm_server, plain, health_ur
     victim = sole_stub(server, "llm_0_0").pid  # not the old instance of an earlier test's reload
     killer = KillAfterChunk(victim, 2)
 
-    start = time.monotonic()
     with pytest.raises(MinionsClientError) as broken:
-        generate_grpc(server.grpc_url, "minions", PROMPT, LONG, on_text=killer, timeout_s=60)
+        generate_grpc(server.grpc_url, "minions", PROMPT, LONG, on_text=killer, timeout_s=120)
     killer.join()
-    assert time.monotonic() - start < WELL_BEFORE_STALL_S, "the stream waited on the dead stub"
-    assert "died" in str(broken.value), broken.value
+    assert "died" in str(broken.value) and STALL not in str(broken.value), broken.value
     assert "its stub has died" in server.log_text()
 
     assert metric_above(server.metrics_url, "minions_llm_reloads", reloads, timeout=60, outcome="success") > reloads, \
