@@ -17,7 +17,7 @@ PACKAGE = ROOT / "python_backend" / "minions"
 
 FLOORS: list[set[str]] = [
     {"errors", "settings"},
-    {"text"},
+    {"text", "trtllm_settings"},
     {"decoding"},
     {"engines", "speculation"},
     {"serving"},
@@ -25,9 +25,10 @@ FLOORS: list[set[str]] = [
     {"deploy"},
     {"distill", "frontend"},
 ]
-"""Bottom first: shared errors and defaults; text; the decoding rules and the engine call every layer
-above shares; the engines beside the speculation that drives them (neither imports the other); a
-request's way in and out; the Triton adapters; deployment tooling; training and the OpenAI frontend."""
+"""Bottom first: shared errors and defaults; text, and TensorRT-LLM models' settings; the decoding rules and
+the engine call every layer above shares; the engines beside the speculation that drives them (neither
+imports the other); a request's way in and out; the Triton adapters; deployment tooling; training and the
+OpenAI frontend."""
 
 FLOOR = {part: i for i, parts in enumerate(FLOORS) for part in parts}
 

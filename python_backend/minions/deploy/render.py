@@ -37,7 +37,8 @@ from minions.engines.sequence_cache import KV_GROWTH_TOKENS
 from minions.engines.tensors import OWN_INPUTS, OWN_OUTPUTS
 from minions.errors import InvalidRequest
 from minions.serving.inputs import pbtxt_inputs
-from minions.settings import EngineKind, EngineSettings, OrchestratorSettings, TrtllmSettings
+from minions.settings import EngineKind, EngineSettings, OrchestratorSettings
+from minions.trtllm_settings import TrtllmSettings
 from minions.speculation.mode import Speculation
 
 log = logging.getLogger(__name__)

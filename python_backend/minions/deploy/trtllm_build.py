@@ -32,7 +32,8 @@ from pathlib import Path
 from minions.deploy.artifacts import hf_dir_for
 from minions.deploy.config import ROOT, Deployment, load_or_exit, resolve
 from minions.deploy.render import orchestrator_settings, trtllm_settings
-from minions.settings import EngineKind, TrtllmSettings
+from minions.settings import EngineKind
+from minions.trtllm_settings import TrtllmSettings
 
 log = logging.getLogger(__name__)
 
