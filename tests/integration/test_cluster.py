@@ -29,6 +29,9 @@ from harness.triton_process import ROOT, stop_process
 SYSTEM = ("You are a careful assistant for a team of gardeners. Answer in plain words, keep each answer short, "
           "and when a question is about plants, name the plant's common name first. ") * 3
 TOPICS = ["tomatoes", "roses", "apple trees", "basil", "tulips", "lavender"]
+KILL_TOPICS = ["peppers", "orchids", "pear trees", "mint", "daffodils", "rosemary"]
+"""The kill test's own conversations: histories the affinity test left cached on both replicas would
+make a moved conversation's turn look free on the survivor."""
 FOLLOW_UPS = ["How often should they be watered?", "What pests should I watch for?", "Any tip for winter?"]
 PARAMS = GenerationParams(max_tokens=12, temperature=0.0)
 ATTEMPTS = 2
@@ -111,7 +114,7 @@ def test_affinity_keeps_each_conversation_on_its_replica_where_round_robin_moves
 def test_a_replica_killed_between_turns_loses_no_conversation_and_they_move(cluster):
     answers: list[Answer] = []
     failed: list[tuple[int, int, str]] = []
-    first_turns_done = threading.Barrier(len(TOPICS) + 1)
+    first_turns_done = threading.Barrier(len(KILL_TOPICS) + 1)
     victim_dead = threading.Event()
 
     def conversation(c: int, topic: str) -> None:
@@ -128,7 +131,7 @@ def test_a_replica_killed_between_turns_loses_no_conversation_and_they_move(clus
                 first_turns_done.wait(timeout=300)
                 victim_dead.wait(timeout=300)
 
-    threads = [threading.Thread(target=conversation, args=(c, t), daemon=True) for c, t in enumerate(TOPICS)]
+    threads = [threading.Thread(target=conversation, args=(c, t), daemon=True) for c, t in enumerate(KILL_TOPICS)]
     for thread in threads:
         thread.start()
     first_turns_done.wait(timeout=300)
@@ -144,7 +147,7 @@ def test_a_replica_killed_between_turns_loses_no_conversation_and_they_move(clus
     assert all(turn == 1 and c in on_victim for c, turn, _ in failed), failed
     assert len(failed) == len({c for c, _, _ in failed}), failed
     served = cluster.served_by()
-    assert len(answers) == len(TOPICS) * len(FOLLOW_UPS + [""]), "a turn got no answer"
+    assert len(answers) == len(KILL_TOPICS) * len(FOLLOW_UPS + [""]), "a turn got no answer"
     assert all(served[a.answer_id] == 0 for a in answers if a.turn >= 1), "a turn went to the dead replica"
     moved = [a for a in answers if a.conversation in on_victim and a.turn == 1]
     stayed = [a for a in answers if a.conversation not in on_victim and a.turn == 1]
