@@ -1,5 +1,6 @@
 """Which draft a round should verify, replayed on the LLM's own greedy text: the vote's learnt weights,
-the drafters' own confidence, an oracle, and a two-branch tree that verifies both drafts in one pass.
+the drafters' own confidence, the served cut (loop._cut_to_worth), a cut by net gain, an oracle, and a
+two-branch tree that verifies both drafts in one pass.
 
 Greedy, the LLM accepts exactly the common prefix of a draft and its own continuation, so once the
 deployment's LLM (llama.cpp, in process) has decoded a prompt, any drafting policy can be replayed on
@@ -11,7 +12,10 @@ engines, releasing each request as the server does, so the corpus and the confid
 Time is estimated from the LLM's own cost of a verification of k draft tokens, measured here at each
 request's context (t(0) is a plain step): a policy's speedup is tokens × t(0) / Σ t(k), drafting and
 orchestration left out. It ranks choice rules; it is not a served number (`make bench-peers` is).
-A round with no draft is one plain step.
+A round with no draft is one plain step. Workloads: chat, code edits, passages, and multi-turn code
+(bench-peers' conversations, each turn with the LLM's own answers in its history; its last turns are
+also reported alone). The answers and timings are saved beside `--out`; `--replay` reads them back, so
+a rule is compared in seconds rather than decoded again.
 """
 
 from __future__ import annotations
@@ -33,11 +37,14 @@ from minions.deploy.config import ROOT, load_deployment
 from minions.deploy.render import engine_settings, orchestrator_settings
 from minions.engines.factory import build_engine
 from minions.settings import EngineKind
-from minions.speculation.draft_length import survival
+from minions.engines.draft_confidence import token_log_probs
+from minions.speculation.draft_length import ChanceCalibration, cheapest_verification, survival
 from minions.speculation.voting import vote
 from minions.speculation.weights import SsmWeights, draft_score
 from minions.text.datasets import load_prompts, mixed_prompts
 from minions.text.prompt import encode_prompt
+
+from .peers.conversations import conversations
 
 COSTS_AT = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 """Draft lengths whose verification is timed; others are interpolated."""
@@ -63,6 +70,8 @@ class Tally:
     accepted: int = 0
     seconds: float = 0.0
     by_request: list[float] = field(default_factory=list)
+    request_seconds: list[float] = field(default_factory=list)
+    """Each request's estimated time, in order (a subset's speedup: `speedup_of`)."""
 
 
 class CostTable:
@@ -104,6 +113,77 @@ def by_confidence_cut(c: dict[str, Candidate], truth: list[int], t: CostTable) -
             if rate > best_rate:
                 best, best_rate = cand.draft[:k], rate
     return best, common_prefix_len(best, truth)
+
+
+class ServedCut:
+    """The served rule (loop._cut_to_worth): each draft cut to its cheapest verification by its chances,
+    scaled by how the request's drafts fared against theirs (ChanceCalibration, scored here against the
+    text at once, as the served request settles them later); of the drafts, the cheapest per token."""
+
+    def __init__(self) -> None:
+        self.calibration = ChanceCalibration()
+
+    def new_request(self) -> None:
+        self.calibration = ChanceCalibration()
+
+    def __call__(self, c: dict[str, Candidate], truth: list[int], t: CostTable) -> tuple[list[int], int]:
+        best, best_logs, best_cost, first = [], [], t(0), None
+        for cand in c.values():
+            if not cand.draft:
+                continue
+            logs = token_log_probs(cand.chances[: len(cand.draft)])
+            n, cost = cheapest_verification(logs, {k: t(k) for k in range(len(logs) + 1)}, self.calibration.factor)
+            first = first or (cand.draft, logs)
+            if n and cost is not None and cost < best_cost:
+                best, best_logs, best_cost = cand.draft[:n], logs[:n], cost
+        accepted = common_prefix_len(best, truth)
+        if best:
+            self.calibration.observe(best_logs, accepted)
+        elif first:  # priced out: scored against the text, as the served request settles it
+            self.calibration.observe(first[1], common_prefix_len(first[0], truth))
+        return best, accepted
+
+
+class NetGain(ServedCut):
+    """The draft and length with the most expected tokens net of their time at `rate` tokens a second,
+    E(k) - rate * t(k) (k = 0: a plain step): the round that adds most to the whole request's rate
+    when the time it saves is spent at `rate` (Dinkelbach's rule for a ratio of sums). `rate`: a plain
+    step's (None), or the request's own so far times `lift`."""
+
+    def __init__(self, lift: float | None = None) -> None:
+        super().__init__()
+        self.lift = lift
+        self.tokens = self.seconds = 0.0
+
+    def new_request(self) -> None:
+        super().new_request()
+        self.tokens = self.seconds = 0.0
+
+    def __call__(self, c: dict[str, Candidate], truth: list[int], t: CostTable) -> tuple[list[int], int]:
+        rate = 1.0 / t(0)
+        if self.lift is not None and self.seconds > 0:
+            rate = max(rate, self.lift * self.tokens / self.seconds)
+        best, best_logs, best_value, first = [], [], 1.0 - rate * t(0), None
+        scale = self.calibration.factor
+        for cand in c.values():
+            if not cand.draft:
+                continue
+            logs = token_log_probs(cand.chances[: len(cand.draft)])
+            first = first or (cand.draft, logs)
+            expected = 1.0
+            for n, alive in enumerate(survival(logs), start=1):
+                expected += min(1.0, scale * alive)
+                value = expected - rate * t(n)
+                if value > best_value:
+                    best, best_logs, best_value = cand.draft[:n], logs[:n], value
+        accepted = common_prefix_len(best, truth)
+        if best:
+            self.calibration.observe(best_logs, accepted)
+        elif first:
+            self.calibration.observe(first[1], common_prefix_len(first[0], truth))
+        self.tokens += min(accepted + 1, len(truth))
+        self.seconds += t(len(best))
+        return best, accepted
 
 
 def oracle(c: dict[str, Candidate], truth: list[int], t: CostTable) -> tuple[list[int], int]:
@@ -165,6 +245,8 @@ def replay(policy: Policy, engines: dict[str, object], requests: list[tuple[list
     for i, (prompt, out) in enumerate(requests):
         rid = f"{name}-{i}"
         pos, seconds = 0, 0.0
+        if hasattr(policy, "new_request"):
+            policy.new_request()
         while pos < len(out):
             seq = prompt + out[:pos]
             candidates = {}
@@ -186,7 +268,13 @@ def replay(policy: Policy, engines: dict[str, object], requests: list[tuple[list
             engine.release(rid)
         tally.seconds += seconds
         tally.by_request.append(len(out) * t(0) / seconds)
+        tally.request_seconds.append(seconds)
     return tally
+
+
+def speedup_of(tally: Tally, requests: list[tuple[list[int], list[int]]], which: list[int], t: CostTable) -> float:
+    """The estimated speedup over the requests at indices `which` alone."""
+    return sum(len(requests[i][1]) for i in which) * t(0) / sum(tally.request_seconds[i] for i in which)
 
 
 def workloads(count: int, copy_count: int, offset: int) -> dict[str, list[str]]:
@@ -195,35 +283,76 @@ def workloads(count: int, copy_count: int, offset: int) -> dict[str, list[str]]:
             "passages": load_prompts("passages", copy_count, offset)}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
-    p.add_argument("--prompts", type=int, default=24, help="chat prompts (mixed sets)")
-    p.add_argument("--copy-prompts", type=int, default=12, help="code_edit and passages prompts each")
-    p.add_argument("--offset", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=ROOT / "bench_results" / "draft_choice.json")
-    args = p.parse_args()
+def conversation_requests(llm, tokenizer, users: list[list[str]], max_tokens: int, keep: int, eos: set[int],
+                          costs: dict[int, list[float]]) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
+    """Every turn of each conversation, in order, each with the LLM's own answers before it in its
+    history (as bench-peers' multi-turn workloads send them), and the indices of the last turns."""
+    requests, last = [], []
+    for turns in users:
+        messages: list[dict] = []
+        for text in turns:
+            messages.append({"role": "user", "content": text})
+            ids = encode_prompt(tokenizer, json.dumps(messages), chat=True)[-keep:]
+            out = reference(llm, ids, max_tokens, eos, costs)
+            requests.append((ids, out))
+            messages.append({"role": "assistant",
+                             "content": tokenizer.decode([x for x in out if x not in eos], skip_special_tokens=True)})
+        last.append(len(requests) - 1)
+    return requests, last
 
+
+def decode_references(args: argparse.Namespace, dep, orch, settings) -> tuple[
+        dict[str, list[tuple[list[int], list[int]]]], list[int], dict[int, list[float]]]:
+    """Each workload's prompts with the LLM's greedy answers, the multi-turn workload's last turns, and
+    the verification timings taken on the way."""
     import llama_cpp
     from transformers import AutoTokenizer
 
-    dep = load_deployment(Path(args.deploy))
-    orch = orchestrator_settings(dep)
-    settings = {m["name"]: engine_settings(m, dep, orch) for m in [dep.llm, *dep.ssms]}
-    lookups = [s for s in settings.values() if s.engine in (EngineKind.NGRAM, EngineKind.SUFFIX)]
-    k = orch.max_num_draft_tokens
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir_for(dep.llm["source"], dep)))
     llm = llama_cpp.Llama(settings[dep.llm["name"]].model_path, n_ctx=orch.max_context, n_threads=args.threads,
                           n_batch=512, logits_all=True, verbose=False)  # a verification computes every row
     eos = {llm.token_eos(), *(t for t in [tokenizer.eos_token_id] if t is not None)}
     costs: dict[int, list[float]] = {}
     requests: dict[str, list[tuple[list[int], list[int]]]] = {}
+    keep = orch.max_context - args.max_tokens - 40
     for workload, prompts in workloads(args.prompts, args.copy_prompts, args.offset).items():
         for text in prompts:
-            ids = encode_prompt(tokenizer, text, chat=True)[-(orch.max_context - args.max_tokens - 40):]
+            ids = encode_prompt(tokenizer, text, chat=True)[-keep:]
             requests.setdefault(workload, []).append((ids, reference(llm, ids, args.max_tokens, eos, costs)))
+    requests["multi_turn_code"], last_turns = conversation_requests(
+        llm, tokenizer, conversations("multi_turn_code", args.conversations, args.offset), args.max_tokens, keep,
+        eos, costs)
+    return requests, last_turns, costs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--deploy", default=str(ROOT / "deploy.yaml"))
+    p.add_argument("--prompts", type=int, default=24, help="chat prompts (mixed sets)")
+    p.add_argument("--copy-prompts", type=int, default=12, help="code_edit and passages prompts each")
+    p.add_argument("--conversations", type=int, default=6, help="multi-turn code conversations (three turns)")
+    p.add_argument("--offset", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=ROOT / "bench_results" / "draft_choice.json")
+    p.add_argument("--replay", type=Path, help="replay the answers and timings an earlier run saved "
+                                               "(<out>.texts.json) instead of decoding them again")
+    args = p.parse_args()
+
+    dep = load_deployment(Path(args.deploy))
+    orch = orchestrator_settings(dep)
+    settings = {m["name"]: engine_settings(m, dep, orch) for m in [dep.llm, *dep.ssms]}
+    lookups = [s for s in settings.values() if s.engine in (EngineKind.NGRAM, EngineKind.SUFFIX)]
+    k = orch.max_num_draft_tokens
+    texts = args.out.with_suffix(".texts.json")
+    if args.replay:
+        saved = json.loads(args.replay.read_text())
+        requests = {w: [(list(a), list(b)) for a, b in reqs] for w, reqs in saved["requests"].items()}
+        costs, last_turns = {int(kk): v for kk, v in saved["costs"].items()}, saved["last_turns"]
+    else:
+        requests, last_turns, costs = decode_references(args, dep, orch, settings)
+        texts.parent.mkdir(parents=True, exist_ok=True)
+        texts.write_text(json.dumps({"requests": requests, "costs": costs, "last_turns": last_turns}))
     t = CostTable(costs)
     print("t(k) ms:", ", ".join(f"{kk}: {t(kk) * 1000:.1f}" for kk in COSTS_AT))
 
@@ -233,6 +362,9 @@ def main() -> None:
         "vote (weights)": lambda: WeightedVote(names),
         "confidence": lambda: by_confidence,
         "confidence + cut": lambda: by_confidence_cut,
+        "served cut (calibrated)": ServedCut,
+        "net gain at a plain step's rate": NetGain,
+        "net gain at the request's rate": lambda: NetGain(lift=1.0),
         "oracle": lambda: oracle,
         "tree (both drafts)": lambda: tree,
     }
@@ -248,6 +380,10 @@ def main() -> None:
             report.setdefault(workload, {})[label] = tally.__dict__ | {"speedup": speedup}
             print(f"| {workload} | {label} | {speedup:.3f}× | {tally.tokens / tally.rounds:.2f} | "
                   f"{tally.accepted / max(1, tally.drafted):.2f} | {tally.verified} |")
+            if workload == "multi_turn_code":
+                last = speedup_of(tally, reqs, last_turns, t)
+                report[workload][label]["last_turn_speedup"] = last
+                print(f"| {workload}, last turn | {label} | {last:.3f}× | | | |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"costs_ms": {kk: t(kk) * 1000 for kk in COSTS_AT}, "report": report}, indent=1))
     print(f"\nwritten {args.out}")
