@@ -5,7 +5,10 @@ SSM alone, whose table shows the default against its best single drafter) and
 llama-server (built once from the llama.cpp that the pinned llama-cpp-python vendors:
 peers/llama_server_build.py) in several configurations: plain on the LLM's GGUF as shipped and as
 the deployment computes with it, and its two speculative modes (a draft model, the deployment's
-llama.cpp SSM; n-gram cache). Per workload (mixed chat sets, code editing, summarisation, one
+llama.cpp SSM; n-gram cache). Two more anchors run plain on the deployment's GGUF: llama-server
+built from the same source with Minions' patches (`off` against it is what the serving layer adds or
+costs, the kernels being the same) and from the newest llama.cpp on the registry; their table sets
+all three beside Minions. Per workload (mixed chat sets, code editing, summarisation, one
 template filled with different records: peers/templated.py; on request, one cell per category of
 chat prompts) and concurrency, every system in turn
 streams the same held-out prompts, greedy, chat template, 96 output tokens at most (EOS ends
@@ -45,7 +48,7 @@ from .peers.conversations import (ConversationCell, Converse, conversations, for
                                   run_conversations)
 from .peers.llama_server import LlamaServer, ServerConfig, chat_completion, conversation_turn
 from .peers.llama_server_build import llama_server, pinned_version
-from .peers.report import format_drafters, format_table, plot, summarize
+from .peers.report import format_anchors, format_drafters, format_table, plot, summarize
 from .peers.templated import templated_prompts
 from .peers.streams import Cell, Request, Sample, run_cell
 
@@ -71,8 +74,12 @@ SPEC_DRAFT_N_MAX = 8
 MINIONS_OFF = "minions off"
 DRAFTED_METRIC = "minions_spec_decode_num_draft_tokens"
 """Draft tokens a Minions server sent its LLM to verify (every SSM's together): Cell.drafted_tokens."""
-SYSTEM_KEYS = ("minions-off", "minions-default", "minions-single", "plain", "draft", "ngram")
-"""`minions-single`: a Minions server per SSM of the deployment, drafting with that SSM alone."""
+SYSTEM_KEYS = ("minions-off", "minions-default", "minions-single", "plain", "patched", "newest", "draft", "ngram")
+"""`minions-single`: a Minions server per SSM of the deployment, drafting with that SSM alone; `patched`
+and `newest`: llama-server plain on the deployment's GGUF built from those anchors (`ANCHOR_KEYS`)."""
+ANCHOR_KEYS = ("patched", "newest")
+"""The llama-server anchors besides the pinned one (peers/llama_server_build.py): built from the patched
+source (what Minions' serving adds or costs over the same kernels) and from the newest llama.cpp."""
 SINGLE = "minions single:"
 """The label prefix of the single-drafter systems (the default's comparison, peers/report.py)."""
 
@@ -143,7 +150,13 @@ def server_configs(dep: Deployment, keys: list[str]) -> tuple[list[ServerConfig]
             "-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(SPEC_DRAFT_N_MAX))))
     if "ngram" in keys:
         configs.append(ServerConfig("llama-server ngram-cache", target, ("--spec-type", "ngram-cache")))
+    configs += [ServerConfig(anchor_label(anchor, dep), target, anchor=anchor) for anchor in ANCHOR_KEYS if anchor in keys]
     return configs, [c.label for c in configs[:len(plain_files)]]
+
+
+def anchor_label(anchor: str, dep: Deployment) -> str:
+    """llama-server plain on the deployment's GGUF, built from `anchor`'s source."""
+    return f"llama-server {anchor} {ggufs.file_type(ggufs.llm_gguf(dep))}"
 
 
 def _exit_on_sigterm(signum: int, frame) -> None:
@@ -249,8 +262,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     dep = load_deployment(args.deploy)
     orchestrator = OrchestratorSettings.from_yaml(dep.orchestrator)
-    binary = llama_server()
     configs, plain = server_configs(dep, args.systems)
+    binaries = {anchor: llama_server(anchor=anchor) for anchor in dict.fromkeys(c.anchor for c in configs)}
     reference_label = f"llama-server {ggufs.file_type(ggufs.llm_gguf(dep))}"
     parallel = max(args.streams)
     systems: dict[str, Request] = {}
@@ -276,7 +289,8 @@ def main() -> None:
             conversers[label] = minions_converse(triton.grpc_url, orchestrator.model_name, speculation,
                                                  args.max_tokens)
         for config in configs:
-            server = stack.enter_context(LlamaServer(binary, config, args.threads, parallel, orchestrator.max_context,
+            server = stack.enter_context(LlamaServer(binaries[config.anchor], config, args.threads, parallel,
+                                                     orchestrator.max_context,
                                                      out / f"{config.label.replace(' ', '_')}.log"))
             systems[config.label] = llama_request(server.url, args.max_tokens)
             conversers[config.label] = llama_converse(server.url, args.max_tokens)
@@ -286,11 +300,15 @@ def main() -> None:
             run_cell(name, "warm-up", request, warm_up_prompts(2), 2)
         cells = run_single_turn([w for w in args.workloads if w not in MULTI_TURN], args, systems, sessions, drafted)
         # Multi-turn: Minions' modes and llama-server plain on the file the deployment computes with.
-        turn_systems = {default_label, MINIONS_OFF, reference_label}
+        anchors = [anchor_label(a, dep) for a in ANCHOR_KEYS if a in args.systems]
+        turn_systems = {default_label, MINIONS_OFF, reference_label, *anchors}
         turn_cells = run_multi_turn([w for w in args.workloads if w in MULTI_TURN], args,
                                     {n: c for n, c in conversers.items() if n in turn_systems}, sessions)
     rows, winner = summarize(cells, plain, MINIONS_OFF)
     text = format_table(rows, winner, MINIONS_OFF) if cells else ""
+    anchor_labels = {"pinned": reference_label, **{a: anchor_label(a, dep) for a in ANCHOR_KEYS if a in args.systems}}
+    if len(anchor_labels) > 1 and rows:
+        text += "\n\n" + format_anchors(rows, default_label, MINIONS_OFF, anchor_labels)
     if any(r["system"].startswith(SINGLE) for r in rows):
         text += "\n\n" + format_drafters(rows, default_label, SINGLE)
     turn_rows = [r for cell in turn_cells for r in cell.rows()]
@@ -301,7 +319,8 @@ def main() -> None:
     print(text)
     (out / "peers.md").write_text(text + "\n")
     meta = {"deploy": str(dep.path), "llm": dep.llm, "default_speculation": orchestrator.default_speculation,
-            "llama_cpp_python": pinned_version(), "llama_server_commands": commands, "max_tokens": args.max_tokens,
+            "llama_cpp_python": pinned_version(), "llama_server_commands": commands,
+            "llama_server_sources": {a: str(b.parents[2]) for a, b in binaries.items()}, "max_tokens": args.max_tokens,
             "streams": args.streams, "prompts": {"chat": args.prompts, "copy_heavy": args.copy_prompts},
             "held_out_from": HELD_OUT}
     outputs = [{"system": c.system, "workload": c.workload, "streams": c.streams,

@@ -30,6 +30,8 @@ class ServerConfig:
     label: str
     model: Path
     extra: tuple[str, ...] = ()
+    anchor: str = "pinned"
+    """Which llama.cpp source the server is built from (llama_server_build.ANCHORS)."""
 
 
 class LlamaServer:

