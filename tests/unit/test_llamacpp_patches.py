@@ -74,9 +74,9 @@ def pinned_sdist() -> tuple[str, str]:
     return archive, hashes[archive]
 
 
-def patched_source(folder: Path) -> Path:
-    """The pinned sdist (its hash checked) extracted into `folder` with every patch applied as install.sh
-    applies them, each without fuzz or offset; skips where `make venv` has not left the sdist."""
+def pristine_source(folder: Path) -> Path:
+    """The pinned sdist (its hash checked) extracted into `folder`; skips where `make venv` has not left
+    the sdist."""
     archive, sha256 = pinned_sdist()
     path = SDIST_CACHE / archive
     if not path.is_file():
@@ -84,7 +84,12 @@ def patched_source(folder: Path) -> Path:
     assert hashlib.sha256(path.read_bytes()).hexdigest() == sha256
     with tarfile.open(path) as tar:
         tar.extractall(folder)  # the pinned sdist, its hash checked above
-    source = folder / archive.removesuffix(".tar.gz")
+    return folder / archive.removesuffix(".tar.gz")
+
+
+def patched_source(folder: Path) -> Path:
+    """`pristine_source` with every patch applied as install.sh applies them, each without fuzz or offset."""
+    source = pristine_source(folder)
     for patch in sorted(PATCHES.glob("*.patch")):
         applied = subprocess.run(["patch", "-p1", "--forward", "--fuzz=0", "-d", str(source), "-i", str(patch)],
                                  capture_output=True, text=True)
@@ -96,6 +101,22 @@ def test_the_sdist_install_sh_builds_is_pinned_and_every_patch_applies_without_f
     """install.sh refuses another sdist than the pinned one and applies the patches with --fuzz=0;
     `make venv` leaves the sdist in .cache/llama-cpp-python, where this checks both."""
     assert (patched_source(tmp_path) / "vendor" / "llama.cpp").is_dir()
+
+
+def test_the_rebase_check_applies_every_patch_in_order_and_takes_a_rebased_one_where_given(tmp_path):
+    """rebase-check.sh, the first step onto a newer llama.cpp: on the pinned source every patch applies;
+    a patch in the rebased folder is taken instead of the folder's own, and one that does not apply
+    fails the check by name."""
+    tree = pristine_source(tmp_path / "src") / "vendor" / "llama.cpp"
+    check = PATCHES / "rebase-check.sh"
+    ok = subprocess.run([str(check), str(tree)], capture_output=True, text=True)
+    names = sorted(p.name for p in PATCHES.glob("*.patch"))
+    assert ok.returncode == 0 and ok.stdout.split() == [w for n in names for w in ("applies:", n)], ok.stdout
+    rebased = tmp_path / "rebased"
+    rebased.mkdir()
+    (rebased / names[2]).write_text((PATCHES / names[2]).read_text().replace("ggml_cpu_minions_patches", "elsewhere"))
+    bad = subprocess.run([str(check), str(tree), str(rebased)], capture_output=True, text=True)
+    assert bad.returncode == 1 and f"FAILS:   {names[2]} (rebased)" in bad.stdout, bad.stdout
 
 
 def compile_x86_quants(source: Path) -> subprocess.CompletedProcess:
