@@ -1,15 +1,15 @@
 """A model served by Triton's own `tensorrtllm` backend: its config.pbtxt and its engine build's settings,
-on the same machinery as every other model's (settings.py)."""
+on the same machinery as every other model's (settings_fields.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minions.settings import _Settings, derived, ranged
+from minions.settings_fields import Settings, derived, ranged
 
 
 @dataclass(frozen=True)
-class TrtllmSettings(_Settings):
+class TrtllmSettings(Settings):
     """One model served by Triton's `tensorrtllm` backend (deploy.yaml `engine: tensorrtllm`): what its
     config.pbtxt says and what its engine is built with (minions.deploy.trtllm_build), from one place."""
 

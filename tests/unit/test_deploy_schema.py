@@ -14,7 +14,8 @@ import yaml
 
 from minions.deploy import schema
 from minions.deploy.config import ROOT, DeploymentError, load_deployment
-from minions.settings import EngineSettings, OrchestratorSettings, ranged
+from minions.settings import EngineSettings, OrchestratorSettings
+from minions.settings_fields import ranged
 from minions.trtllm_settings import TrtllmSettings
 
 SHIPPED = sorted(ROOT.glob("deploy*.yaml"))

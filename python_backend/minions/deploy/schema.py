@@ -17,7 +17,8 @@ from enum import StrEnum
 from typing import Any
 
 from minions.errors import InvalidRequest
-from minions.settings import DERIVED, RANGE, EngineKind, EngineSettings, OrchestratorSettings
+from minions.settings import EngineKind, EngineSettings, OrchestratorSettings
+from minions.settings_fields import DERIVED, RANGE
 from minions.trtllm_settings import TrtllmSettings
 from minions.speculation.mode import Speculation, SpeculationMode
 

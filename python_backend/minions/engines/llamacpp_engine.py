@@ -4,12 +4,11 @@ decoder, or a cheap self-draft.
 One llama.cpp context holds up to `max_sequences` sequences (a sequence id each, in one unified KV
 buffer or, with `kv_unified` false, a stream of cells each); a request keeps its slot while it lives.
 Each call rewinds the slot to the longest common prefix of what it holds and what it is sent and
-evaluates only the rest. Across requests the slots are a prefix cache (prefix_cache.py): a finished
-request's KV cells are copied to host memory and cleared (`prefix_cache_ram_mib`; with 0 its slot
-stays as an idle prefix instead, which slows every step of the others), and a new request shares the
-KV cells of the longest common prefix of any live slot (`seq_cp` on the unified buffer shares cells;
-across streams they are copied through host memory) or copies back the longest stored one, so a
-re-sent conversation or file is not prefilled again.
+evaluates only the rest. Across requests the slots are a prefix cache (prefix_cache.py keeps the books,
+llamacpp_cells.py moves the cells): a finished request's KV cells are copied to host memory and cleared
+(`prefix_cache_ram_mib`; with 0 its slot stays as an idle prefix instead, which slows every step of the
+others), and a new request starts with the cells of the longest cached prefix, so a re-sent
+conversation or file is not prefilled again.
 
 Calls are batched in flight: each llama.cpp decode step carries the pending tokens of every call in
 progress: one token of each generation, and the uncached tail plus the whole draft of each
@@ -25,7 +24,6 @@ docs/engines.md measures what a token costs at 1, 8 and 16 sequences.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,8 +35,9 @@ from minions.decoding.verification import verify_draft
 from minions.engines.api import WARM_UP_TOKENS, BatchStats
 from minions.engines.batched_calls import BatchedCalls
 from minions.engines.inflight_batching import InflightBatcher
+from minions.engines.llamacpp_cells import SlotCells
 from minions.engines.llamacpp_setup import context_params, model_params, require_batch_invariance
-from minions.engines.prefix_cache import PrefixCache, SlotChoice
+from minions.engines.prefix_cache import PrefixCache
 from minions.engines.sequence_cache import CachedSequence
 from minions.engines.step_lock import StepLock, step_slots
 from minions.errors import InvalidRequest
@@ -92,9 +91,10 @@ class LlamaCppEngine(BatchedCalls):
         """`step_lock_path`: a file every instance of the model shares (step_lock.py), so that a reload's
         old and new instance take turns step by step instead of computing at once."""
         self.step_lock = StepLock(step_lock_path, step_slots(num_threads)) if step_lock_path else None
-        self.stepper = LlamaCppStepper(model_path, num_threads, max_sequences, n_ctx, draft_min_prob, n_batch,
-                                       prefix_caching, int(prefix_cache_ram_mib * 2**20), kv_unified,
-                                       batch_invariant, self.step_lock)
+        self.stepper = LlamaCppStepper(model_path, num_threads=num_threads, max_sequences=max_sequences, n_ctx=n_ctx,
+                                       draft_min_prob=draft_min_prob, n_batch=n_batch, prefix_caching=prefix_caching,
+                                       stored_bytes=int(prefix_cache_ram_mib * 2**20), kv_unified=kv_unified,
+                                       batch_invariant=batch_invariant, step_lock=self.step_lock)
         self.cache = self.stepper.slots.live
         self.stats = self.stepper.stats  # passes = llama.cpp decode calls
         self.prefix_stats = self.stepper.slots.stats
@@ -118,7 +118,7 @@ class LlamaCppEngine(BatchedCalls):
 class LlamaCppStepper:
     """One llama.cpp context and the decode steps over it; used from the batcher's thread only."""
 
-    def __init__(self, model_path: str, num_threads: int, max_sequences: int, n_ctx: int,
+    def __init__(self, model_path: str, *, num_threads: int, max_sequences: int, n_ctx: int,
                  draft_min_prob: float, n_batch: int, prefix_caching: bool, stored_bytes: int = 0,
                  kv_unified: bool = True, batch_invariant: bool = False, step_lock: StepLock | None = None) -> None:
         from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
@@ -140,6 +140,7 @@ class LlamaCppStepper:
         self._model = LlamaModel(path_model=model_path, params=model_params(batch_invariant), verbose=False)
         self._ctx = LlamaContext(model=self._model, verbose=False, params=context_params(
             max_sequences, n_ctx, n_batch, num_threads, kv_unified, batch_invariant))
+        self.cells = SlotCells(self._ctx, self.slots, kv_unified)
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = self._model.n_vocab()
         self.stats = BatchStats()  # passes = llama.cpp decode calls
@@ -152,9 +153,9 @@ class LlamaCppStepper:
         if total > self.n_ctx:
             raise InvalidRequest(f"sequence of {total} tokens exceeds the context of {self.n_ctx}")
         sequence = list(request.input_ids)
-        entry = self._slot_for(request, sequence)
+        entry = self.cells.slot_for(request, sequence, busy=self._stepping)
         keep = min(common_prefix_len(entry.tokens, sequence), len(sequence) - 1)
-        self._ctx.kv_cache_seq_rm(entry.state, keep, -1)
+        self.cells.trim(entry.state, keep)
         entry.tokens = sequence[:keep]
         self._stepping.add(request.request_id)  # last: a start that raised leaves no pinned slot
         return _Job(request, entry, sequence, sequence[keep:] + draft, request_randomness(request.seed), draft,
@@ -164,7 +165,7 @@ class LlamaCppStepper:
         """One decode step: every job's pending tokens in, long prompts in chunks (`_takes`); which jobs
         are finished. A job whose prompt is not all in yet waits for a later step."""
         if not self.kv_unified:
-            self._close_gaps(jobs)
+            self.cells.close_gaps(job.entry for job in jobs)
         rows = self._decode(jobs, self._takes(jobs))
         return [not job.pending and self._absorb(job, row) for job, row in zip(jobs, rows)]
 
@@ -194,15 +195,12 @@ class LlamaCppStepper:
     def release(self, request_id: str) -> None:
         """The request is done: its cells go to host memory (or its slot stays as an idle prefix)."""
         self._stepping.discard(request_id)
-        slot, tokens = self.slots.finish(request_id)
-        if slot is not None and tokens:
-            self._store(slot, tokens)
-        self._clear(slot)
+        self.cells.finish(request_id)
 
     def drop(self, request_id: str) -> None:
         """Forget a sequence whose cells are unknown after a failed step: its slot is cleared."""
         self._stepping.discard(request_id)
-        self._clear(self.slots.drop(request_id))
+        self.cells.drop(request_id)
 
     # -- internals ---------------------------------------------------------------------------------
     def warm_up(self, tokens: int = WARM_UP_TOKENS) -> None:
@@ -226,20 +224,6 @@ class LlamaCppStepper:
         llama.cpp decode of this context goes through here."""
         with self._step_lock:
             self._ctx.decode(self._batch)
-
-    def _close_gaps(self, jobs: list[_Job]) -> None:
-        """With a KV stream per slot, llama.cpp runs a step in one ubatch per run of consecutive slots,
-        so a free slot among the step's (a sequence ended, no new one took its place) costs every later
-        step an extra ubatch (docs/engines.md). So the highest-placed jobs move down into free slots
-        below them, their cells copied through host memory once."""
-        for job in sorted(jobs, key=lambda j: j.entry.state, reverse=True):
-            slot = self.slots.gap_below(job.entry.state)
-            if slot is None:
-                return
-            if not self._copy(job.entry.state, slot):  # no cells yet, or no room: it stays where it is
-                self._clear(slot)
-                return
-            self._clear(self.slots.move(job.entry, slot))
 
     def _takes(self, jobs: list[_Job]) -> list[int]:
         """How many of each job's pending tokens this step evaluates. Every job's logit positions (its
@@ -317,7 +301,7 @@ class LlamaCppStepper:
             job.error = InvalidRequest(str(exc))
             return True
         keep = len(request.input_ids) + verdict.num_accepted
-        self._ctx.kv_cache_seq_rm(job.entry.state, keep, -1)
+        self.cells.trim(job.entry.state, keep)
         job.entry.tokens = job.entry.tokens[:keep]
         job.tokens = verdict.tokens
         job.log_probs = request.log_probs(logits, verdict.tokens) or []
@@ -330,67 +314,3 @@ class LlamaCppStepper:
             return False
         shifted = np.exp(logits - logits[token])  # logits[token] is the max when greedy
         return 1.0 / float(shifted.sum()) < self.draft_min_prob
-
-    def _slot_for(self, request: EngineRequest, sequence: list[int]) -> CachedSequence[int]:
-        """The request's slot; a new request's starts with the KV cells of the longest cached prefix."""
-        entry = self.slots.live.get(request.request_id)
-        if entry is not None:
-            return entry
-        # The batcher starts at most max_sequences calls at once, so a slot is always found.
-        entry, choice = self.slots.place(request.request_id, sequence, busy=self._stepping,
-                                         share=request.shares_prefix)
-        self._clear(choice.evicted)
-        if not self._share(choice):  # no room for its cells: computed from scratch
-            entry.tokens = []
-            self._clear(choice.slot)
-            return entry
-        self._ctx.kv_cache_seq_rm(choice.slot, choice.shared, -1)
-        return entry
-
-    def _share(self, choice: SlotChoice) -> bool:
-        """Put the shared prefix's cells in the chosen slot: restored from host memory, shared with a live
-        or idle donor in the unified buffer, or copied from it across streams. False: no room for them."""
-        if choice.restore is not None:
-            return self._restore(choice.slot, choice.restore)
-        if choice.donor is None or choice.donor == choice.slot:
-            return True
-        if self.kv_unified:
-            self._ctx.kv_cache_seq_cp(choice.donor, choice.slot, 0, choice.shared)
-            return True
-        return self._copy(choice.donor, choice.slot)
-
-    def _copy(self, donor: int, slot: int) -> bool:
-        """Copy a live sequence's cells into another stream now, through host memory. llama.cpp's own
-        `seq_cp` across streams only queues the copy for the next decode, by when a slot freed meanwhile
-        may hold other cells (a restored prefix), which the copy would then carry over or overwrite."""
-        blob = self._blob(donor)
-        return blob is not None and self._restore(slot, blob[0])
-
-    def _store(self, slot: int, tokens: list[int]) -> None:
-        """Copy a finished sequence's KV cells to host memory, for the prefix cache to keep."""
-        blob = self._blob(slot, self.slots.stored_bytes)
-        if blob is not None:
-            self.slots.store(tokens, *blob)
-
-    def _blob(self, slot: int, limit: int | None = None) -> tuple[ctypes.Array, int] | None:
-        """A slot's KV cells in host memory and their size (None: none, or more than `limit` bytes)."""
-        import llama_cpp
-
-        ctx = self._ctx.ctx
-        size = llama_cpp.llama_state_seq_get_size(ctx, slot)
-        if not size or (limit is not None and size > limit):
-            return None
-        blob = (ctypes.c_uint8 * size)()
-        written = llama_cpp.llama_state_seq_get_data(ctx, blob, size, slot)
-        return (blob, written) if written else None
-
-    def _restore(self, slot: int, blob) -> bool:
-        """Copy stored KV cells into an empty slot; False when the KV buffer had no room for them."""
-        import llama_cpp
-
-        return llama_cpp.llama_state_seq_set_data(self._ctx.ctx, blob, ctypes.sizeof(blob), slot) > 0
-
-    def _clear(self, slot: int | None) -> None:
-        """Remove every KV cell of a slot the bookkeeping freed or evicted (None: nothing to clear)."""
-        if slot is not None:
-            self._ctx.kv_cache_seq_rm(slot, -1, -1)

@@ -22,7 +22,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, field
 
 from minions.decoding.engine_call import EngineClient, EngineRequest, EngineResult
 from minions.decoding.tokens import common_prefix_len
@@ -30,6 +29,7 @@ from minions.speculation.decode_request import DecodeRequest
 from minions.speculation.draft_length import ChanceCalibration, DraftLengthSelector, cheapest_verification
 from minions.speculation.drafters import Proposal
 from minions.speculation.pipelining import DraftSource
+from minions.speculation.progress import Progress
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
 from minions.speculation.rounds import Round
 from minions.speculation.services import Services
@@ -68,7 +68,7 @@ class _Decode:
 
     def __init__(self, client: EngineClient, request: DecodeRequest, services: Services, request_id: str) -> None:
         self.client, self.request, self.services, self.request_id = client, request, services, request_id
-        self.progress = _Progress(list(request.prompt_ids), request.max_new_tokens, request.end_id)
+        self.progress = Progress(list(request.prompt_ids), request.max_new_tokens, request.end_id)
         self.drafter = services.drafter(request)
         self.length = services.draft_length(request, drafting=self.drafter is not None, request_id=request_id)
         # Drafts are cut by their chances only when the length is adaptive: a request that fixed its
@@ -289,40 +289,6 @@ class _Decode:
             await self.source.close()
         ssms = self.drafter.ssms if self.drafter else ()
         await asyncio.gather(llm, *(self.client.release(m, self.request_id) for m in ssms))
-
-
-@dataclass
-class _Progress:
-    """What a request has produced so far, advanced by every round, verified or streamed."""
-
-    sequence: list[int]
-    """The prompt and every token emitted: what the LLM continues."""
-    max_new_tokens: int
-    end_id: int | None
-    produced: int = 0
-    index: int = 0
-    """Rounds so far."""
-    emitted: list[int] = field(default_factory=list)
-    """The last round's tokens."""
-    ended: bool = False
-    """end_id was emitted."""
-
-    @property
-    def remaining(self) -> int:
-        return self.max_new_tokens - self.produced
-
-    @property
-    def finished(self) -> bool:
-        return self.ended or self.produced >= self.max_new_tokens
-
-    def advance(self, tokens: list[int]) -> bool:
-        """Add one round's tokens; True once max_new_tokens or end_id is reached (no round follows)."""
-        self.emitted = tokens
-        self.sequence += tokens
-        self.produced += len(tokens)
-        self.index += 1
-        self.ended = self.end_id is not None and self.end_id in tokens
-        return self.finished
 
 
 def _cached(call: EngineRequest, result: EngineResult) -> int:

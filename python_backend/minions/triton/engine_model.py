@@ -12,14 +12,10 @@ models answer their whole dynamic batch from `execute`."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import queue
-import threading
 import time
 import uuid
-from collections.abc import Callable
 
 import triton_python_backend_utils as pb_utils
 
@@ -29,12 +25,11 @@ from minions.engines.factory import build_engine
 from minions.engines.step_lock import step_lock_path
 from minions.engines.tensors import CallTimes, encode_engine_outputs, parse_engine_inputs
 from minions.errors import InvalidRequest
-from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
 from minions.settings import EngineSettings
 
-from .common import (CANCEL_CHECK_INTERVAL_S, error, input_arrays, model_config, release_metrics, setup_logging,
-                     string_parameters)
+from .common import error, input_arrays, model_config, release_metrics, setup_logging, string_parameters
 from .metrics import EngineGauges
+from .outbox import Outbox
 
 log = logging.getLogger("minions.engine")
 
@@ -52,7 +47,7 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"{self.name}: engine {settings.engine!r} cannot serve "
                                                 "a decoupled model (it has no in-flight batching)")
         self.gauges = EngineGauges(self.name, self.engine)
-        self.outbox = _Outbox(self.name, self.gauges.observe)
+        self.outbox = Outbox(self.name, self.gauges.observe)
         log.info("%s: %s engine ready in %.1f s%s", self.name, settings.engine, time.perf_counter() - start,
                  " (decoupled, in-flight batching)" if self.decoupled else "")
 
@@ -81,7 +76,7 @@ class TritonPythonModel:
             if ends:  # a whole request: its sequence ends (kept as a prefix where the engine caches them)
                 for r in engine_requests:
                     self.engine.release(r.request_id)
-            responses[i] = self._respond(request, engine_requests, mine, CallTimes(arrival, done, done))
+            responses[i] = self.respond(request, engine_requests, mine, CallTimes(arrival, done, done))
         self.outbox.changed()
         return responses
 
@@ -103,7 +98,7 @@ class TritonPythonModel:
                 continue
             if not engine_requests:  # nothing to compute (an empty batch dimension): answer at once
                 now = time.time_ns()
-                sender.send(self._respond(request, [], [], CallTimes(now, now, now)),
+                sender.send(self.respond(request, [], [], CallTimes(now, now, now)),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             for r in engine_requests:  # a whole request: the engine ends its sequence with its last answer
@@ -154,7 +149,7 @@ class TritonPythonModel:
                 results.append(exc)
         return results
 
-    def _respond(self, request, engine_requests: list, results: list, times: CallTimes):
+    def respond(self, request, engine_requests: list, results: list, times: CallTimes):
         failure = next((r for r in results if isinstance(r, Exception)), None)
         if isinstance(failure, InvalidRequest):
             return pb_utils.InferenceResponse(error=error(str(failure), pb_utils.TritonError.INVALID_ARG))
@@ -176,104 +171,6 @@ class TritonPythonModel:
         self.outbox.close()  # after the engine: its last answers go out first
         release_metrics(self.gauges)
         log.info("%s: unloaded", self.name)
-
-
-class _Outbox:
-    """Sends an in-flight engine's responses from a thread of its own, in the order they are queued, so
-    that the engine's thread goes back to stepping at once instead of building and handing each
-    response to Triton between two decode steps (a streamed token each step). It also exports the
-    engine's gauges (`observe`): every METRICS_FLUSH_INTERVAL_S while it sends, and once when it falls
-    quiet. And it asks Triton every CANCEL_CHECK_INTERVAL_S whether the client of a request under way
-    has gone (a gRPC stream closed, a dead orchestrator's among them): that request's calls then end
-    (`_Collector.cancel`) instead of decoding on for no one and holding the model's unload.
-    A model that answers from `execute` (not decoupled) uses it for the gauges alone (`changed`): a
-    lookup drafter's call is a fraction of a millisecond of work, which exporting its changed gauges
-    from `execute` (a round trip to tritonserver each) would multiply."""
-
-    def __init__(self, name: str, observe: Callable[[], None]) -> None:
-        self._observe = observe
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._live: set[_Collector] = set()
-        """Requests not answered FINAL yet (the outbox's thread only)."""
-        self._thread = threading.Thread(target=self._loop, name=f"{name}-outbox", daemon=True)
-        self._thread.start()
-
-    def put(self, send: Callable[[], None]) -> None:
-        self._queue.put(send)
-
-    def watch(self, collector: _Collector) -> None:
-        """Ask about `collector`'s request until it is answered; called before its calls are submitted,
-        so queued before any of their answers."""
-        self._queue.put(_Watch(collector))
-
-    def changed(self) -> None:
-        """The engine's state changed outside a response sent here (a batch answered from `execute`):
-        its gauges are exported as after a response."""
-        self._queue.put(_CHANGED)
-
-    def answered(self, collector: _Collector) -> None:
-        """On the outbox's thread: `collector` sent its FINAL response."""
-        self._live.discard(collector)
-
-    def close(self) -> None:
-        """Send what is queued, then stop."""
-        self._queue.put(None)
-        self._thread.join()
-
-    def _loop(self) -> None:
-        observed_at = sent_at = checked_at = 0.0
-        pending = False  # responses went out since the gauges were exported
-        while True:
-            now = time.monotonic()
-            due = [t for t, wanted in ((sent_at + METRICS_FLUSH_INTERVAL_S, pending),
-                                       (checked_at + CANCEL_CHECK_INTERVAL_S, bool(self._live))) if wanted]
-            try:
-                item = self._queue.get(timeout=max(0.0, min(due) - now) if due else None)
-            except queue.Empty:
-                item = _QUIET
-            if item is None:
-                return
-            now = time.monotonic()
-            if isinstance(item, _Watch):
-                self._live.add(item.collector)
-            elif item is not _QUIET:
-                if item is not _CHANGED:
-                    _logged(item, "sending a response")  # a closed stream must not stop the others' responses
-                pending, sent_at = True, now
-            if self._live and now - checked_at >= CANCEL_CHECK_INTERVAL_S:
-                _logged(self._end_cancelled, "asking Triton whether clients cancelled")
-                checked_at = now
-            if pending and (now - sent_at >= METRICS_FLUSH_INTERVAL_S or now - observed_at >= METRICS_FLUSH_INTERVAL_S):
-                _logged(self._observe, "exporting the engine's gauges")
-                observed_at, pending = now, False
-
-    def _end_cancelled(self) -> None:
-        """Cancel the requests whose client has gone; one question to Triton per request under way for
-        longer than the check interval (a draft or a verification is usually answered sooner)."""
-        old = time.time_ns() - int(CANCEL_CHECK_INTERVAL_S * 1e9)
-        for collector in list(self._live):
-            if not collector.cancelled and collector.arrival_ns <= old and collector.sender.is_cancelled():
-                collector.cancel()
-
-
-@dataclasses.dataclass(frozen=True)
-class _Watch:
-    """What the outbox's loop gets to start asking about a request."""
-
-    collector: _Collector
-
-
-_QUIET = object()
-"""What the outbox's loop gets when nothing was queued before its next flush or check was due."""
-_CHANGED = object()
-"""Queued by `_Outbox.changed`."""
-
-
-def _logged(call: Callable[[], None], what: str) -> None:
-    try:
-        call()
-    except Exception:
-        log.exception("%s failed", what)
 
 
 class _Collector:
@@ -312,7 +209,7 @@ class _Collector:
         times = CallTimes(self.arrival_ns, self.first_token_ns, now, tuple(self.generated))
         if isinstance(result, EngineResult) and not result.final:
             if not self.cancelled:
-                self.sender.send(self.model._respond(self.request, self.engine_requests, [result], times))
+                self.sender.send(self.model.respond(self.request, self.engine_requests, [result], times))
             return
         self.results[i] = result
         self.missing -= 1
@@ -322,6 +219,6 @@ class _Collector:
         if self.cancelled:
             self.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
-        response = self.model._respond(self.request, self.engine_requests, self.results, times)
+        response = self.model.respond(self.request, self.engine_requests, self.results, times)
         self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
