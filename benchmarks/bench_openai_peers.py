@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -90,15 +91,17 @@ def mean_row(runs: list[dict]) -> dict:
     return mean
 
 
-def repeated_cells(args: argparse.Namespace, users: int, out: Path) -> list[dict]:
+def repeated_cells(args: argparse.Namespace, users: int, out: Path,
+                   run: Callable[..., dict] | None = None) -> list[dict]:
     """Every system `args.repeats` times at this user count, in alternating order, each run on a fresh
-    server: one mean row per system (a single run's row as it is)."""
+    server (`run`: `run_cell`'s signature and answer): one mean row per system (a single run's row as it is)."""
+    run = run or run_cell
     runs: dict[str, list[dict]] = {system: [] for system in args.systems}
     for repeat in range(args.repeats):
         order = args.systems if repeat % 2 == 0 else args.systems[::-1]
         cell_out = out / f"repeat{repeat + 1}" if args.repeats > 1 else out
         for system in order:
-            runs[system].append(row(system, users, run_cell(args, system, users, cell_out)))
+            runs[system].append(row(system, users, run(args, system, users, cell_out)))
     return [mean_row(runs[system]) if args.repeats > 1 else runs[system][0] for system in args.systems]
 
 

@@ -183,15 +183,22 @@ def slice_bounds(count: int, streams: int, slices: int) -> list[tuple[int, int]]
 
 def run_single_turn(workloads: list[str], args: argparse.Namespace, systems: dict[str, Request],
                     sessions: set[int], drafted: dict[str, Callable[[], float]]) -> list[Cell]:
-    """Each cell through every system. With --slices, the systems take turns slice by slice, in an
-    order reversed every slice (A B, B A, ...), so that a machine whose speed drifts over minutes
-    weighs on every system alike; a system's cell is its slices together. `drafted`: for the systems
-    that say, their running count of draft tokens verified (Cell.drafted_tokens)."""
+    """Each cell of the workloads (`single_turn_cells`) through every system (`run_cells`)."""
+    return run_cells([cell for w in workloads for cell in single_turn_cells(w, args)], args.slices, systems,
+                     sessions, drafted)
+
+
+def run_cells(cells_to_run: list[tuple[str, int, list[str]]], slices: int, systems: dict[str, Request],
+              sessions: set[int], drafted: dict[str, Callable[[], float]]) -> list[Cell]:
+    """Each (workload, streams, prompts) through every system. With `slices` > 1, the systems take turns
+    slice by slice, in an order reversed every slice (A B, B A, ...), so that a machine whose speed
+    drifts over minutes weighs on every system alike; a system's cell is its slices together.
+    `drafted`: for the systems that say, their running count of draft tokens verified (Cell.drafted_tokens)."""
     cells = []
-    for workload, streams, prompts in [cell for w in workloads for cell in single_turn_cells(w, args)]:
+    for workload, streams, prompts in cells_to_run:
         here = {name: Cell(name, workload, streams) for name in systems}
         foreign_core_s = dict.fromkeys(systems, 0.0)
-        for j, (a, b) in enumerate(slice_bounds(len(prompts), streams, args.slices)):
+        for j, (a, b) in enumerate(slice_bounds(len(prompts), streams, slices)):
             for name in (list(systems) if j % 2 == 0 else list(systems)[::-1]):
                 before = here[name].wall_s
                 count = drafted[name]() if name in drafted else None

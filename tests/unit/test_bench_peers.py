@@ -203,13 +203,12 @@ def test_a_cell_reports_its_slowest_first_tokens_as_well_as_its_median():
     assert row["ttft_p50_ms"] == pytest.approx(100) and row["ttft_p99_ms"] == pytest.approx(1943)
 
 
-def test_with_slices_the_systems_take_turns_and_each_cell_holds_all_its_prompts(monkeypatch):
+def test_with_slices_the_systems_take_turns_and_each_cell_holds_all_its_prompts():
     """--slices 4 on 8 prompts at one stream: slices of 2, the systems in the order A B, B A, A B, B A;
     each system's cell has every prompt under its own index, the slices' wall time together, and the
     draft tokens its server counted during its own slices only (B's server counts too, but never
     says)."""
     prompts = [f"p{i}" for i in range(8)]
-    monkeypatch.setattr(bench_peers, "single_turn_cells", lambda workload, args: [(workload, 1, prompts)])
     calls: list[tuple[str, str]] = []
     counted = {"A": 0.0, "B": 0.0}
 
@@ -220,9 +219,8 @@ def test_with_slices_the_systems_take_turns_and_each_cell_holds_all_its_prompts(
             return Sample(f"{name}:{prompt}", 3, 0.01, 0.02)
         return request
 
-    cells = bench_peers.run_single_turn(["chat"], argparse.Namespace(slices=4),
-                                        {"A": system("A", 5.0), "B": system("B", 7.0)}, set(),
-                                        {"A": lambda: counted["A"]})
+    cells = bench_peers.run_cells([("chat", 1, prompts)], 4, {"A": system("A", 5.0), "B": system("B", 7.0)}, set(),
+                                  {"A": lambda: counted["A"]})
     firsts = [calls[i][0] for i in range(0, len(calls), 2)]
     assert firsts == ["A", "B", "B", "A", "A", "B", "B", "A"], calls
     for cell in cells:
@@ -252,7 +250,7 @@ def test_the_openai_table_compares_with_llama_server_whatever_order_the_systems_
     assert "tok_s_ratio" not in with_ratios([row("minions-off", 1, summary(90.0, 80.0))])[0]
 
 
-def test_repeated_openai_cells_alternate_the_systems_order_and_average_their_runs(monkeypatch, tmp_path):
+def test_repeated_openai_cells_alternate_the_systems_order_and_average_their_runs(tmp_path):
     import argparse
 
     from benchmarks import bench_openai_peers as bench
@@ -265,9 +263,8 @@ def test_repeated_openai_cells_alternate_the_systems_order_and_average_their_run
         return {"succeeded": 10, "failed": 0, "output_tokens_per_s": next(speeds),
                 "ttft_ms": {"p50": 50.0, "p99": 90.0}, "itl_ms": {"p50": 5.0}, "foreign_cores": 0.01}
 
-    monkeypatch.setattr(bench, "run_cell", run_cell)
     args = argparse.Namespace(systems=["llama-server", "minions-off"], repeats=2)
-    rows = bench.with_ratios(bench.repeated_cells(args, 1, tmp_path))
+    rows = bench.with_ratios(bench.repeated_cells(args, 1, tmp_path, run=run_cell))
     assert ran == [("llama-server", "repeat1"), ("minions-off", "repeat1"), ("minions-off", "repeat2"),
                    ("llama-server", "repeat2")]
     llama, off = rows
@@ -275,7 +272,7 @@ def test_repeated_openai_cells_alternate_the_systems_order_and_average_their_run
     assert llama["requests"] == 20
     assert off["tok_s"] == pytest.approx(85.0) and off["tok_s_ratio"] == pytest.approx(85.0 / 105.0)
     assert "| 85.0 (80.0–90.0, 2 runs) |" in bench.format_rows(rows)
-    single = bench.repeated_cells(argparse.Namespace(systems=["minions-off"], repeats=1), 1, tmp_path)
+    single = bench.repeated_cells(argparse.Namespace(systems=["minions-off"], repeats=1), 1, tmp_path, run=run_cell)
     assert "runs" not in single[0], "one run: its row as it is"
 
 
