@@ -6,9 +6,9 @@ llama-server (built once from the llama.cpp that the pinned llama-cpp-python ven
 peers/llama_server_build.py) in several configurations: plain on the LLM's GGUF as shipped and as
 the deployment computes with it, and its two speculative modes (a draft model, the deployment's
 llama.cpp SSM; n-gram cache). Two more anchors run plain on the deployment's GGUF: llama-server
-built from the same source with Minions' patches (`off` against it is what the serving layer adds or
-costs, the kernels being the same) and from the newest llama.cpp on the registry; their table sets
-all three beside Minions. Per workload (mixed chat sets, code editing, summarisation, one
+built from the same source with Minions' patches and the deployment's KV cache types (`off` against
+it is what the serving layer adds or costs, the kernels being the same) and from the newest llama.cpp
+on the registry; their table sets all three beside Minions. Per workload (mixed chat sets, code editing, summarisation, one
 template filled with different records: peers/templated.py; on request, one cell per category of
 chat prompts) and concurrency, every system in turn
 streams the same held-out prompts, greedy, chat template, 96 output tokens at most (EOS ends
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from client.api import GenerationParams, generate_grpc
 from minions.deploy.config import Deployment, load_deployment
-from minions.settings import OrchestratorSettings
+from minions.settings import EngineSettings, OrchestratorSettings
 from minions.text.datasets import (COPY_HEAVY, DEFAULT_COPY_HEAVY, category_prompts, chat_sets,
                                    exit_on_missing_set, load_prompts, mixed_prompts, require, warm_up_prompts)
 from harness.metrics import metric_value
@@ -150,8 +150,18 @@ def server_configs(dep: Deployment, keys: list[str]) -> tuple[list[ServerConfig]
             "-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(SPEC_DRAFT_N_MAX))))
     if "ngram" in keys:
         configs.append(ServerConfig("llama-server ngram-cache", target, ("--spec-type", "ngram-cache")))
-    configs += [ServerConfig(anchor_label(anchor, dep), target, anchor=anchor) for anchor in ANCHOR_KEYS if anchor in keys]
+    configs += [ServerConfig(anchor_label(anchor, dep), target, deployment_kv_flags(dep) if anchor == "patched" else (),
+                             anchor=anchor) for anchor in ANCHOR_KEYS if anchor in keys]
     return configs, [c.label for c in configs[:len(plain_files)]]
+
+
+def deployment_kv_flags(dep: Deployment) -> tuple[str, ...]:
+    """llama-server's flags for the KV cache the deployment's LLM computes with: a batch-invariant engine
+    keeps K in Q8_0 beside an F16 V with flash attention (engines/llamacpp_setup.py), where the patched
+    kernels run. The patched anchor takes them, so that it computes as Minions does."""
+    if not EngineSettings.from_yaml(dep.llm).batch_invariant:
+        return ()
+    return ("-fa", "on", "-ctk", "q8_0", "-ctv", "f16")
 
 
 def anchor_label(anchor: str, dep: Deployment) -> str:

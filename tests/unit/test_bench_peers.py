@@ -318,3 +318,6 @@ def test_the_anchors_run_on_the_deployment_s_gguf_built_from_their_own_source(mo
         ("llama-server SHIPPED", "shipped.gguf", "pinned"), ("llama-server TARGET", "target.gguf", "pinned"),
         ("llama-server patched TARGET", "target.gguf", "patched"), ("llama-server newest TARGET", "target.gguf", "newest")]
     assert plain == ["llama-server SHIPPED", "llama-server TARGET"], "the anchors are not plain configurations"
+    assert configs[2].extra == ("-fa", "on", "-ctk", "q8_0", "-ctv", "f16"), \
+        "the patched anchor keeps K as deploy.yaml's batch-invariant LLM does, where the patches run"
+    assert configs[1].extra == configs[3].extra == (), "the others run as their users run them"
