@@ -136,10 +136,17 @@ class ServedCut:
             first = first or (cand.draft, logs)
             if n and cost is not None and cost < best_cost:
                 best, best_logs, best_cost = cand.draft[:n], logs[:n], cost
+        return self._calibrated(best, best_logs, first, truth)
+
+    def _calibrated(self, best: list[int], best_logs: list[float], first: tuple[list[int], list[float]] | None,
+                    truth: list[int]) -> tuple[list[int], int]:
+        """The round's verdict on the chosen draft (`best`, with its log chances), into the request's
+        calibration: the draft as verified, or where none was, the first draft priced out, scored against
+        the text as the served request settles it; (draft, accepted)."""
         accepted = common_prefix_len(best, truth)
         if best:
             self.calibration.observe(best_logs, accepted)
-        elif first:  # priced out: scored against the text, as the served request settles it
+        elif first:
             self.calibration.observe(first[1], common_prefix_len(first[0], truth))
         return best, accepted
 
@@ -176,11 +183,7 @@ class NetGain(ServedCut):
                 value = expected - rate * t(n)
                 if value > best_value:
                     best, best_logs, best_value = cand.draft[:n], logs[:n], value
-        accepted = common_prefix_len(best, truth)
-        if best:
-            self.calibration.observe(best_logs, accepted)
-        elif first:
-            self.calibration.observe(first[1], common_prefix_len(first[0], truth))
+        best, accepted = self._calibrated(best, best_logs, first, truth)
         self.tokens += min(accepted + 1, len(truth))
         self.seconds += t(len(best))
         return best, accepted
