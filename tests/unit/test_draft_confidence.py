@@ -57,6 +57,21 @@ def test_a_draft_contradicted_before_its_end_is_counted_at_once():
     assert confidence.trials[SHORT.bucket][:3].tolist() == [1, 1, 0]
 
 
+def test_a_long_draft_counts_each_position_once_the_text_shows_it():
+    """Known positions count at once, before the draft's end shows: a right draft is counted as soon
+    as a wrong one would be, and what a request that ends first showed of it is kept."""
+    confidence = DraftConfidence(MARGIN)
+    confidence.record("r", [1], [4, 5, 6, 7, 8], SHORT)
+    confidence.settle("r", [1, 4, 5] + [0] * MARGIN)
+    assert confidence.trials[SHORT.bucket][:3].tolist() == [1, 1, 0]
+    assert confidence.hits[SHORT.bucket][:3].tolist() == [1, 1, 0]
+    confidence.settle("r", [1, 4, 5, 6, 9] + [0] * MARGIN)  # the rest: 6 right, then 9 for 7
+    assert confidence.trials[SHORT.bucket][:5].tolist() == [1, 1, 1, 1, 0], "each position counted once"
+    assert confidence.hits[SHORT.bucket][:5].tolist() == [1, 1, 1, 0, 0]
+    confidence.forget("r")
+    assert confidence.trials[SHORT.bucket][:5].tolist() == [1, 1, 1, 1, 0], "kept when the request ends"
+
+
 def test_a_forgotten_request_counts_nothing_more():
     confidence = DraftConfidence(MARGIN)
     confidence.record("r", [1], [4, 5], SHORT)

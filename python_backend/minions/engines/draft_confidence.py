@@ -9,7 +9,10 @@ asks, and the counts are kept per kind of match (`Evidence`: where it was found,
 Every draft is scored, whether or not the orchestrator verified it, and its whole length, however
 much of it was sent: greedy, the LLM's tokens are the same either way, so the estimate does not
 depend on the choices it informs (a cut made from acceptance measured only on verified drafts
-reinforced itself: docs/benchmarks.md, "Probe drafts cut to what pays").
+reinforced itself: docs/benchmarks.md, "Probe drafts cut to what pays"). Each position counts as soon
+as the text shows it, a draft's later positions staying open (censored, as in a Kaplan-Meier estimate):
+waiting for a draft's whole outcome would count failures, known early, more often than long runs of
+right tokens, known late or never.
 
 The last `settle_margin` tokens of a request's sequence may be another drafter's draft still being
 verified (an early draft continues the sequence with the draft under verification), so only the
@@ -61,6 +64,8 @@ class _Draft:
     bucket: tuple[str, int]
     premise: list[int]
     """The last tokens before `start` the draft continued: those that may have been a draft themselves."""
+    counted: int = 0
+    """Its leading positions already counted right."""
 
 
 class DraftConfidence:
@@ -103,9 +108,10 @@ class DraftConfidence:
             del entry.state[:-PENDING]
 
     def settle(self, request_id: str, sequence: Sequence[int]) -> None:
-        """Count the request's drafts whose outcome `sequence` (all but its last `settle_margin`
-        tokens) shows: those it covers, and those it contradicts before their end. A draft made after
-        tokens the sequence no longer has (a rejected draft it was made on) is dropped."""
+        """Count what `sequence` (all but its last `settle_margin` tokens) shows of the request's
+        drafts: each position once, as soon as the text covers it; a draft is done at its first wrong
+        token or its end. A draft made after tokens the sequence no longer has (a rejected draft it
+        was made on) is dropped."""
         with self._lock:
             entry = self._pending.get(request_id)
             if entry is None or not entry.state:
@@ -116,11 +122,14 @@ class DraftConfidence:
                 first = draft.start - len(draft.premise)
                 if list(sequence[first: draft.start]) != draft.premise[: max(0, len(sequence) - first)]:
                     continue
-                right = draft_outcome(list(sequence[draft.start: max(draft.start, known)]), draft.tokens)
+                seen = list(sequence[draft.start: max(draft.start, known)])
+                right = draft_outcome(seen, draft.tokens)
                 if right is None:
+                    self._count(draft.bucket, draft.counted, len(seen), wrong=False)
+                    draft.counted = max(draft.counted, len(seen))
                     waiting.append(draft)
                 else:
-                    self._count(draft.bucket, right, len(draft.tokens))
+                    self._count(draft.bucket, draft.counted, right, wrong=right < len(draft.tokens))
             entry.state = waiting
 
     def forget(self, request_id: str) -> None:
@@ -128,13 +137,15 @@ class DraftConfidence:
         with self._lock:
             self._pending.release(request_id)
 
-    def _count(self, bucket: tuple[str, int], right: int, length: int) -> None:
-        """Positions 0..right-1 were tried and right; position `right`, if within the draft, tried and wrong."""
+    def _count(self, bucket: tuple[str, int], start: int, right: int, wrong: bool) -> None:
+        """Positions start..right-1 were tried and right; position `right`, when `wrong`, tried and wrong."""
+        if right + wrong <= start:
+            return
         hits = self.hits.setdefault(bucket, np.zeros(POSITIONS))
         trials = self.trials.setdefault(bucket, np.zeros(POSITIONS))
-        tried = min(right + 1, length)
-        np.add.at(trials, np.minimum(np.arange(tried), POSITIONS - 1), 1.0)
-        np.add.at(hits, np.minimum(np.arange(right), POSITIONS - 1), 1.0)
+        tried = np.minimum(np.arange(start, right + wrong), POSITIONS - 1)
+        np.add.at(trials, tried, 1.0)
+        np.add.at(hits, tried[: right - start], 1.0)
 
 
 def token_log_probs(survival: Sequence[float]) -> list[float]:
