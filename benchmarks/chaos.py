@@ -3,6 +3,7 @@
 What must never happen fails the run; what may happen under faults (refusals, errors) is counted.
 
     python -m benchmarks.chaos [--minutes 15] [--seed 1] [--faults ssm_kill,llm_kill,minions_kill,reload]
+                               [--cover [--max-minutes 30]]
 
 Load: `--users` client threads, each a closed loop of streamed requests (gRPC ModelStreamInfer, HTTP
 SSE generate_stream, or a streamed chat completion through the OpenAI frontend; speculation `off` or
@@ -238,6 +239,15 @@ def crash_lines(log_text: str) -> list[str]:
     return [line.strip() for line in log_text.splitlines() if any(m in line for m in CRASH_MARKS)]
 
 
+def uncovered(kinds: Iterable[str], faults: Iterable[str], served: Iterable[tuple[str, str]]) -> list[str]:
+    """What a covering run (--cover) has yet to meet: fault kinds never injected (`faults`: the kinds
+    injected), and protocol-and-mode pairs (PROTOCOLS x MODES) with no request served (`served`)."""
+    injected, served = set(faults), set(served)
+    return ([f"no {kind} fault" for kind in kinds if kind not in injected]
+            + [f"no {protocol} {mode} request served" for protocol in PROTOCOLS for mode in MODES
+               if (protocol, mode) not in served])
+
+
 def problems(report: dict) -> list[str]:
     """One line per reason the run fails, from its report."""
     out = []
@@ -276,6 +286,7 @@ def problems(report: dict) -> list[str]:
     out += [f"stub still running after tritonserver exited: {stub}" for stub in report.get("stubs_after_stop", [])]
     if report["memory"]["verdict"] and "GROWING" in report["memory"]["verdict"]:
         out.append(f"memory grew steadily after warm-up: {report['memory']['verdict']}")
+    out += [f"the run ended at --max-minutes with {what}" for what in report.get("uncovered", [])]
     for warning in report.get("warnings", []):
         out.append(warning)
     return out
@@ -494,10 +505,10 @@ class Injector(threading.Thread):
     """Injects the schedule's faults one at a time: each once the previous one has settled (its model
     recovered and a request sent after it served) and its gap has passed."""
 
-    def __init__(self, server: TritonProcess, load: Load, schedule: Iterator[Fault], until: float,
+    def __init__(self, server: TritonProcess, load: Load, schedule: Iterator[Fault],
                  recovery_s: float, served_s: float, t0: float, seed: int) -> None:
         super().__init__(daemon=True, name="chaos-injector")
-        self.server, self.traffic, self.schedule, self.until, self.t0 = server, load, schedule, until, t0
+        self.server, self.traffic, self.schedule, self.t0 = server, load, schedule, t0
         self.recovery_s, self.served_s = recovery_s, served_s
         self.rng = random.Random(seed)
         self.log = LogWatch(server.log_path)
@@ -534,7 +545,7 @@ class Injector(threading.Thread):
             self.error = exc
 
     def live(self) -> bool:
-        return time.monotonic() < self.until and self.server.proc.poll() is None
+        return not self.stopping.is_set() and self.server.proc.poll() is None
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -621,6 +632,10 @@ class Settings:
     """A request that takes longer to end fails the run, as does a fault after which no request is served
     this soon: the default deployment serves the run's requests in under 10 s on 2 cores."""
     recovery_s: float = 90.0
+    cover: bool = False
+    """Go on past `minutes` until every fault kind has been injected and every protocol and mode has had
+    a request served, for at most `max_minutes`: the run is judged on what it met, however slow the machine."""
+    max_minutes: float = 30.0
     min_gap_s: float = 10.0
     max_gap_s: float = 40.0
     sample_s: float = 5.0
@@ -681,7 +696,8 @@ def leak_check_deployment(deploy: str, path: Path) -> Path:
 
 
 def chaos(s: Settings, out: Path, stamp: str) -> dict:
-    """Start the server, run load and faults for `s.minutes`, stop, and return the report."""
+    """Start the server, run load and faults for `s.minutes` (with `s.cover`, until the run has met every
+    fault kind and every protocol and mode served), stop, and return the report."""
     kinds = tuple(s.faults)
     server = TritonProcess(leak_check_deployment(s.deploy, out / f"{stamp}.deploy.yaml"),
                            log_path=out / f"{stamp}.tritonserver.log",
@@ -699,10 +715,18 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
             outcome, detail = classify(*_attempt(CALLS[protocol], urls[protocol], dep.orchestrator_name, prompts[0]))
             if outcome != SERVED:
                 warnings.append(f"the warm-up request over {protocol} was not served: {outcome}: {detail}")
-        until = time.monotonic() + 60 * s.minutes
+        until, last = time.monotonic() + 60 * s.minutes, time.monotonic() + 60 * max(s.minutes, s.max_minutes)
         load = Load(server, urls, s.users, s.seed, prompts, s.max_tokens, s.hang_s, t0)
-        injector = Injector(server, load, fault_schedule(s.seed, deck, s.min_gap_s, s.max_gap_s), until,
+        injector = Injector(server, load, fault_schedule(s.seed, deck, s.min_gap_s, s.max_gap_s),
                             s.recovery_s, s.hang_s + s.recovery_s, t0, s.seed)
+
+        def missing() -> list[str]:
+            if not s.cover:
+                return []
+            with load.lock:
+                served = [(r.protocol, r.speculation) for r in load.results if r.outcome == SERVED]
+            return uncovered(kinds, [f.kind for f in injector.records if f.recovered_s is not None], served)
+
         sampler = Sampler(server, s.sample_s, t0, injector.settled)
         start_memory = sampler.sample()
         sampler.start()
@@ -710,10 +734,12 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
         watchdog = Watchdog(server)
         watchdog.start()
         injector.start()
-        while time.monotonic() < until and server.proc.poll() is None:
-            time.sleep(min(1.0, max(0.0, until - time.monotonic())))
+        while server.proc.poll() is None and time.monotonic() < last and (
+                time.monotonic() < until or missing()):
+            time.sleep(1.0)
         print(f"[{time.monotonic() - t0:6.1f} s] time is up: waiting for the last fault to settle and the requests "
               "under way to end", flush=True)
+        still_missing = missing()
         injector.stopping.set()
         injector.join(2 * s.recovery_s + s.hang_s + 120)
         if injector.is_alive() or injector.error:
@@ -767,6 +793,7 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
                 "left_after_stop": [r for r in left if r not in killed],
                 "killed_stubs_left_after_stop": [r for r in left if r in killed]},
         "stubs_after_stop": strays,
+        "uncovered": still_missing,
         "warnings": warnings,
     }
     report["problems"] = problems(report)
@@ -870,6 +897,11 @@ def parse_args(argv: list[str] | None = None) -> Settings:
                    help="a request taking longer to end, or a fault after which none is served this soon, "
                    "fails the run")
     p.add_argument("--recovery-s", type=float, default=d.recovery_s, help="a stub dead this long is not recovered")
+    p.add_argument("--cover", action="store_true",
+                   help="go on past --minutes until every fault kind was injected and recovered from, and every "
+                   "protocol and mode had a request served")
+    p.add_argument("--max-minutes", type=float, default=d.max_minutes,
+                   help="with --cover: the longest run; what it has not met by then fails it")
     p.add_argument("--min-gap-s", type=float, default=d.min_gap_s, help="shortest wait between faults")
     p.add_argument("--max-gap-s", type=float, default=d.max_gap_s, help="longest wait between faults")
     p.add_argument("--sample-s", type=float, default=d.sample_s, help="memory sampling interval")
@@ -893,8 +925,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         p.error("need --slow-s > 0")
     return Settings(deploy=a.deploy, minutes=a.minutes, seed=a.seed, faults=faults, users=a.users,
                     max_tokens=a.max_tokens, hang_s=a.hang_s, slow_s=a.slow_s, recovery_s=a.recovery_s,
-                    min_gap_s=a.min_gap_s, max_gap_s=a.max_gap_s, sample_s=a.sample_s, warmup_min=a.warmup_min,
-                    growth_mib=a.growth_mib, datasets=a.datasets, out=a.out, exit_timeout_s=a.exit_timeout_s)
+                    cover=a.cover, max_minutes=a.max_minutes, min_gap_s=a.min_gap_s, max_gap_s=a.max_gap_s,
+                    sample_s=a.sample_s, warmup_min=a.warmup_min, growth_mib=a.growth_mib, datasets=a.datasets,
+                    out=a.out, exit_timeout_s=a.exit_timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,10 +12,10 @@ import httpx2
 import openai
 import pytest
 
-from benchmarks.chaos import (FAILED, FAULT_KINDS, HUNG, INCOMPLETE, ORPHANED, OUTCOMES, REFUSED, SERVED,
-                              RequestResult, classify, crash_lines, duration_figures, fault_deck, fault_schedule,
+from benchmarks.chaos import (FAILED, FAULT_KINDS, HUNG, INCOMPLETE, MODES, ORPHANED, OUTCOMES, PROTOCOLS,
+                              REFUSED, SERVED, RequestResult, classify, crash_lines, duration_figures, fault_deck, fault_schedule,
                               Settings, leaked_regions, memory_trend, orphaned, parse_args, parse_faults, problems,
-                              slow_requests, window_outcomes)
+                              slow_requests, uncovered, window_outcomes)
 from client.api import Completion, MinionsClientError, SilentStreamError
 from minions.errors import ServerBusy
 from minions.frontend.orphans import ORPHANED as ORPHAN_MESSAGE
@@ -242,6 +242,7 @@ def test_a_clean_run_has_no_problem():
     ({"shm__left_after_stop": ["r3"]}, "shared memory left in /dev/shm after the stop: r3"),
     ({"stubs_after_stop": ["llm (pid 7)"]}, "stub still running after tritonserver exited: llm (pid 7)"),
     ({"memory__verdict": "tritonserver + stubs RSS: 1500.0 -> 2100.0 MiB (GROWING)"}, "memory grew steadily"),
+    ({"uncovered": ["no reload fault"]}, "the run ended at --max-minutes with no reload fault"),
 ])
 def test_each_problem_fails_the_run_with_one_line(change, expected):
     found = problems(clean_report(**change))
@@ -272,6 +273,15 @@ def test_the_command_line_gives_every_setting_its_default_and_takes_a_slow_limit
     assert parse_args(["--slow-s", "30", "--hang-s", "90"]) == Settings(slow_s=30.0, hang_s=90.0)
     with pytest.raises(SystemExit):
         parse_args(["--slow-s", "0"])
+
+
+def test_a_covering_run_goes_on_until_every_fault_kind_and_every_protocol_and_mode_served():
+    every_pair = list(itertools.product(PROTOCOLS, MODES))
+    assert uncovered(["ssm_kill", "reload"], ["reload", "ssm_kill", "reload"], every_pair * 2) == []
+    assert uncovered(["ssm_kill", "reload"], ["reload"], every_pair) == ["no ssm_kill fault"]
+    (protocol, mode), *rest = every_pair
+    assert uncovered(["reload"], ["reload"], rest) == [f"no {protocol} {mode} request served"]
+    assert parse_args(["--cover", "--max-minutes", "9"]) == Settings(cover=True, max_minutes=9.0)
 
 
 def test_requests_around_a_fault_are_those_under_way_at_it_and_those_sent_during_it():
