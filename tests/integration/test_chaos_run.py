@@ -1,4 +1,4 @@
-"""`make chaos` in a short form: the chaos tool's own run (benchmarks/chaos.py) on a fresh server of its
+"""`make chaos` in a short form: the chaos tool's own run (benchmarks/chaos/) on a fresh server of its
 own, under load until it has met each fault once and served every protocol and mode (`--cover`: ended
 by what it met, not by the clock, so a slow machine makes it longer, not weaker), with the faults that
 are recovered today: an SSM's stub killed with SIGKILL (the orchestrator loads its model again) and a
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.chaos import FAILED, HUNG, INCOMPLETE, MODES, PROTOCOLS, REFUSED, SERVED, main
+from benchmarks.chaos.run import main
+from benchmarks.chaos.verdict import FAILED, HUNG, INCOMPLETE, MODES, PROTOCOLS, REFUSED, SERVED
 
 
 def test_a_short_chaos_run_with_ssm_kills_and_reloads(tmp_path, nothing_beside):

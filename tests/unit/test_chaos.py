@@ -12,10 +12,11 @@ import httpx2
 import openai
 import pytest
 
-from benchmarks.chaos import (FAILED, FAULT_KINDS, HUNG, INCOMPLETE, MODES, ORPHANED, OUTCOMES, PROTOCOLS,
-                              REFUSED, SERVED, RequestResult, classify, crash_lines, duration_figures, fault_deck, fault_schedule,
-                              Settings, leaked_regions, memory_trend, orphaned, parse_args, parse_faults, problems,
-                              slow_requests, uncovered, window_outcomes)
+from benchmarks.chaos.run import Settings, parse_args
+from benchmarks.chaos.schedule import FAULT_KINDS, fault_deck, fault_schedule, parse_faults
+from benchmarks.chaos.verdict import (FAILED, HUNG, INCOMPLETE, MODES, ORPHANED, OUTCOMES, PROTOCOLS, REFUSED, SERVED,
+                                      RequestResult, classify, crash_lines, duration_figures, leaked_regions,
+                                      memory_trend, orphaned, problems, slow_requests, uncovered, window_outcomes)
 from client.api import Completion, MinionsClientError, SilentStreamError
 from minions.errors import ServerBusy
 from minions.frontend.orphans import ORPHANED as ORPHAN_MESSAGE
@@ -301,7 +302,7 @@ def test_requests_around_a_fault_are_those_under_way_at_it_and_those_sent_during
 def test_the_chaos_deployment_holds_every_prefix_store_to_the_leak_check_s_bound(tmp_path, deploy, stores):
     """The llama.cpp and torch engines (LLM and distilled SSMs) keep finished sequences' KV up to
     prefix_cache_ram_mib; the lookup drafters keep none."""
-    from benchmarks.chaos import LEAK_CHECK_RAM_MIB, leak_check_deployment
+    from benchmarks.chaos.run import LEAK_CHECK_RAM_MIB, leak_check_deployment
     from minions.deploy.config import ROOT, load_deployment
 
     path = leak_check_deployment(str(ROOT / deploy), tmp_path / "chaos.yaml")
