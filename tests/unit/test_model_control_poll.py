@@ -12,7 +12,6 @@ from types import SimpleNamespace
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.serving.metric_tally import MetricTally
 from minions.speculation.services import Services
-from minions.triton import model_control
 from minions.triton.model_control import ModelControl
 
 
@@ -60,24 +59,24 @@ class _Client:
         return EngineResult([])
 
 
-async def _poll(tmp_path, monkeypatch, *indexes: dict[str, str]) -> _Client:
+async def _poll(tmp_path, *indexes: dict[str, str]) -> _Client:
     """One poll of a repository in `tmp_path` (where no stub process runs), then the reloads it began."""
-    monkeypatch.setattr(model_control, "SWEEP_DELAYS_S", ())
     client = _Client(_Repository(*indexes))
-    control = ModelControl(client, tmp_path, Services(ssms=("ssm",), llm="llm"), MetricTally(), 1.0, reload=True)
+    control = ModelControl(client, tmp_path, Services(ssms=("ssm",), llm="llm"), MetricTally(), 1.0, reload=True,
+                           sweep_delays_s=())
     await control.poll()
     await asyncio.gather(*control._reloading.values())
     return client
 
 
-def test_a_ready_model_without_a_live_stub_is_loaded_again(tmp_path, monkeypatch):
-    client = asyncio.run(_poll(tmp_path, monkeypatch, {"llm": "READY", "ssm": "READY"}))
+def test_a_ready_model_without_a_live_stub_is_loaded_again(tmp_path):
+    client = asyncio.run(_poll(tmp_path, {"llm": "READY", "ssm": "READY"}))
     assert sorted(client.failed) == ["llm", "ssm"]
     assert sorted(client.repository.loads) == ["llm", "ssm"]
 
 
-def test_a_model_unloaded_while_its_stubs_were_looked_at_is_not_reloaded(tmp_path, monkeypatch):
-    client = asyncio.run(_poll(tmp_path, monkeypatch, {"llm": "READY", "ssm": "READY"},
+def test_a_model_unloaded_while_its_stubs_were_looked_at_is_not_reloaded(tmp_path):
+    client = asyncio.run(_poll(tmp_path, {"llm": "READY", "ssm": "READY"},
                                {"llm": "READY", "ssm": "UNLOADING"}))
     assert client.failed == ["llm"]
     assert client.repository.loads == ["llm"]
@@ -88,10 +87,9 @@ def _config(backend: str, decoupled: bool, **parameters: str) -> SimpleNamespace
                            model_transaction_policy=SimpleNamespace(decoupled=decoupled))
 
 
-def test_a_new_engine_model_joins_as_an_ssm_tensorrt_llm_s_own_as_a_native_one(tmp_path, monkeypatch):
+def test_a_new_engine_model_joins_as_an_ssm_tensorrt_llm_s_own_as_a_native_one(tmp_path):
     """As the orchestrator's join does, the test's adds the SSM to the services and a native one to the
     client's native models; the native SSM, which has no Python stub, is then not taken for dead."""
-    monkeypatch.setattr(model_control, "SWEEP_DELAYS_S", ())
     repository = _Repository({"llm": "READY", "trt_draft": "READY", "ssm_new": "READY", "preprocessing": "READY"},
                              configs={"trt_draft": _config("tensorrtllm", True),
                                       "ssm_new": _config("python", True, engine="ngram"),
@@ -106,7 +104,8 @@ def test_a_new_engine_model_joins_as_an_ssm_tensorrt_llm_s_own_as_a_native_one(t
         if native:
             client.native_models = client.native_models | {name}
 
-    control = ModelControl(client, tmp_path, services, MetricTally(), 1.0, reload=True, on_join=on_join)
+    control = ModelControl(client, tmp_path, services, MetricTally(), 1.0, reload=True, on_join=on_join,
+                           sweep_delays_s=())
 
     async def poll_twice():
         for _ in range(2):
@@ -120,7 +119,7 @@ def test_a_new_engine_model_joins_as_an_ssm_tensorrt_llm_s_own_as_a_native_one(t
     assert "ssm_new" in repository.loads, "a Python engine model with no live stub is loaded again"
 
 
-def test_the_streams_to_a_reloaded_or_unready_model_are_retired(tmp_path, monkeypatch):
+def test_the_streams_to_a_reloaded_or_unready_model_are_retired(tmp_path):
     """Polls of an LLM whose stub is replaced (an operator's load: old and new live together, then the
     new alone) and of an SSM that an operator unloads; probes answer at once."""
     llm = [{1}, {1}, {1, 2}, {2}, {2}]
@@ -132,9 +131,9 @@ def test_the_streams_to_a_reloaded_or_unready_model_are_retired(tmp_path, monkey
         pids = next(polls)
         return {"llm": list(pids[0]), "ssm": list(pids[1])}
 
-    monkeypatch.setattr(model_control, "live_stubs", live_stubs)
     client = _Client(_Repository(*states))
-    control = ModelControl(client, tmp_path, Services(ssms=("ssm",), llm="llm"), MetricTally(), 1.0, reload=True)
+    control = ModelControl(client, tmp_path, Services(ssms=("ssm",), llm="llm"), MetricTally(), 1.0, reload=True,
+                           stubs=live_stubs)
 
     retired_by_poll = []
 

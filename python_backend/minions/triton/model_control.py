@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tritonclient.grpc import service_pb2
@@ -42,6 +42,7 @@ DEAD_STUB = "is not healthy"
 
 
 SWEEP_DELAYS_S = (1.0, 2.0, 4.0, 8.0)
+"""After a stub's replacement, the waits before each look for its shared memory to sweep."""
 
 TRTLLM_BACKEND = "tensorrtllm"
 """The `backend` of TensorRT-LLM's own engine models in config.pbtxt (tensorrtllm_backend's `tensorrt_llm`)."""
@@ -64,11 +65,15 @@ def mark_modified(repository: Path, model: str) -> None:
 class ModelControl:
     def __init__(self, client: TritonEngineClient, repository: Path, services: Services,
                  tally: MetricTally, poll_interval_s: float, reload: bool,
-                 on_join: Callable[[str, bool, bool], None] | None = None) -> None:
+                 on_join: Callable[[str, bool, bool], None] | None = None, *,
+                 stubs: Callable[[Path], dict[str, list[int]]] = live_stubs,
+                 sweep_delays_s: Sequence[float] = SWEEP_DELAYS_S) -> None:
         """The models watched are `services.llm` and `services.ssms`, the served ones. `on_join(name,
         decoupled, native)`: a new SSM model was found READY in the repository (`_discover`; native: served
         by TensorRT-LLM's own backend); it must add the SSM to `services`, and a native one to the
-        client's `native_models` (which are not watched as stubs)."""
+        client's `native_models` (which are not watched as stubs). `stubs`: the live stub pids of each
+        model of the repository (stubs.live_stubs: this machine's processes); `sweep_delays_s`: the
+        waits before each look for a replaced stub's shared memory."""
         self.client = client
         self.repository = repository
         self.llm = services.llm
@@ -83,6 +88,8 @@ class ModelControl:
         self.ready: dict[str, bool] = {}
         self._reloading: dict[str, asyncio.Task] = {}
         self.on_join = on_join
+        self.stubs = stubs
+        self.sweep_delays_s = tuple(sweep_delays_s)
         self._stubs_when_ready: dict[str, frozenset[int]] = {}
         """Each engine model's live stub pids at the last poll that found it ready (`_retire_replaced`)."""
         self._not_ssms: set[str] = set()
@@ -142,7 +149,7 @@ class ModelControl:
         # ready with no live stub process has died; one with a live stub is probed.
         # Only Python stubs: TensorRT-LLM's own models are neither stubs nor keep sequences.
         ready = {m: described(m)[0] for m in (self.llm, *self.ssms) if m not in self.client.native_models}
-        stubs = live_stubs(self.repository) if ready else {}
+        stubs = self.stubs(self.repository) if ready else {}
         self._retire_replaced({m: (r, frozenset(stubs.get(m, ()))) for m, r in ready.items()})
         watched = [m for m, r in ready.items() if r and m not in self._reloading]  # not being loaded again
         dead = {m: f"no live stub process: it {DEAD_STUB}" for m in watched if not stubs.get(m)}
@@ -281,13 +288,12 @@ class ModelControl:
             self._set_ready(ssm, True, "READY")
         await self._sweep_shm()
 
-    @staticmethod
-    async def _sweep_shm() -> None:
+    async def _sweep_shm(self) -> None:
         """Remove the dead stub's shared memory, which neither it nor Triton frees, once tritonserver
         unmaps it as it unloads the old instance, about a second after the new one is ready. (For a
         decoupled model Triton 2.51 keeps the old instance, and region, while requests the dead stub
         never answered are pending; the server's stop path sweeps it then.)"""
-        for delay_s in SWEEP_DELAYS_S:
+        for delay_s in self.sweep_delays_s:
             await asyncio.sleep(delay_s)
             if sweep_orphaned_shm():
                 break
