@@ -16,7 +16,7 @@ export TRANSFORMERS_OFFLINE := 1
 .PHONY: venv serve prepare engines test test-unit test-integration bench bench-peers bench-paired bench-openai-peers bench-aiperf gpu-bundle gpu-check soak chaos loadtest distill cluster bench-cluster clean
 
 # The Triton stub links Debian's libpython3.11, so the venv must come from the system python3.11.
-$(STAMP): requirements.txt patches/llama-cpp-python/install.sh patches/llama-cpp-python/sdist.sha256 $(wildcard patches/llama-cpp-python/*.patch)
+$(STAMP): requirements.txt patches/llama-cpp-python/install.sh patches/llama-cpp-python/apply.sh patches/llama-cpp-python/sdist.sha256 $(wildcard patches/llama-cpp-python/*.patch)
 	@test -x $(PYTHON_SYSTEM) || { echo "need $(PYTHON_SYSTEM) (apt-get install python3.11-venv)"; exit 1; }
 	test -x $(PY) || $(PYTHON_SYSTEM) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip

@@ -86,8 +86,8 @@ def patches_digest(patches: Path = PATCHES) -> str:
 
 
 def patched_source_dir(version: str) -> Path:
-    """The pinned sdist unpacked apart with the patches applied in name order, as install.sh applies
-    them for the engines (no fuzz: a patch whose context moved fails)."""
+    """The pinned sdist unpacked apart with the patches applied as install.sh applies them for the
+    engines (apply.sh: in name order, no fuzz)."""
     root = CACHE / f"llama_cpp_python-{version}-patched-{patches_digest()}"
     llama_cpp = root / "vendor" / "llama.cpp"
     if (llama_cpp / "CMakeLists.txt").exists():
@@ -98,10 +98,7 @@ def patched_source_dir(version: str) -> Path:
     with tarfile.open(SDIST_DIR / f"llama_cpp_python-{version}.tar.gz") as tar:
         tar.extractall(staging)
     unpacked = staging / f"llama_cpp_python-{version}"
-    for patch in sorted(PATCHES.glob("*.patch")):
-        with patch.open("rb") as f:
-            subprocess.run(["patch", "-p1", "--forward", "--fuzz=0", "--quiet", "-d", str(unpacked)], stdin=f,
-                           check=True)
+    subprocess.run([str(PATCHES / "apply.sh"), str(unpacked)], check=True)
     unpacked.rename(root)
     shutil.rmtree(staging)
     return llama_cpp

@@ -31,8 +31,5 @@ if [ "$actual" != "$expected" ]; then
 fi
 rm -rf "$src"
 tar -xzf "$archive" -C "$cache"
-for patch in "$here"/*.patch; do  # no fuzz: a patch whose context moved must be rebased, not guessed
-    echo "applying $(basename "$patch")"
-    patch -p1 --forward --fuzz=0 --quiet -d "$src" < "$patch"
-done
+"$here/apply.sh" "$src"
 "$py" -m pip install --no-cache-dir --force-reinstall --no-deps "$src"

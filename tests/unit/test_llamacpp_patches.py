@@ -88,12 +88,11 @@ def pristine_source(folder: Path) -> Path:
 
 
 def patched_source(folder: Path) -> Path:
-    """`pristine_source` with every patch applied as install.sh applies them, each without fuzz or offset."""
+    """`pristine_source` with every patch applied by apply.sh, as install.sh applies them, each without
+    fuzz or offset."""
     source = pristine_source(folder)
-    for patch in sorted(PATCHES.glob("*.patch")):
-        applied = subprocess.run(["patch", "-p1", "--forward", "--fuzz=0", "-d", str(source), "-i", str(patch)],
-                                 capture_output=True, text=True)
-        assert applied.returncode == 0 and "offset" not in applied.stdout, f"{patch.name}:\n{applied.stdout}"
+    applied = subprocess.run([str(PATCHES / "apply.sh"), str(source)], capture_output=True, text=True)
+    assert applied.returncode == 0 and "offset" not in applied.stdout, applied.stdout
     return source
 
 
