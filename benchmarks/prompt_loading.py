@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from benchmarks import bench_load, bench_paired, bench_peers, bench_speculation, chaos, gpu_check, soak
+from benchmarks import bench_load, bench_paired, bench_peers, bench_speculation, gpu_check, soak
+from benchmarks.chaos import run as chaos
 from benchmarks.bench_draft_choice import workloads as draft_choice_workloads
 from benchmarks.peers.conversations import WORKLOADS as MULTI_TURN
 from benchmarks.peers.conversations import conversations
