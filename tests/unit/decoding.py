@@ -31,6 +31,7 @@ from minions.speculation.decode_request import DecodeRequest
 from minions.speculation.loop import speculative_decode
 from minions.speculation.mode import OFF, Speculation
 from minions.speculation.rounds import DecodeStats, Round
+from minions.settings import DEFAULTS, OrchestratorSettings
 from minions.speculation.services import Services
 
 PROMPTS = [[3, 7, 1, 9, 4], [0, 0, 5], [12, 2, 8, 8, 1, 6, 15, 12, 2]]
@@ -169,7 +170,17 @@ class Plan:
     service_args: dict = field(default_factory=dict)
 
     def services(self) -> Services:
-        return Services(ssms=self.request.speculation.ssms, **self.service_args)
+        return services_with(self.request.speculation.ssms, **self.service_args)
+
+
+SETTINGS_FIELDS = frozenset(f.name for f in dataclasses.fields(OrchestratorSettings))
+
+
+def services_with(ssms: tuple[str, ...], **kwargs) -> Services:
+    """Services over `ssms`: keyword arguments that name a deployment setting set it (DEFAULTS' otherwise),
+    the others go to Services itself."""
+    settings = {k: kwargs.pop(k) for k in list(kwargs) if k in SETTINGS_FIELDS}
+    return Services(ssms=ssms, settings=dataclasses.replace(DEFAULTS, **settings), **kwargs)
 
 
 TEST_REQUEST = {"num_draft_tokens": 4, "use_draft_logits": False, "pipeline": False, "stream_interval_s": 0.0}

@@ -22,6 +22,7 @@ from tiny_models import VOCAB, hf_greedy, next_logits
 
 ALL = ("self", "other", "ngram")
 DEADLINE_S = 0.5
+DEADLINE_MS = 1000 * DEADLINE_S
 """The vote's deadline where one SSM is late on purpose (LateClient, SlowClient, HungClient): far above
 what the tiny models and the lookup take to draft on a busy machine, so that only the late one misses it."""
 
@@ -142,7 +143,7 @@ def test_a_round_waits_for_the_deadline_not_for_the_slowest_ssm(engines, tiny_ll
     client = LateClient(engines, "other")
     health = SsmHealth(threshold=2)
     weights = SsmWeights(ALL)
-    tokens, rounds = decode_late(client, vote_plan(PROMPTS[1], 10, num_draft_tokens=2, vote_deadline_s=DEADLINE_S,
+    tokens, rounds = decode_late(client, vote_plan(PROMPTS[1], 10, num_draft_tokens=2, vote_deadline_ms=DEADLINE_MS,
                                                    vote_explore_every=1, health=health, weights=weights))
     assert tokens == hf_greedy(tiny_llm, PROMPTS[1], 10)
     voted = [r for r in rounds if r.drafts]
@@ -223,7 +224,7 @@ def test_exploration_rounds_wait_only_for_the_dominant_ssm(engines, tiny_llm):
     client = LateClient(engines, "other")
     weights = SsmWeights(ALL, initial={"self": 10.0, "other": 0.1, "ngram": 0.1})
     tokens, rounds = decode_late(client, vote_plan(PROMPTS[0], 12, num_draft_tokens=2, weights=weights,
-                                                   vote_explore_every=1, vote_deadline_s=5.0))
+                                                   vote_explore_every=1, vote_deadline_ms=5000.0))
     assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 12)
     drafted = [r for r in rounds if r.drafts]
     assert drafted and all(r.failed == () for r in rounds)
@@ -240,7 +241,7 @@ def test_a_dominant_ssm_slower_than_the_deadline_still_drafts_its_exploration_ro
     client = SlowClient(engines, "self", delay_s=2 * DEADLINE_S)
     weights = SsmWeights(ALL, initial={"self": 10.0, "other": 0.1, "ngram": 0.1})
     tokens, _, rounds = decode(client, vote_plan(PROMPTS[0], 12, num_draft_tokens=2, weights=weights,
-                                                 vote_explore_every=1, vote_deadline_s=DEADLINE_S))
+                                                 vote_explore_every=1, vote_deadline_ms=DEADLINE_MS))
     assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 12)
     drafted = [r for r in rounds if r.drafts or r.failed]
     assert drafted and all(r.failed == () and "self" in r.drafts for r in drafted)
@@ -249,7 +250,7 @@ def test_a_dominant_ssm_slower_than_the_deadline_still_drafts_its_exploration_ro
 def test_a_slow_ssm_never_has_two_calls_in_flight_for_one_request(engines, tiny_llm):
     """Otherwise its late calls queue up behind each other faster than it drains them."""
     client = LateClient(engines, "other")
-    tokens, rounds = decode_late(client, vote_plan(PROMPTS[0], 16, num_draft_tokens=1, vote_deadline_s=DEADLINE_S,
+    tokens, rounds = decode_late(client, vote_plan(PROMPTS[0], 16, num_draft_tokens=1, vote_deadline_ms=DEADLINE_MS,
                                                    vote_explore_every=1))
     assert tokens == hf_greedy(tiny_llm, PROMPTS[0], 16)
     assert client.most_in_flight == 1
@@ -262,7 +263,7 @@ def test_a_round_that_waited_for_a_late_ssm_is_not_a_measure_of_drafting(engines
     Rounds whose SSMs all answered in time still measure it."""
     stats = SharedLengthStats()
     client = LateClient(engines, "other")
-    _, rounds = decode_late(client, vote_plan(PROMPTS[1], 12, num_draft_tokens=2, vote_deadline_s=DEADLINE_S,
+    _, rounds = decode_late(client, vote_plan(PROMPTS[1], 12, num_draft_tokens=2, vote_deadline_ms=DEADLINE_MS,
                                               vote_explore_every=1, length_stats=stats))
     drafted = [r for r in rounds if r.drafted]
     in_time = [r for r in drafted[1:] if not r.failed]  # (a request's first draft is never a measure)
@@ -319,7 +320,7 @@ def test_a_lookup_that_fails_or_hangs_when_asked_first_never_fails_the_request(e
         client = HungClient(engines, hung="ngram")
     prompt, n = PROMPTS[0], 24
     p = vote_plan(prompt, n, ssms, num_draft_tokens=None, confident_ssms=frozenset({"ngram"}),
-                  vote_deadline_s=DEADLINE_S, health=SsmHealth(threshold=2, cooldown_s=3600),
+                  vote_deadline_ms=DEADLINE_MS, health=SsmHealth(threshold=2, cooldown_s=3600),
                   length_stats=_frozen_costs(ssms, 0.009, (0, 1)))
     tokens, _, rounds = decode(client, p)
     assert tokens == hf_greedy(tiny_llm, prompt, n)

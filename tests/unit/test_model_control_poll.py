@@ -62,7 +62,7 @@ class _Client:
 async def _poll(tmp_path, *indexes: dict[str, str]) -> _Client:
     """One poll of a repository in `tmp_path` (where no stub process runs), then the reloads it began."""
     client = _Client(_Repository(*indexes))
-    control = ModelControl(client, tmp_path, Services(ssms=("ssm",), llm="llm"), MetricTally(), 1.0, reload=True,
+    control = ModelControl(client, tmp_path, Services(ssms=("ssm",)), MetricTally(), 1.0, reload=True,
                            sweep_delays_s=())
     await control.poll()
     await asyncio.gather(*control._reloading.values())
@@ -95,7 +95,7 @@ def test_a_new_engine_model_joins_as_an_ssm_tensorrt_llm_s_own_as_a_native_one(t
                                       "ssm_new": _config("python", True, engine="ngram"),
                                       "preprocessing": _config("python", False)})
     client = _Client(repository)
-    services = Services(ssms=(), llm="llm")
+    services = Services(ssms=())
     joined = []
 
     def on_join(name: str, decoupled: bool, native: bool) -> None:
@@ -132,7 +132,7 @@ def test_the_streams_to_a_reloaded_or_unready_model_are_retired(tmp_path):
         return {"llm": list(pids[0]), "ssm": list(pids[1])}
 
     client = _Client(_Repository(*states))
-    control = ModelControl(client, tmp_path, Services(ssms=("ssm",), llm="llm"), MetricTally(), 1.0, reload=True,
+    control = ModelControl(client, tmp_path, Services(ssms=("ssm",)), MetricTally(), 1.0, reload=True,
                            stubs=live_stubs)
 
     retired_by_poll = []

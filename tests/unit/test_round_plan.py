@@ -9,13 +9,14 @@ from minions.speculation.draft_length import DraftLengthSelector, FixedLength
 from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
 from minions.speculation.services import Services
+from decoding import services_with
 
 SEEDS = LengthPolicy().cost_seed_samples
 """Measures before a drafting cost is known."""
 
 
 def services(streams: bool = True, load: int = 1, **kw) -> Services:
-    return Services(ssms=("ssm",), llm_streams=streams, load=lambda: load, **kw)
+    return services_with(("ssm",), llm_streams=streams, load=lambda: load, **kw)
 
 
 def plain_choosing_selector() -> DraftLengthSelector:
@@ -73,7 +74,7 @@ def test_drafts_that_came_back_empty_stream_the_rest_under_watch_instead_of_a_on
 
 
 def test_an_llm_that_cannot_be_stopped_mid_stream_streams_a_stretch_before_the_next_plan():
-    svc = services(llm_stops_streams=False, plain_stretch=16)
+    svc = services(llm_stops_streams=False, plain_stretch_tokens=16)
     assert plan(svc, FixedLength(4, svc.length_stats), empty=True) == StreamPlain(16, 1, watch=True)
     assert plan(svc, plain_choosing_selector(), remaining=5) == StreamPlain(5, 1, watch=True)
 
@@ -110,11 +111,11 @@ def test_above_the_speculation_load_limit_a_drafting_request_streams_plain_token
 
 
 def test_a_streams_interval_grows_with_the_load_so_that_all_streams_send_at_most_the_rate():
-    svc = services(load=1, stream_max_responses_per_s=80.0)
+    svc = services(load=1, llm_stream_max_responses_per_s=80.0)
     assert svc.stream_interval_s(0.1, 1) == svc.stream_interval_s(0.1, 8) == 0.1
     assert svc.stream_interval_s(0.1, 16) == pytest.approx(0.2)
     assert svc.stream_interval_s(0.0, 16) == 0.0, "every token, when asked for, stays every token"
-    assert services(load=1, stream_max_responses_per_s=0.0).stream_interval_s(0.1, 64) == 0.1
+    assert services(load=1, llm_stream_max_responses_per_s=0.0).stream_interval_s(0.1, 64) == 0.1
 
 
 def test_a_model_ssms_slow_and_rejected_drafts_do_not_close_the_lookup_drafters_probes():
@@ -143,7 +144,7 @@ def test_short_drafts_cost_per_token_does_not_close_the_probes():
     lookups = ("ssm_ngram", "ssm_suffix")
     for _ in range(5):
         FixedLength(1, svc.length_stats, drafters=lookups).observe(1, 1, 0, 0.0025, 0.1)
-    assert svc.length_stats.draft_estimate(1, False, lookups) > svc.probe_max_draft_cost_s
+    assert svc.length_stats.draft_estimate(1, False, lookups) > svc.settings.probe_max_draft_cost_ms / 1000
     assert svc.probe_pays(FixedLength(0, svc.length_stats, drafters=lookups), 1)
     for _ in range(SEEDS):
         FixedLength(8, svc.length_stats, drafters=lookups).observe(1, 8, 8, 0.0030, 0.3)

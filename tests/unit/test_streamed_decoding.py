@@ -191,7 +191,7 @@ def test_a_stream_started_under_load_asks_for_fewer_responses(client, llm, load,
     """The streamed call's interval is the request's, or longer with more requests decoding
     (Services.stream_interval_s): 16 streams at 80 responses a second in all, 200 ms each."""
     tokens, _, _ = decode(client, make_plan(PROMPTS[0], N, llm_streams=True, stream_interval_s=0.1,
-                                            load=lambda: load, stream_max_responses_per_s=80.0))
+                                            load=lambda: load, llm_stream_max_responses_per_s=80.0))
     assert tokens == reference(llm, PROMPTS[0])
     assert client.calls[0][1].streaming and client.calls[0][1].stream_interval_s == pytest.approx(interval)
 

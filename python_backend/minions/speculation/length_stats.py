@@ -147,7 +147,7 @@ class SharedLengthStats:
     def __init__(self, policy: LengthPolicy | None = None) -> None:
         self.policy = policy or LengthPolicy()
         self.probe_min_draft = DEFAULTS.probe_min_draft
-        """Services sets its own (`Services.probe_min_draft`)."""
+        """Services sets the deployment's (`probe_min_draft`)."""
         self.verify = VerifyCostTable(memory_rounds=self.policy.verify_memory_rounds)
         self.acceptances: dict[tuple[str, ...], AcceptanceModel] = {}
         """The acceptance a_j per set of SSMs a request drafts with (the 0.5B's drafts are not the

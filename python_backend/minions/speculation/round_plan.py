@@ -67,6 +67,6 @@ def plan_round(services: Services, length: DraftLengthSelector | FixedLength, *,
         # above the load limit, where nothing is drafted.
         nothing_to_verify = drafts_came_back_empty or (k == 0 and not first) or (first and (busy or lookups_only))
         if nothing_to_verify:  # until the request ends or a probe finds a draft (and stops the stream)
-            return StreamPlain(remaining if services.llm_stops_streams else min(remaining, services.plain_stretch),
-                               batch, watch=True)
+            stretch = remaining if services.llm_stops_streams else min(remaining, services.settings.plain_stretch_tokens)
+            return StreamPlain(stretch, batch, watch=True)
     return Verify(k, batch, planned)

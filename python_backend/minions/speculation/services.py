@@ -27,7 +27,9 @@ class Services:
     request's choice, the pool throttles everyone's drafting."""
 
     ssms: tuple[str, ...]
-    llm: str = DEFAULTS.llm_model_name
+    settings: OrchestratorSettings = DEFAULTS
+    """The deployment's settings, held rather than copied: the probes', the pipeline's, the vote's and
+    the streams' knobs are read from here (settings.py documents each)."""
     health: SsmHealth = field(default_factory=SsmHealth)
     weights: SsmWeights | None = None
     """The vote's global SSM weights (None: fresh ones over `ssms`)."""
@@ -38,78 +40,42 @@ class Services:
     """The intermediate draft pool (None: no throttle)."""
     load: Callable[[], int] = lambda: 1
     """How many requests are being decoded now (the batch size the LLM sees)."""
-    vote_deadline_s: float = DEFAULTS.vote_deadline_s
-    vote_explore_every: int = DEFAULTS.vote_explore_every
-    pipeline_max_load: int = DEFAULTS.pipeline_max_load
-    """Early drafts only while at most this many requests are being decoded (0: always), unless
-    they will likely be used (pipeline_min_hit). Under load the other requests' drafts keep the SSMs
-    busy while this one verifies, and an early draft, thrown away whenever the LLM rejects part of
-    round r, takes SSM time they wait for."""
-    pipeline_min_hit: float = DEFAULTS.pipeline_min_hit
-    """Above pipeline_max_load, early drafts are still made while the adaptive selector estimates at
-    least this chance that one will be used (the whole draft accepted and the LLM's own token
-    guessed): then the SSMs would draft the same tokens after verification anyway, only later.
-    0: never above the load limit (nor for a fixed draft length, which has no estimate)."""
-
     llm_streams: bool = False
     """The LLM streams a generation token by token from one call (a decoupled in-flight engine):
     plain decoding then costs one engine step per token, not one call."""
     llm_stops_streams: bool = True
-    """A `stop` ends the LLM's running stream (a llama.cpp engine; not TensorRT-LLM's)..."""
-    plain_stretch: int = DEFAULTS.plain_stretch_tokens
-    """...else plain decoding of a request that drafts streams this many tokens a call."""
+    """A `stop` ends the LLM's running stream (a llama.cpp engine; not TensorRT-LLM's); else plain
+    decoding of a request that drafts streams `plain_stretch_tokens` a call."""
     confident_ssms: frozenset[str] = frozenset()
     """SSMs whose drafts carry their tokens' estimated chances (settings.lookup_model_names): asked for
     them, and their drafts cut to the length worth verifying (`worth_verifying`)."""
-    probe_tokens: int = DEFAULTS.probe_tokens
-    probe_min_draft: int = DEFAULTS.probe_min_draft
-    probe_max_draft_cost_s: float = DEFAULTS.probe_max_draft_cost_ms / 1000.0
-    probe_max_load: int = DEFAULTS.probe_max_load
-    speculation_max_load: int = DEFAULTS.speculation_max_load
-    probe_first_gap: int = DEFAULTS.probe_first_gap
-    probe_min_gap: int = DEFAULTS.probe_min_gap
-    probe_max_gap: int = DEFAULTS.probe_max_gap
-    probe_repeat_tokens: int = DEFAULTS.probe_repeat_tokens
-    stream_max_responses_per_s: float = DEFAULTS.llm_stream_max_responses_per_s
-    """The LLM's streamed responses, all streams together, a second at most (stream_interval_s)."""
     on_probe: Callable[[str], None] = lambda outcome: None
     """Told how each probe of a plain stream ended (watch.py's PROBE_OUTCOMES): the orchestrator
     counts them for its metrics."""
 
     def __post_init__(self) -> None:
-        self.length_stats.probe_min_draft = self.probe_min_draft  # the probes' gate measures drafts this long
+        self.length_stats.probe_min_draft = self.settings.probe_min_draft  # the probes' gate: drafts this long
         self.length_stats.verify.plain_streams = self.llm_streams  # t(b, 0) is a streamed step, no call
         self.weights = self.weights or SsmWeights(self.ssms)
         self.bandit = self.bandit or Ucb1(self.ssms)
+
+    @property
+    def llm(self) -> str:
+        return self.settings.llm_model_name
 
     @classmethod
     def from_settings(cls, settings: OrchestratorSettings, load: Callable[[], int]) -> Services:
         """The orchestrator's services, built once from its deployment settings."""
         return cls(
             ssms=settings.ssm_model_names,
-            llm=settings.llm_model_name,
+            settings=settings,
             health=SsmHealth(settings.ssm_breaker_threshold, settings.ssm_breaker_cooldown_s, settings.ssm_call_timeout_s),
             length_stats=SharedLengthStats(LengthPolicy(candidates=settings.draft_length_candidates)),
             pool=DraftPool(settings.draft_pool),
             load=load,
-            vote_deadline_s=settings.vote_deadline_s,
-            vote_explore_every=settings.vote_explore_every,
-            pipeline_max_load=settings.pipeline_max_load,
-            pipeline_min_hit=settings.pipeline_min_hit,
             llm_streams=settings.llm_model_name in settings.decoupled_model_names,
             llm_stops_streams=settings.llm_model_name not in settings.trtllm_model_names,
-            plain_stretch=settings.plain_stretch_tokens,
             confident_ssms=frozenset(settings.lookup_model_names),
-            probe_tokens=settings.probe_tokens,
-            probe_min_draft=settings.probe_min_draft,
-            probe_max_draft_cost_s=settings.probe_max_draft_cost_ms / 1000.0,
-            probe_max_load=settings.probe_max_load,
-            speculation_max_load=settings.speculation_max_load,
-            probe_first_gap=settings.probe_first_gap,
-            probe_min_gap=settings.probe_min_gap,
-            probe_max_gap=settings.probe_max_gap,
-            probe_repeat_tokens=settings.probe_repeat_tokens,
-            stream_max_responses_per_s=settings.llm_stream_max_responses_per_s,
         )
 
     def add_ssm(self, name: str) -> None:
@@ -127,8 +93,9 @@ class Services:
         if spec.mode == SpeculationMode.VOTE:
             lookups = set(spec.ssms) & self.confident_ssms
             rest = self.draft_rest() if lookups and lookups != set(spec.ssms) else None
-            return VoteDrafter(spec.ssms, self.health, self.weights, self.vote_deadline_s, self.vote_explore_every,
-                               sampled, rest, lambda: self.load() <= self.probe_max_load)
+            return VoteDrafter(spec.ssms, self.health, self.weights, self.settings.vote_deadline_s,
+                               self.settings.vote_explore_every, sampled, rest,
+                               lambda: self.load() <= self.settings.probe_max_load)
         if spec.mode == SpeculationMode.BANDIT:
             return BanditDrafter(spec.ssms, self.health, self.bandit, sampled)
         return SingleDrafter(spec.ssms[0], self.health, sampled)
@@ -137,9 +104,9 @@ class Services:
         """A fresh schedule of one request's asks and its index of repeating tails (None when off): the
         probes on its plain streams (DraftWatch; `from_start`: the first comes `probe_first_gap` tokens
         into the answer) and its rests (DraftRest)."""
-        repeats = TailRepeats(self.probe_repeat_tokens) if self.probe_repeat_tokens > 0 else None
-        first_gap = self.probe_first_gap if from_start else None
-        return ProbeSchedule(self.probe_min_gap, self.probe_max_gap, first_gap), repeats
+        s = self.settings
+        repeats = TailRepeats(s.probe_repeat_tokens) if s.probe_repeat_tokens > 0 else None
+        return ProbeSchedule(s.probe_min_gap, s.probe_max_gap, s.probe_first_gap if from_start else None), repeats
 
     def draft_rest(self) -> DraftRest:
         """When a request's lookups are asked where each ask precedes an LLM call (watch.DraftRest): on
@@ -161,26 +128,29 @@ class Services:
         drafting costs next to nothing at this load (prompt lookup, suffix matching) and at most
         `probe_max_load` requests decode (each probe's stop and verification cost a step that every
         request shares)."""
-        return (self.probe_tokens > 0 and batch <= self.probe_max_load and not self.too_busy(batch)
+        s = self.settings
+        return (s.probe_tokens > 0 and batch <= s.probe_max_load and not self.too_busy(batch)
                 and self.length_stats.probe_draft_estimate(batch, length.pipelined, length.drafters)
-                <= self.probe_max_draft_cost_s)
+                <= s.probe_max_draft_cost_ms / 1000.0)
 
     def stream_interval_s(self, interval_s: float, batch: int) -> float:
         """A streamed call's interval between responses with `batch` requests decoding: the request's
         (`interval_s`; 0, every token, is kept), or longer, so that `batch` streams send at most
-        `stream_max_responses_per_s` together. Each response costs CPU in both stubs, tritonserver
+        `llm_stream_max_responses_per_s` together. Each response costs CPU in both stubs, tritonserver
         and the frontend, which llama.cpp's threads would otherwise use (docs/engines.md)."""
-        if interval_s <= 0 or self.stream_max_responses_per_s <= 0:
+        most = self.settings.llm_stream_max_responses_per_s
+        if interval_s <= 0 or most <= 0:
             return interval_s
-        return max(interval_s, batch / self.stream_max_responses_per_s)
+        return max(interval_s, batch / most)
 
     def too_busy(self, batch: int) -> bool:
         """Whether this many requests decoding is beyond `speculation_max_load` (drafting is off)."""
-        return 0 < self.speculation_max_load < batch
+        return 0 < self.settings.speculation_max_load < batch
 
     def early_draft_pays(self, length: DraftLengthSelector | FixedLength, batch: int, drafted: int) -> bool:
         """Whether to draft round r+1 during round r's verification of `drafted` tokens, at load `batch`."""
-        if not self.pipeline_max_load or batch <= self.pipeline_max_load:
+        s = self.settings
+        if not s.pipeline_max_load or batch <= s.pipeline_max_load:
             return True
         hit = length.survival(drafted + 1)
-        return hit is not None and self.pipeline_min_hit > 0 and hit >= self.pipeline_min_hit
+        return hit is not None and s.pipeline_min_hit > 0 and hit >= s.pipeline_min_hit
