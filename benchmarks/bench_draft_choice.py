@@ -38,7 +38,7 @@ from minions.deploy.render import engine_settings, orchestrator_settings
 from minions.engines.factory import build_engine
 from minions.settings import EngineKind
 from minions.engines.draft_confidence import token_log_probs
-from minions.speculation.draft_length import ChanceCalibration, cheapest_verification, survival
+from minions.speculation.pricing.worth import ChanceCalibration, cheapest_verification, survival
 from minions.speculation.voting import vote
 from minions.speculation.weights import SsmWeights, draft_score
 from minions.text.datasets import load_prompts, mixed_prompts

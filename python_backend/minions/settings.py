@@ -237,7 +237,7 @@ class OrchestratorSettings(Settings):
     (engines/tensors.py OWN_INPUTS are not sent) and keep no sequence between calls (nothing to release)."""
     lookup_model_names: tuple[str, ...] = derived(())
     """SSMs served by a lookup engine (ngram, suffix): their drafts carry each token's learnt chance of
-    being right as log probs, and are cut to the length worth verifying (draft_length.worth_verifying)."""
+    being right as log probs, and are cut to the length worth verifying (pricing/worth.py, worth_verifying)."""
     engine_grpc_url: str = derived("127.0.0.1:8001")
     """tritonserver's own gRPC endpoint, through which the orchestrator calls the engine models
     (triton/engine_client.py says why not Python-backend BLS)."""

@@ -17,7 +17,7 @@ from minions.engines.torch_engine import TorchEngine
 from minions.errors import InvalidRequest
 from minions.settings import DEFAULTS
 from minions.speculation.mode import OFF, Speculation, SpeculationMode
-from minions.speculation.length_stats import SharedLengthStats
+from minions.speculation.pricing.length_stats import SharedLengthStats
 from minions.speculation.rounds import DecodeStats
 from tiny_models import hf_greedy, next_logits
 

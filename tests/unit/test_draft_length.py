@@ -1,4 +1,4 @@
-"""minions.speculation.draft_length: the adaptive speculation length, driven by a synthetic cost model.
+"""minions.speculation.pricing.draft_length: the adaptive speculation length, driven by a synthetic cost model.
 
 The synthetic world: verification costs t(b, s) = base(b) + slope * s, drafting costs d per token, and
 each draft position is accepted with probability a (so E(s) is known in closed form). The best s is
@@ -15,9 +15,11 @@ import pytest
 
 from minions.decoding.tokens import draft_outcome
 from minions.settings import DEFAULTS
-from minions.speculation.draft_length import ChanceCalibration, DraftLengthSelector, worth_verifying
-from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
-from minions.speculation.verify_costs import VerifyCostTable, load_bucket
+from minions.speculation.pricing.draft_length import DraftLengthSelector
+from minions.engines.draft_confidence import token_log_probs
+from minions.speculation.pricing.worth import ChanceCalibration, cheapest_verification, worth_verifying
+from minions.speculation.pricing.length_stats import LengthPolicy, SharedLengthStats
+from minions.speculation.pricing.verify_costs import VerifyCostTable, load_bucket
 
 DEFAULT_CANDIDATES = DEFAULTS.draft_length_candidates
 
@@ -620,3 +622,14 @@ def test_a_round_drafted_ahead_by_some_of_the_request_s_ssms_is_not_the_request_
     assert selector.acceptance.trials == []
     selector.observe(1, 4, 2, 0.001, 0.05)
     assert selector.acceptance.trials == [1.0, 1.0, 1.0] and selector.acceptance.accepted == [1.0, 1.0, 0.0]
+
+
+def test_worth_s_worked_example_holds():
+    """pricing/worth.py's docstring: chances 0.95, 0.9, 0.5, 0.2 against t(0..4) = 11, 16, 21, 25, 32 ms
+    cost 8.2, 7.4, 7.5, 9.0 ms a token: 2 tokens are verified."""
+    chances = [0.95, 0.9, 0.5, 0.2]
+    log_probs = token_log_probs(chances)
+    t = dict(enumerate([0.011, 0.016, 0.021, 0.025, 0.032]))
+    n, per_token = cheapest_verification(log_probs, t)
+    assert n == 2 and per_token == pytest.approx(0.021 / 2.85)
+    assert worth_verifying(log_probs, t) == 2

@@ -15,7 +15,7 @@ from minions.decoding.sampling import SamplingParams, target_probs
 from minions.settings import DEFAULTS
 from minions.speculation.bandit import Ucb1
 from minions.speculation.health import SsmHealth
-from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
+from minions.speculation.pricing.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.mode import Speculation, SpeculationMode
 from minions.speculation.weights import SsmWeights
 from tiny_models import VOCAB, hf_greedy, next_logits

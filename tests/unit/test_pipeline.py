@@ -15,7 +15,7 @@ import pytest
 from decoding import PROMPTS, InProcessClient, Plan, assert_all_released, collect, decode, make_plan, rounds_of, within
 from laws import goodness_of_fit
 from minions.decoding.sampling import SamplingParams, target_probs
-from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
+from minions.speculation.pricing.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.mode import OFF, Speculation, SpeculationMode
 from minions.speculation.pool import DraftPool
 from minions.speculation.rounds import DecodeStats

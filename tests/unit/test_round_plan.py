@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from minions.speculation.draft_length import DraftLengthSelector, FixedLength
-from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
+from minions.speculation.pricing.draft_length import DraftLengthSelector, FixedLength
+from minions.speculation.pricing.gates import probe_pays
+from minions.speculation.pricing.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
 from minions.speculation.services import Services
 from decoding import services_with
@@ -102,7 +103,8 @@ def test_above_the_speculation_load_limit_a_drafting_request_streams_plain_token
     assert plan(busy, FixedLength(4, busy.length_stats)) == StreamPlain(50, 5, watch=True)
     assert plan(busy, FixedLength(4, busy.length_stats), first=True) == StreamPlain(50, 5, watch=True), \
         "from its first token on, as `off`: no call of its own for round 1, whose early draft would go unused"
-    assert not busy.probe_pays(FixedLength(4, busy.length_stats), 5), "its stream's probes are off too"
+    assert not probe_pays(busy.settings, busy.length_stats, FixedLength(4, busy.length_stats), 5), \
+        "its stream's probes are off too"
     calm = services(load=4, speculation_max_load=4)
     assert plan(calm, FixedLength(4, calm.length_stats)) == Verify(4, 4, 4)
     assert plan(calm, FixedLength(4, calm.length_stats), first=True) == Verify(0, 4, 0)
@@ -127,13 +129,13 @@ def test_a_model_ssms_slow_and_rejected_drafts_do_not_close_the_lookup_drafters_
     lookups, model = ("ssm_ngram", "ssm_suffix"), ("ssm_qwen05",)
     for _ in range(SEEDS):  # enough measures to be known
         FixedLength(4, svc.length_stats, drafters=model).observe(1, 4, 1, 0.072, 0.3)
-    assert not svc.probe_pays(FixedLength(0, svc.length_stats, drafters=model), 1)
+    assert not probe_pays(svc.settings, svc.length_stats, FixedLength(0, svc.length_stats, drafters=model), 1)
     prior = svc.length_stats.global_rates(4)  # nothing measured
     assert svc.length_stats.global_rates(4, lookups) == prior != svc.length_stats.global_rates(4, model)
-    assert svc.probe_pays(FixedLength(0, svc.length_stats, drafters=lookups), 1)
+    assert probe_pays(svc.settings, svc.length_stats, FixedLength(0, svc.length_stats, drafters=lookups), 1)
     for _ in range(SEEDS):
         FixedLength(8, svc.length_stats, drafters=lookups).observe(1, 8, 8, 0.0026, 0.3)
-    assert svc.probe_pays(FixedLength(0, svc.length_stats, drafters=lookups), 1)
+    assert probe_pays(svc.settings, svc.length_stats, FixedLength(0, svc.length_stats, drafters=lookups), 1)
 
 
 def test_short_drafts_cost_per_token_does_not_close_the_probes():
@@ -145,11 +147,11 @@ def test_short_drafts_cost_per_token_does_not_close_the_probes():
     for _ in range(5):
         FixedLength(1, svc.length_stats, drafters=lookups).observe(1, 1, 0, 0.0025, 0.1)
     assert svc.length_stats.draft_estimate(1, False, lookups) > svc.settings.probe_max_draft_cost_ms / 1000
-    assert svc.probe_pays(FixedLength(0, svc.length_stats, drafters=lookups), 1)
+    assert probe_pays(svc.settings, svc.length_stats, FixedLength(0, svc.length_stats, drafters=lookups), 1)
     for _ in range(SEEDS):
         FixedLength(8, svc.length_stats, drafters=lookups).observe(1, 8, 8, 0.0030, 0.3)
-    assert svc.probe_pays(FixedLength(0, svc.length_stats, drafters=lookups), 1)
+    assert probe_pays(svc.settings, svc.length_stats, FixedLength(0, svc.length_stats, drafters=lookups), 1)
     model = ("ssm_q4",)
     for _ in range(SEEDS):
         FixedLength(4, svc.length_stats, drafters=model).observe(1, 4, 2, 0.024, 0.3)
-    assert not svc.probe_pays(FixedLength(0, svc.length_stats, drafters=model), 1)
+    assert not probe_pays(svc.settings, svc.length_stats, FixedLength(0, svc.length_stats, drafters=model), 1)

@@ -15,7 +15,7 @@ from minions.decoding.engine_call import EngineRequest
 from minions.deploy.artifacts import smollm2_gguf
 from minions.engines.llamacpp_engine import LlamaCppEngine
 from minions.engines.ngram_engine import NgramEngine, ngram_draft
-from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
+from minions.speculation.pricing.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.loop import speculative_decode
 from minions.speculation.mode import Speculation
 

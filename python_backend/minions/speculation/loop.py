@@ -5,7 +5,7 @@ Each turn plans a round (round_plan.py), runs it, and yields what it emitted:
   or a bandit's pick) proposes k tokens from the whole sequence; the LLM verifies them and returns the
   accepted prefix plus one token of its own (TensorRT-LLM's draft-tokens-external mode). Drafts that
   carry their tokens' chances (the lookup SSMs') are asked whole and cut to the length worth verifying
-  (draft_length.worth_verifying). With no draft the LLM returns one plain token through the same call.
+  (pricing/worth.py, worth_verifying). With no draft the LLM returns one plain token through the same call.
 - `StreamPlain`: one streaming call to an LLM that streams (an in-flight llama.cpp engine); each
   token is a round of its own. `off` streams its whole output so; a request that drafts streams so
   where the length policy gives s = 0 or the drafters found nothing, while its drafters are probed
@@ -26,9 +26,11 @@ from contextlib import aclosing
 from minions.decoding.engine_call import EngineClient, EngineRequest, EngineResult
 from minions.decoding.tokens import common_prefix_len
 from minions.speculation.decode_request import DecodeRequest
-from minions.speculation.draft_length import ChanceCalibration, DraftLengthSelector, cheapest_verification
 from minions.speculation.drafters import Proposal
 from minions.speculation.pipelining import DraftSource
+from minions.speculation.pricing.draft_length import DraftLengthSelector
+from minions.speculation.pricing.gates import early_draft_pays, probe_pays
+from minions.speculation.pricing.worth import ChanceCalibration, cheapest_verification
 from minions.speculation.progress import Progress
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
 from minions.speculation.rounds import Round
@@ -133,7 +135,7 @@ class _Decode:
 
     def _cheapest(self, log_probs: list[float], batch: int) -> tuple[int, float | None]:
         """The cheapest verification of a draft whose tokens carry these log chances, at this load, by
-        this request's calibration (draft_length.cheapest_verification)."""
+        this request's calibration (pricing/worth.py, cheapest_verification)."""
         costs = self.services.length_stats.verify.within_reach(batch, range(len(log_probs) + 1))
         return cheapest_verification(log_probs, costs, self.calibration.factor)
 
@@ -177,7 +179,8 @@ class _Decode:
                 t, new_call = now, False
                 if watch is not None:
                     watch.arrived(self.progress.sequence, len(tokens),
-                                  self.services.probe_pays(self.length, self.services.load()))
+                                  probe_pays(self.services.settings, self.services.length_stats, self.length,
+                                             self.services.load()))
         if watch is not None:
             self.found = await watch.settle(self.progress.sequence)
 
@@ -215,8 +218,8 @@ class _Decode:
             self.source.release_slot()
             # Round 1 (plain decoding) drafts round 2 from the prompt at any load: that moves the
             # SSMs' prompt prefill, which every request pays, off the critical path.
-            if self.request.pipeline and (progress.produced == 0 or draft and services.early_draft_pays(
-                    self.length, plan.batch, len(draft))):
+            if self.request.pipeline and (progress.produced == 0 or draft and early_draft_pays(
+                    services.settings, self.length, plan.batch, len(draft))):
                 self.source.draft_ahead(progress.sequence, draft, progress.remaining,
                                         self._asked(self.length.current), progress.index)
         verdict = await verification

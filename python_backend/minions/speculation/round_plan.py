@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minions.speculation.draft_length import DraftLengthSelector, FixedLength
+from minions.speculation.pricing.draft_length import DraftLengthSelector, FixedLength
+from minions.speculation.pricing.gates import too_busy
 from minions.speculation.services import Services
 
 
@@ -53,7 +54,7 @@ def plan_round(services: Services, length: DraftLengthSelector | FixedLength, *,
     batch = services.load()
     if found:
         return Verify(min(found, remaining - 1), batch, found)
-    busy = services.too_busy(batch)
+    busy = too_busy(services.settings, batch)
     planned = length.choose(batch) if drafting and not first and not busy else 0
     k = min(planned, remaining - 1)
     if services.llm_streams:

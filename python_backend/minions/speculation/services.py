@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from minions.settings import DEFAULTS, OrchestratorSettings
 from minions.speculation.bandit import BanditDrafter, Ucb1
 from minions.speculation.decode_request import DecodeRequest
-from minions.speculation.draft_length import DraftLengthSelector, FixedLength
 from minions.speculation.drafters import Drafter, SingleDrafter
 from minions.speculation.health import SsmHealth
-from minions.speculation.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.mode import SpeculationMode
 from minions.speculation.pool import DraftPool
+from minions.speculation.pricing.draft_length import DraftLengthSelector, FixedLength
+from minions.speculation.pricing.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.vote_drafter import VoteDrafter
 from minions.speculation.watch import DraftRest, ProbeSchedule, TailRepeats
 from minions.speculation.weights import SsmWeights
@@ -123,16 +123,6 @@ class Services:
                                        request_id)
         return FixedLength(request.num_draft_tokens or 0, self.length_stats, request.pipeline, drafters, request_id)
 
-    def probe_pays(self, length: DraftLengthSelector | FixedLength, batch: int) -> bool:
-        """Whether a request's plain stream may ask its drafters for a draft now (watch.py): only when
-        drafting costs next to nothing at this load (prompt lookup, suffix matching) and at most
-        `probe_max_load` requests decode (each probe's stop and verification cost a step that every
-        request shares)."""
-        s = self.settings
-        return (s.probe_tokens > 0 and batch <= s.probe_max_load and not self.too_busy(batch)
-                and self.length_stats.probe_draft_estimate(batch, length.pipelined, length.drafters)
-                <= s.probe_max_draft_cost_ms / 1000.0)
-
     def stream_interval_s(self, interval_s: float, batch: int) -> float:
         """A streamed call's interval between responses with `batch` requests decoding: the request's
         (`interval_s`; 0, every token, is kept), or longer, so that `batch` streams send at most
@@ -142,15 +132,3 @@ class Services:
         if interval_s <= 0 or most <= 0:
             return interval_s
         return max(interval_s, batch / most)
-
-    def too_busy(self, batch: int) -> bool:
-        """Whether this many requests decoding is beyond `speculation_max_load` (drafting is off)."""
-        return 0 < self.settings.speculation_max_load < batch
-
-    def early_draft_pays(self, length: DraftLengthSelector | FixedLength, batch: int, drafted: int) -> bool:
-        """Whether to draft round r+1 during round r's verification of `drafted` tokens, at load `batch`."""
-        s = self.settings
-        if not s.pipeline_max_load or batch <= s.pipeline_max_load:
-            return True
-        hit = length.survival(drafted + 1)
-        return hit is not None and s.pipeline_min_hit > 0 and hit >= s.pipeline_min_hit

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minions.settings import DEFAULTS
-from minions.speculation.verify_costs import (RoundMemory, VerifyCostTable, buckets_by_nearness, load_bucket,
+from minions.speculation.pricing.verify_costs import (RoundMemory, VerifyCostTable, buckets_by_nearness, load_bucket,
                                               server_weight)
 
 

@@ -124,7 +124,7 @@ class VerifyCostTable:
         return dict.fromkeys(lengths)
 
     def within_reach(self, batch: int, lengths: Sequence[int]) -> dict[int, float | None]:
-        """`estimates` for pricing one draft by its own chances (draft_length.worth_verifying), with
+        """`estimates` for pricing one draft by its own chances (pricing/worth.py, worth_verifying), with
         the measured lengths' reach doubled: beyond the longest measured at this load, lengths up to
         twice it cost what it costs, and longer ones rise from there at the line's slope. Beyond the
         measured lengths the line is a guess, and a draft it prices out is never verified to measure
