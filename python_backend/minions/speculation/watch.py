@@ -11,9 +11,9 @@ ask would cost).
 Probes back off: the first comes `first_gap` tokens in, and the tokens between two probes double
 after each probe that found nothing and each verification that accepted less than half its draft,
 up to `max_gap`, and fall back to `min_gap` after a verification that accepted at least half. Text
-that gives the drafters nothing costs a few probes, text that copies is probed often. Each probe
-costs the LLM's stream a few ms on a CPU it shares (two lookup calls through Triton), and chat's
-first probes mostly find nothing, hence the later first one (docs/benchmarks.md).
+that gives the drafters nothing costs a few probes, text that copies is probed often. A probe that
+finds a draft stops the stream for a verification that may fail, and chat's first probes mostly find
+nothing worth one, hence the later first one (docs/benchmarks.md).
 
 The back-off does not wait where the text shows a lookup can draft: once the sequence's last few
 tokens occurred earlier in it (`TailRepeats`, a set of the request's n-grams kept in the
