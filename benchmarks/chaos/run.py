@@ -155,9 +155,10 @@ def chaos(s: Settings, out: Path, stamp: str) -> dict:
         faults.append(asdict(f))
         since = end
     recoveries = [f["recovered_s"] for f in faults if f["recovered_s"] is not None]
-    verdict = memory_trend([(x["t"], x["total"], x["settled"]) for x in sampler.samples],
-                           60 * min(s.warmup_min, s.minutes / 3), s.growth_mib * MIB)
     duration = time.monotonic() - t0
+    # warm-up: a third of the run as it went (a covering run goes on past --minutes), at most --warmup-min
+    verdict = memory_trend([(x["t"], x["total"], x["settled"]) for x in sampler.samples],
+                           min(60 * s.warmup_min, duration / 3), s.growth_mib * MIB)
     report = {
         "settings": {**asdict(s), "faults": list(kinds)}, "stamp": stamp, "duration_s": round(duration, 1),
         "requests": summarize_requests(results, stuck, s.slow_s),

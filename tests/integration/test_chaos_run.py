@@ -8,7 +8,10 @@ and the OpenAI frontend, each of which serves some), and no shared memory is lea
 
 The orchestrator finds a killed SSM stub by its model-control probe each poll and loads the model
 again (docs/operations.md "Chaos"); a killed SSM not loaded again in --recovery-s is a problem of the
-run, as is every other problem the tool reports, and fails the test."""
+run, as is every other problem the tool reports, and fails the test. How slow a request may be is
+`make chaos`'s to judge on a quiet machine: here `--slow-s` is far above what a busy core makes of a
+32-token request (62 s and a first request 98 s after a reload, measured with the second core held),
+so that only what must never happen fails the test."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from benchmarks.chaos.verdict import FAILED, HUNG, INCOMPLETE, MODES, PROTOCOLS,
 def test_a_short_chaos_run_with_ssm_kills_and_reloads(tmp_path, nothing_beside):
     rc = main(["--minutes", "0.5", "--cover", "--max-minutes", "15", "--seed", "1", "--faults", "ssm_kill,reload",
                "--min-gap-s", "3", "--max-gap-s", "6", "--users", "3", "--max-tokens", "32", "--hang-s", "120",
+               "--slow-s", "600",
                "--recovery-s", "60", "--exit-timeout-s", "5", "--out", str(tmp_path)])
 
     [path] = tmp_path.glob("*.json")
