@@ -89,7 +89,7 @@ class BanditDrafter:
         control = time.perf_counter() - t0
         if ssm is None:
             return Proposal(control_seconds=control)
-        proposal = await ask_one(client, self.health, ssm, rnd, self.sampled)
+        proposal = await ask_one(client, self.health, ssm, rnd, sampled=self.sampled)
         proposal.chosen = ssm  # rewarded even when it proposed nothing: that round was plain decoding
         proposal.control_seconds = control
         return proposal

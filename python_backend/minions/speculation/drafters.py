@@ -144,7 +144,7 @@ class SingleDrafter:
     async def propose(self, client: EngineClient, rnd: DraftRound) -> Proposal:
         if not self.health.available(self.ssms[0]):
             return Proposal()
-        return await ask_one(client, self.health, self.ssms[0], rnd, self.sampled)
+        return await ask_one(client, self.health, self.ssms[0], rnd, sampled=self.sampled)
 
     def observe(self, proposal: Proposal, emitted: list[int], draft_seconds: float, verify_seconds: float) -> float:
         return 0.0

@@ -76,16 +76,17 @@ class _Decode:
         # Drafts are cut by their chances only when the length is adaptive: a request that fixed its
         # num_draft_tokens has its drafts verified as asked, so its SSMs are not asked for chances.
         confident = services.confident_ssms if request.num_draft_tokens is None else frozenset()
-        self.source = (DraftSource(client, self.drafter, services.pool, request_id, request.sampling, request.seed,
-                                   confident, request.max_draft_tokens, self._instead if confident else None)
+        self.source = (DraftSource(client, self.drafter, services.pool, request_id, sampling=request.sampling,
+                                   seed=request.seed, confident=confident, whole=request.max_draft_tokens,
+                                   instead=self._instead if confident else None)
                        if self.drafter else None)
         self.drafted_before = False
         """The first draft also pays the SSMs' prefill of the prompt: its drafting time is not a sample."""
         self.drafts_came_back_empty = False
         stop = (lambda: client.interrupt(services.llm, request_id)) if services.llm_stops_streams else None
         schedule, repeats = services.probe_schedule(from_start=True)
-        self.watch = (DraftWatch(schedule, services.settings.probe_min_draft, self._probe, stop, repeats,
-                                 services.on_probe)
+        self.watch = (DraftWatch(schedule, services.settings.probe_min_draft, self._probe, stop, repeats=repeats,
+                                 on_end=services.on_probe)
                       if self.drafter and services.llm_streams and services.settings.probe_tokens > 0 else None)
         self.asked_whole = bool(confident) and self.drafter is not None and set(self.drafter.ssms) <= confident
         """Every SSM of the request's drafter sends its tokens' chances: drafts are asked whole (`_asked`)."""
@@ -170,7 +171,8 @@ class _Decode:
                     continue
                 now = time.perf_counter()
                 tokens = result.tokens[: plan.tokens]
-                last = self._observe(tokens, plan.batch, 0, 0, None, now - t, steps=len(tokens))
+                last = self._observe(tokens, plan.batch, drafted=0, accepted=0, draft_seconds=None, llm_seconds=now - t,
+                                      steps=len(tokens))
                 yield Round(tokens=tokens, ssm=None, drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=now - t,
                             last=last, llm_call=new_call, log_probs=_first(result.log_probs, plan.tokens),
                             cached_tokens=_cached(call, result) if new_call else 0)
@@ -220,8 +222,8 @@ class _Decode:
             # SSMs' prompt prefill, which every request pays, off the critical path.
             if self.request.pipeline and (progress.produced == 0 or draft and early_draft_pays(
                     services.settings, self.length, plan.batch, len(draft))):
-                self.source.draft_ahead(progress.sequence, draft, progress.remaining,
-                                        self._asked(self.length.current), progress.index)
+                self.source.draft_ahead(progress.sequence, draft, remaining=progress.remaining,
+                                        next_length=self._asked(self.length.current), index=progress.index)
         verdict = await verification
         remaining = progress.remaining
         emitted = verdict.tokens[:remaining]
@@ -239,7 +241,8 @@ class _Decode:
         # A round that waited for an SSM which failed or missed the vote's deadline measured the wait,
         # not drafting: as a sample it priced drafting out (docs/adaptive-draft-length.md).
         measured = None if proposal.failed else draft_seconds
-        last = self._observe(emitted, plan.batch, len(draft), accepted, measured, t2 - t1,
+        last = self._observe(emitted, plan.batch, drafted=len(draft), accepted=accepted, draft_seconds=measured,
+                             llm_seconds=t2 - t1,
                              drafters=(proposal.chosen,) if proposal.ahead and draft else None)
         if self.watch is not None:
             self.watch.schedule.verified(len(draft), accepted)
@@ -269,8 +272,9 @@ class _Decode:
         if self.progress.index > 1:
             steps = max(steps, 1)
             for _ in range(steps):
-                self.length.observe(batch, drafted, accepted, draft_seconds if self.drafted_before else None,
-                                    llm_seconds / steps, drafters)
+                self.length.observe(batch, drafted, accepted,
+                                    draft_seconds=draft_seconds if self.drafted_before else None,
+                                    verify_seconds=llm_seconds / steps, drafters=drafters)
         self.services.length_stats.answered(self.request_id)
         self.drafted_before = self.drafted_before or drafted > 0
         return last

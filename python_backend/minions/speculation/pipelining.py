@@ -74,8 +74,8 @@ class DraftSource:
 
     def round(self, sequence: list[int], k: int, index: int) -> DraftRound:
         """Round `index`'s request to the drafters: up to k tokens continuing `sequence`."""
-        return DraftRound(self.request_id, list(sequence), k, self.sampling, self.seed, index, self.confident,
-                          self.whole, self.instead)
+        return DraftRound(self.request_id, list(sequence), k, sampling=self.sampling, seed=self.seed, index=index,
+                          confident=self.confident, whole=self.whole, instead=self.instead)
 
     async def draft(self, sequence: list[int], k: int, index: int, last_emitted: list[int]) -> tuple[Proposal, bool]:
         """Round `index`'s proposal of up to k tokens (none for k = 0), and whether it was drafted early.

@@ -93,9 +93,9 @@ class Services:
         if spec.mode == SpeculationMode.VOTE:
             lookups = set(spec.ssms) & self.confident_ssms
             rest = self.draft_rest() if lookups and lookups != set(spec.ssms) else None
-            return VoteDrafter(spec.ssms, self.health, self.weights, self.settings.vote_deadline_s,
-                               self.settings.vote_explore_every, sampled, rest,
-                               lambda: self.load() <= self.settings.probe_max_load)
+            return VoteDrafter(spec.ssms, self.health, self.weights, deadline_s=self.settings.vote_deadline_s,
+                               explore_every=self.settings.vote_explore_every, sampled=sampled, rest=rest,
+                               ahead=lambda: self.load() <= self.settings.probe_max_load)
         if spec.mode == SpeculationMode.BANDIT:
             return BanditDrafter(spec.ssms, self.health, self.bandit, sampled)
         return SingleDrafter(spec.ssms[0], self.health, sampled)
@@ -119,9 +119,10 @@ class Services:
         (0 for plain decoding); both feed the server's length statistics."""
         drafters = request.speculation.ssms
         if drafting and request.num_draft_tokens is None:
-            return DraftLengthSelector(self.length_stats, request.max_draft_tokens, request.pipeline, drafters,
-                                       request_id)
-        return FixedLength(request.num_draft_tokens or 0, self.length_stats, request.pipeline, drafters, request_id)
+            return DraftLengthSelector(self.length_stats, request.max_draft_tokens, pipelined=request.pipeline,
+                                       drafters=drafters, request_id=request_id)
+        return FixedLength(request.num_draft_tokens or 0, self.length_stats, pipelined=request.pipeline,
+                           drafters=drafters, request_id=request_id)
 
     def stream_interval_s(self, interval_s: float, batch: int) -> float:
         """A streamed call's interval between responses with `batch` requests decoding: the request's

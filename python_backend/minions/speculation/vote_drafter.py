@@ -94,13 +94,13 @@ class VoteDrafter:
             asked = [s for s in asked if s not in first.drafts and s not in first.failed]
             top = top if top in asked else None
         if len(asked) == 1:  # drafting alone, it may sample; the lookups' drafts are scored beside it
-            alone = await ask_one(client, self.health, asked[0], rnd, self.sampled)
+            alone = await ask_one(client, self.health, asked[0], rnd, sampled=self.sampled)
             if first is not None:
                 alone.drafts, alone.failed = first.drafts | alone.drafts, first.failed + alone.failed
             return alone
         if not asked and first is None:
             return Proposal()
-        tasks = {ssm: asyncio.ensure_future(ask_one(client, self.health, ssm, rnd, False)) for ssm in asked}
+        tasks = {ssm: asyncio.ensure_future(ask_one(client, self.health, ssm, rnd, sampled=False)) for ssm in asked}
         self._inflight.update(tasks)
         if top is not None:
             # Exploring beside a dominant SSM: its draft is the round's, as in the rounds it drafts
@@ -153,7 +153,7 @@ class VoteDrafter:
             if not self.rest.asks(rnd.sequence):
                 return None
         whole = replace(rnd, k=max(rnd.k, rnd.whole))
-        tasks = {ssm: asyncio.ensure_future(ask_one(client, self.health, ssm, whole, False)) for ssm in lookups}
+        tasks = {ssm: asyncio.ensure_future(ask_one(client, self.health, ssm, whole, sampled=False)) for ssm in lookups}
         self._inflight.update(tasks)
         done, _ = await asyncio.wait(tasks.values(), timeout=self.deadline_s)
         ballots = Proposal()

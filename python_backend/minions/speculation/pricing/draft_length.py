@@ -179,8 +179,9 @@ class DraftLengthSelector:
         (a lookup asked ahead of the vote's models: Proposal.ahead). Such a round's acceptance is not
         the request's: the length chosen here is the whole drafter set's, and a lookup's whole copy
         accepted would price the models' drafts as if they copied too."""
-        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds,
-                            drafters or self.drafters, self.request_id)
+        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds=draft_seconds,
+                            verify_seconds=verify_seconds, drafters=drafters or self.drafters,
+                            request_id=self.request_id)
         if drafted > 0 and drafters is None:
             self.acceptance.observe(drafted, accepted)
 
@@ -206,5 +207,6 @@ class FixedLength:
 
     def observe(self, batch: int, drafted: int, accepted: int, draft_seconds: float | None,
                 verify_seconds: float, drafters: tuple[str, ...] | None = None) -> None:
-        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds, verify_seconds,
-                            drafters or self.drafters, self.request_id)
+        self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds=draft_seconds,
+                            verify_seconds=verify_seconds, drafters=drafters or self.drafters,
+                            request_id=self.request_id)
