@@ -54,7 +54,6 @@ It writes bench_results/chaos/<timestamp>.json (every figure, each fault with it
 requests under way at it and sent during it ended, the memory samples), <timestamp>.txt (the summary
 it prints) and <timestamp>.tritonserver.log.
 
-
 Its parts: `schedule` (the faults and their seeded order), `load` (the users' requests), `injector`
 (a fault at a time, and its recovery), `processes` (the server's stubs, memory, the watchdog),
 `verdict` (each request's ending and the run's problems), `report` (the summary) and `run` (the run

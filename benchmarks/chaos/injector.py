@@ -4,7 +4,6 @@ recovery and the first request served after it recorded."""
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import threading
 import time
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 
 from harness.stub_kill import kill_outside_locks
 from harness.triton_process import TritonProcess
+from minions.triton.model_control import mark_modified
 
 from .load import Load
 from .processes import LogWatch, stub_processes
@@ -153,8 +153,7 @@ class Injector(threading.Thread):
         model only if its files changed (minions/triton/model_control.py), so they are touched first."""
         import tritonclient.grpc as grpcclient
 
-        for path in (self.server.build / "model_repository" / model).glob("[0-9]*/*"):
-            os.utime(path)
+        mark_modified(self.server.build / "model_repository", model)
         client = grpcclient.InferenceServerClient(self.server.grpc_url)
         try:
             client.load_model(model, client_timeout=self.recovery_s)

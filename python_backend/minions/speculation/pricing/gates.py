@@ -34,7 +34,13 @@ def probe_pays(settings: OrchestratorSettings, stats: SharedLengthStats, length:
 
 def early_draft_pays(settings: OrchestratorSettings, length: DraftLengthSelector | FixedLength, batch: int,
                      drafted: int) -> bool:
-    """Whether to draft round r+1 during round r's verification of `drafted` tokens, at load `batch`."""
+    """Whether to draft round r+1 during round r's verification of `drafted` tokens, at load `batch`:
+    always while at most `pipeline_max_load` requests decode (0: at any load). Above it the other
+    requests' drafts keep the SSMs busy while this one verifies, and an early draft, thrown away
+    whenever the LLM rejects part of round r, takes SSM time they wait for; so only while the selector
+    expects at least `pipeline_min_hit` chance that it is used (the whole draft accepted and the LLM's
+    own token guessed), when the SSMs would draft the same tokens after verification anyway. A fixed
+    draft length has no such estimate: never above the load limit."""
     if not settings.pipeline_max_load or batch <= settings.pipeline_max_load:
         return True
     hit = length.survival(drafted + 1)
