@@ -9,20 +9,22 @@ from minions.engines.llamacpp_patches import (K_QUANT_BATCH_INVARIANT, build_fla
 from tests.support.stand_in_library import needs_cc, stand_in_library
 
 AVX2 = {"sse4_2", "avx", "avx2", "fma", "f16c"}
+PATCHED = {K_QUANT_BATCH_INVARIANT: True}
 
 
 def test_an_avx2_x86_cpu_with_the_patches_may_claim_it():
-    assert invariance_refusal({K_QUANT_BATCH_INVARIANT}, "x86_64", AVX2) is None
+    assert invariance_refusal(PATCHED, "x86_64", AVX2) is None
 
 
 def test_other_cpus_are_refused_with_what_they_lack():
-    assert "aarch64" in invariance_refusal({K_QUANT_BATCH_INVARIANT}, "aarch64", {"asimd", "i8mm"})
-    refusal = invariance_refusal({K_QUANT_BATCH_INVARIANT}, "x86_64", {"avx", "sse4_2"})
+    assert "aarch64" in invariance_refusal(PATCHED, "aarch64", {"asimd", "i8mm"})
+    refusal = invariance_refusal(PATCHED, "x86_64", {"avx", "sse4_2"})
     assert "missing: avx2, f16c, fma" in refusal
 
 
-def test_a_build_without_the_k_quant_patch_is_refused():
-    assert K_QUANT_BATCH_INVARIANT in invariance_refusal(set(), "x86_64", AVX2)
+def test_a_build_without_the_k_quant_patch_or_with_it_compiled_out_is_refused():
+    assert K_QUANT_BATCH_INVARIANT in invariance_refusal({}, "x86_64", AVX2)
+    assert K_QUANT_BATCH_INVARIANT in invariance_refusal({K_QUANT_BATCH_INVARIANT: False}, "x86_64", AVX2)
 
 
 def test_cpu_flags_read_x86_and_arm_cpuinfo(tmp_path):
@@ -48,5 +50,5 @@ def test_a_build_compiled_without_avx2_is_refused_on_an_avx2_cpu(tmp_path):
     lib_dir = stand_in_library(tmp_path / "no-avx2", "libggml-cpu.so", source).parent
     built = build_flags(lib_dir)
     assert built == {"fma", "f16c"}
-    assert "compiled without avx2" in invariance_refusal({K_QUANT_BATCH_INVARIANT}, "x86_64", AVX2, built)
+    assert "compiled without avx2" in invariance_refusal(PATCHED, "x86_64", AVX2, built)
     assert build_flags(tmp_path / "nowhere") is None

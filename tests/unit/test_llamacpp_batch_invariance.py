@@ -17,7 +17,8 @@ from laws import batched_first_tokens, goodness_of_fit
 from minions.decoding.engine_call import EngineRequest
 from minions.decoding.sampling import SamplingParams, target_probs
 from minions.deploy.artifacts import repacked_gguf, smollm2_gguf
-from minions.engines.llamacpp_engine import LlamaCppEngine
+from minions.engines.llamacpp_engine import (INVARIANCE_CHECK_CELLS, INVARIANCE_CHECK_TOKENS, LlamaCppEngine,
+                                             LlamaCppStepper)
 
 PROMPT_TOKENS, GENERATED = 600, 8
 
@@ -55,6 +56,19 @@ def test_a_tokens_logits_do_not_depend_on_how_its_step_was_batched(gguf):
     assert verified.tokens[: GENERATED - 1] == own.tokens[1:]
     assert own.logits is not None and verified.logits is not None
     np.testing.assert_array_equal(verified.logits[: GENERATED - 1], own.logits[1:])
+
+
+def test_the_load_time_self_check_passes_this_model_and_fails_it_without_the_setting(gguf):
+    """A batch-invariant engine's warm-up checks the loaded model (LlamaCppStepper.warm_up refuses to load
+    on a mismatch): tokens decoded in one step and the last few again one at a time. The same model
+    without the setting (F16 K, no flash attention) fails the same check: the check can tell."""
+    def stepper(invariant: bool) -> LlamaCppStepper:
+        return LlamaCppStepper(gguf, num_threads=2, max_sequences=1, n_ctx=1024, draft_min_prob=0.0, n_batch=512,
+                               prefix_caching=False, kv_unified=False, batch_invariant=invariant)
+
+    check = (INVARIANCE_CHECK_CELLS, INVARIANCE_CHECK_TOKENS)
+    assert stepper(True).invariance_mismatch(*check) is None
+    assert "differ decoded alone" in stepper(False).invariance_mismatch(*check)
 
 
 def test_sampled_verifications_batched_together_keep_each_requests_law():

@@ -17,56 +17,31 @@ padding); uncached prompt tokens beyond the step's n_batch go in chunks over lat
 first. A verification finishes in the step that evaluates its draft: the draft is judged
 (decoding/verification.py) and the KV cells of rejected tokens are removed at once. Calls that
 arrive meanwhile join at the next step, so b calls of s tokens cost about s steps instead of b * s.
-A streaming generation reports each token as it is made (inflight_batching.py sends it on);
-docs/engines.md measures what a token costs at 1, 8 and 16 sequences.
+A streaming generation reports each token as it is made (inflight_batching.py sends it on).
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
-from minions.decoding.sampling import Randomness, request_randomness
+from minions.decoding.sampling import request_randomness
 from minions.decoding.tokens import common_prefix_len
 from minions.decoding.verification import verify_draft
 from minions.engines.api import WARM_UP_TOKENS, BatchStats
 from minions.engines.batched_calls import BatchedCalls
 from minions.engines.inflight_batching import InflightBatcher
 from minions.engines.llamacpp_cells import SlotCells
+from minions.engines.llamacpp_job import LlamaCppJob
 from minions.engines.llamacpp_setup import context_params, model_params, require_batch_invariance
 from minions.engines.prefix_cache import PrefixCache
-from minions.engines.sequence_cache import CachedSequence
 from minions.engines.step_lock import StepLock, step_slots
 from minions.errors import InvalidRequest
 
-
-@dataclass
-class _Job:
-    """One call in progress: its slot, the tokens still to evaluate, and what it has produced."""
-
-    request: EngineRequest
-    entry: CachedSequence[int]
-    sequence: list[int]
-    pending: list[int]
-    rng: Randomness
-    draft: list[int] = field(default_factory=list)
-    """A verification's draft (the last len(draft) pending tokens of its one step)."""
-    tokens: list[int] = field(default_factory=list)
-    rows: list[np.ndarray] = field(default_factory=list)
-    log_probs: list[float] = field(default_factory=list)
-    cached: int = 0
-    """Tokens of the input found in the slot's cache."""
-    streamed: int = 0
-    """Tokens already reported by `partial`."""
-    error: Exception | None = None
-
-    @property
-    def logit_rows(self) -> int:
-        """Positions whose logits the next step must return: every draft position and the one after."""
-        return len(self.draft) + 1
+INVARIANCE_CHECK_CELLS, INVARIANCE_CHECK_TOKENS = 64, 3
+"""A batch-invariant stepper's load-time check: 64 tokens in one step, then the last 3 of them one at a time
+on the first 61 (where a step of 16 did not tell a model run without the setting from one with it)."""
 
 
 class LlamaCppEngine(BatchedCalls):
@@ -99,11 +74,9 @@ class LlamaCppEngine(BatchedCalls):
         self.stats = self.stepper.stats  # passes = llama.cpp decode calls
         self.prefix_stats = self.stepper.slots.stats
         self.n_vocab = self.stepper.n_vocab
-        # Warmed up on the batcher's thread: OpenMP keeps a thread team per thread that starts parallel
-        # work, and a first decode on the loading thread left every later step about 15% slower
-        # (docs/engines.md, "Warm-up at load").
-        self.batcher: InflightBatcher[_Job] = InflightBatcher(self.stepper, max_sequences, name="llamacpp",
-                                                              prepare=self.stepper.warm_up)
+        # Warmed up on the batcher's thread: OpenMP keeps a thread team per thread (docs/engines.md).
+        self.batcher: InflightBatcher[LlamaCppJob] = InflightBatcher(self.stepper, max_sequences, name="llamacpp",
+                                                                     prepare=self.stepper.warm_up)
 
     def close(self) -> None:
         self.batcher.close()
@@ -132,6 +105,7 @@ class LlamaCppStepper:
         self.n_ctx = n_ctx
         self.n_batch = n_batch
         self.kv_unified = kv_unified
+        self.batch_invariant = batch_invariant
         self.slots = PrefixCache(max_sequences, enabled=prefix_caching, stored_bytes=stored_bytes)
         self._stepping: set[str] = set()  # ids with a call in progress: their slots are never evicted
         if batch_invariant:
@@ -147,7 +121,7 @@ class LlamaCppStepper:
         self._step_lock = step_lock if step_lock is not None else contextlib.nullcontext()
 
     # -- Stepper protocol --------------------------------------------------------------------------
-    def start(self, request: EngineRequest) -> _Job:
+    def start(self, request: EngineRequest) -> LlamaCppJob:
         draft = request.draft[: max(request.request_output_len - 1, 0)]
         total = len(request.input_ids) + max(request.request_output_len, len(draft) + 1)
         if total > self.n_ctx:
@@ -158,10 +132,10 @@ class LlamaCppStepper:
         self.cells.trim(entry.state, keep)
         entry.tokens = sequence[:keep]
         self._stepping.add(request.request_id)  # last: a start that raised leaves no pinned slot
-        return _Job(request, entry, sequence, sequence[keep:] + draft, request_randomness(request.seed), draft,
+        return LlamaCppJob(request, entry, sequence, sequence[keep:] + draft, request_randomness(request.seed), draft,
                     cached=keep)
 
-    def step(self, jobs: list[_Job]) -> list[bool]:
+    def step(self, jobs: list[LlamaCppJob]) -> list[bool]:
         """One decode step: every job's pending tokens in, long prompts in chunks (`_takes`); which jobs
         are finished. A job whose prompt is not all in yet waits for a later step."""
         if not self.kv_unified:
@@ -169,7 +143,7 @@ class LlamaCppStepper:
         rows = self._decode(jobs, self._takes(jobs))
         return [not job.pending and self._absorb(job, row) for job, row in zip(jobs, rows)]
 
-    def partial(self, job: _Job) -> EngineResult | None:
+    def partial(self, job: LlamaCppJob) -> EngineResult | None:
         """The tokens a streaming job made since the last call (None: nothing new)."""
         new = job.tokens[job.streamed:]
         if not new:
@@ -179,7 +153,7 @@ class LlamaCppStepper:
         job.streamed = len(job.tokens)
         return result
 
-    def result(self, job: _Job) -> EngineResult:
+    def result(self, job: LlamaCppJob) -> EngineResult:
         """What is left to answer: every token, or for a streaming job those not yet reported."""
         self._stepping.discard(job.request.request_id)
         if job.error is not None:
@@ -189,7 +163,7 @@ class LlamaCppStepper:
                             log_probs=self._log_probs(job), cached_tokens=job.cached)
 
     @staticmethod
-    def _log_probs(job: _Job) -> list[float] | None:
+    def _log_probs(job: LlamaCppJob) -> list[float] | None:
         return job.log_probs[job.streamed:] if job.request.return_log_probs else None
 
     def release(self, request_id: str) -> None:
@@ -204,20 +178,50 @@ class LlamaCppStepper:
 
     # -- internals ---------------------------------------------------------------------------------
     def warm_up(self, tokens: int = WARM_UP_TOKENS) -> None:
-        """Decode a few tokens at load and forget them, as llama-server does before it serves. The
-        weights are mapped, not read, at load: without this the first request's first step paged them
-        in (docs/engines.md, "Warm-up at load"). LlamaCppEngine runs it on the thread that steps."""
+        """Decode a few tokens at load and forget them, as llama-server does (docs/engines.md, "Warm-up at
+        load"), on the thread that steps. A batch-invariant stepper does so by checking the loaded model
+        (`invariance_mismatch`), refusing to load where it fails (require_batch_invariance checked the build)."""
+        if not self.batch_invariant:
+            self._decode_alone(self._throwaway(tokens), start=0, logits_from=tokens - 1)
+            self._ctx.kv_cache_clear()
+        elif mismatch := self.invariance_mismatch(max(tokens, INVARIANCE_CHECK_CELLS), INVARIANCE_CHECK_TOKENS):
+            raise ValueError(f"batch_invariant: {mismatch}: outputs could differ from plain decoding; set "
+                             "batch_invariant: false for this model in the deployment")
+
+    def invariance_mismatch(self, cells: int, checked: int) -> str | None:
+        """Decode `cells` throwaway tokens in one step, then again with the last `checked` of them one at a
+        time, and forget them all; where a token's logits differ between the two, which and by how much."""
+        ids = self._throwaway(cells)
+        together = self._decode_alone(ids, start=0, logits_from=len(ids) - checked)
+        self._ctx.kv_cache_clear()
+        try:
+            self._decode_alone(ids[:-checked], start=0, logits_from=len(ids))
+            for j, want in zip(range(len(ids) - checked, len(ids)), together):
+                alone = self._decode_alone([ids[j]], start=j, logits_from=0)[0]
+                if not np.array_equal(alone, want):
+                    return (f"the loaded model's logits at position {j} differ decoded alone and in a step of "
+                            f"{len(ids)} (by up to {float(np.abs(alone - want).max()):.3g})")
+            return None
+        finally:
+            self._ctx.kv_cache_clear()
+
+    def _throwaway(self, n: int) -> list[int]:  # distinct token ids, at most a batch's worth
+        return [(7919 * (j + 1)) % self.n_vocab for j in range(min(n, self.n_batch))]
+
+    def _decode_alone(self, tokens: list[int], start: int, logits_from: int) -> list[np.ndarray]:
+        """Decode `tokens` at positions `start`... of sequence 0 in one step; the logits of those from
+        index `logits_from` on."""
         batch = self._batch.batch
-        n = min(tokens, self.n_batch)
-        for j in range(n):
-            batch.token[j] = 0
-            batch.pos[j] = j
+        for j, token in enumerate(tokens):
+            batch.token[j] = token
+            batch.pos[j] = start + j
             batch.seq_id[j][0] = 0
             batch.n_seq_id[j] = 1
-            batch.logits[j] = j == n - 1
-        batch.n_tokens = n
+            batch.logits[j] = j >= logits_from
+        batch.n_tokens = len(tokens)
         self._run_batch()
-        self._ctx.kv_cache_clear()
+        return [np.ctypeslib.as_array(self._ctx.get_logits_ith(j), shape=(self.n_vocab,)).copy()
+                for j in range(logits_from, len(tokens))]
 
     def _run_batch(self) -> None:
         """Decode the batch as filled, holding the model's step lock (engines/step_lock.py): every
@@ -225,7 +229,7 @@ class LlamaCppStepper:
         with self._step_lock:
             self._ctx.decode(self._batch)
 
-    def _takes(self, jobs: list[_Job]) -> list[int]:
+    def _takes(self, jobs: list[LlamaCppJob]) -> list[int]:
         """How many of each job's pending tokens this step evaluates. Every job's logit positions (its
         next token, its draft) go in; the uncached prompt tokens before them share what is left of
         n_batch, oldest job first, a prompt that does not fit going in part (at least a quarter of
@@ -241,7 +245,7 @@ class LlamaCppStepper:
             takes.append(take)
         return takes
 
-    def _decode(self, jobs: list[_Job], takes: list[int]) -> list[list[np.ndarray]]:
+    def _decode(self, jobs: list[LlamaCppJob], takes: list[int]) -> list[list[np.ndarray]]:
         """Evaluate the first `takes` pending tokens of each job (in chunks of n_batch); the logits of
         its last `logit_rows` tokens, for a job whose pending tokens all went in."""
         ordered = sorted(zip(jobs, takes), key=lambda pair: pair[0].entry.state)
@@ -272,7 +276,7 @@ class LlamaCppStepper:
             job.pending = job.pending[take:]
         return [rows[id(job)] for job in jobs]
 
-    def _absorb(self, job: _Job, rows: list[np.ndarray]) -> bool:
+    def _absorb(self, job: LlamaCppJob, rows: list[np.ndarray]) -> bool:
         """Apply a step's logits to a job; True when the job is finished."""
         if job.draft:
             return self._verify(job, np.stack(rows))
@@ -291,7 +295,7 @@ class LlamaCppStepper:
             job.pending = [token]
         return done
 
-    def _verify(self, job: _Job, logits: np.ndarray) -> bool:
+    def _verify(self, job: LlamaCppJob, logits: np.ndarray) -> bool:
         """Judge the draft against its logit rows and remove the rejected tokens' KV cells."""
         request = job.request
         try:

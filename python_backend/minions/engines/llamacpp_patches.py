@@ -1,16 +1,12 @@
-"""Which of the project's patches to llama.cpp (patches/llama-cpp-python/) the loaded llama.cpp carries.
+"""Which of the project's patches to llama.cpp (patches/llama-cpp-python/) the loaded llama.cpp carries,
+and whether each one's kernel was compiled in.
 
-`make venv` builds llama-cpp-python from its sdist with them. A llama-cpp-python installed another way
-runs the same, but without FLASH_ATTN_ROW_BLOCKS the batch-invariant engines' attention walks a prompt's
-cells one at a time, and a token on a long prompt costs up to half as much again; without
-`mul-mat-q4-1-tiles` a Q4_1 step of several tokens (a verification, several sequences) costs about a
-fifth more, without `tiled-min-batch-avx2` a Q4_K_M step of 8–11 tokens up to 15% more, and
-without `mul-mat-small-batch-chunks` a step of 2–4 tokens 5–15% more, and without
-`quant-sgemm-min-columns` a Q4_1 file's Q8_0 output layer by 2–7 tokens (a short draft's
-verification, a step of a few sequences) 5–15% of the step more (docs/engines.md). Without
-K_QUANT_BATCH_INVARIANT a batch-invariant engine's K-quant products (Qwen's Q4_K_M) still depend on
-the batch, and without `q6-k-tiles` such an engine's Q6_K products of 6 or more tokens cost up to a third
-more (a Qwen verification of 8 drafted tokens about 10%).
+`make venv` builds llama-cpp-python from its sdist with them. Each patch adds a marker function of its
+own to libggml-cpu, `ggml_cpu_minions_<name>`, returning 1 where its code is compiled in and 0 where its
+guard left upstream's code (a build for CPUs it was not proven on: no AVX2). A llama-cpp-python
+installed another way runs the same, slower where a patch is missing (the costs: docs/engines.md and
+the patches' README); a batch-invariant engine needs K_QUANT_BATCH_INVARIANT compiled in
+(llamacpp_setup.require_batch_invariance).
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import platform
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 FLASH_ATTN_ROW_BLOCKS = "flash-attn-row-blocks"
@@ -27,16 +23,22 @@ FLASH_ATTN_ROW_BLOCKS = "flash-attn-row-blocks"
 K_QUANT_BATCH_INVARIANT = "k-quant-batch-invariant"
 """Repacked Q4_K's one-row kernel rounding as its four-row one, and K-quant tiles off on request (0006-*.patch)."""
 
+PATCHES = (FLASH_ATTN_ROW_BLOCKS, "mul-mat-q4-1-tiles", "mul-mat-small-batch-chunks", "quant-sgemm-min-columns",
+           K_QUANT_BATCH_INVARIANT, "q6-k-tiles")
+"""Every patch's name, in the order they apply (tests/unit/test_llamacpp_patches.py ties it to the folder)."""
+
 PROVEN_ON = ("x86_64", frozenset({"avx2", "fma", "f16c"}))
 """The CPUs the patches' batch invariance was proven on (machine, instruction sets its flags must show):
 their kernels elsewhere (NEON, i8mm, AVX-512 paths, a GPU) round otherwise (issue 66's reading)."""
 
-MARKER = "ggml_cpu_minions_patches"
-"""The function the patches add to libggml-cpu: their names, comma-separated."""
-
 
 DISABLE_TILES = "ggml_cpu_minions_disable_tiled_mm"
 """The function K_QUANT_BATCH_INVARIANT adds: llama.cpp's tiled K-quant kernels off in this process."""
+
+
+def marker(name: str) -> str:
+    """The function patch `name` adds to libggml-cpu: 1 where its code was compiled in, 0 where guarded out."""
+    return "ggml_cpu_minions_" + name.replace("-", "_")
 
 
 @functools.cache
@@ -60,15 +62,18 @@ def ggml_library(name: str, lib_dir: Path | None = None) -> ctypes.CDLL | None:
         return None
 
 
-def carried(lib_dir: Path | None = None) -> frozenset[str]:
-    """The patch names in the libggml-cpu under `lib_dir` (default: the one llama_cpp loads); empty for
-    an unpatched build, or one without that file (not checked, nor stopped)."""
+def carried(lib_dir: Path | None = None) -> dict[str, bool]:
+    """The patches in the libggml-cpu under `lib_dir` (default: the one llama_cpp loads), each with whether
+    its code was compiled in (False: its guard kept upstream's code on this build); empty for an
+    unpatched build, or one without that file (not checked, nor stopped)."""
     lib = ggml_library("ggml-cpu", lib_dir)
-    marker = getattr(lib, MARKER, None)
-    if marker is None:
-        return frozenset()
-    marker.restype = ctypes.c_char_p
-    return frozenset(name for name in marker().decode().split(",") if name)
+    found = {}
+    for name in PATCHES:
+        function = getattr(lib, marker(name), None)
+        if function is not None:
+            function.restype = ctypes.c_int
+            found[name] = bool(function())
+    return found
 
 
 def disable_k_quant_tiles(lib_dir: Path | None = None) -> bool:
@@ -109,12 +114,13 @@ def build_flags(lib_dir: Path | None = None) -> frozenset[str] | None:
     return frozenset(flag for flag, function in functions.items() if function())
 
 
-def invariance_refusal(patches: Collection[str], machine: str | None = None,
+def invariance_refusal(patches: Mapping[str, bool], machine: str | None = None,
                        flags: Collection[str] | None = None, built: Collection[str] | None = None) -> str | None:
     """Why a batch-invariant llama.cpp engine cannot claim exactness here, or None: the CPU must be one
     the patches were proven on (PROVEN_ON), the build compiled for those instruction sets (`built`,
     build_flags: elsewhere the patches' guarded paths are compiled out and upstream's kernels run),
-    and the build must carry K_QUANT_BATCH_INVARIANT (without it K-quant products depend on the batch)."""
+    and the build must carry K_QUANT_BATCH_INVARIANT compiled in (`patches`, carried: without it K-quant
+    products depend on the batch)."""
     machine = machine if machine is not None else platform.machine()
     flags = frozenset(flags if flags is not None else cpu_flags())
     proven_machine, proven_flags = PROVEN_ON
@@ -125,7 +131,7 @@ def invariance_refusal(patches: Collection[str], machine: str | None = None,
     if built is not None and not proven_flags <= frozenset(built):
         return (f"the llama.cpp build was compiled without {', '.join(sorted(proven_flags - frozenset(built)))} "
                 "(e.g. -DGGML_AVX2=OFF), where the patches' kernels give way to upstream's")
-    if K_QUANT_BATCH_INVARIANT not in patches:
+    if not patches.get(K_QUANT_BATCH_INVARIANT, False):
         return (f"the llama.cpp build lacks the project's {K_QUANT_BATCH_INVARIANT} patch (make venv builds it in; "
                 "patches/llama-cpp-python/README.md)")
     return None

@@ -10,23 +10,23 @@ from __future__ import annotations
 
 import logging
 
-from minions.engines.llamacpp_patches import (FLASH_ATTN_ROW_BLOCKS, build_flags, carried, disable_k_quant_tiles,
-                                              invariance_refusal)
+from minions.engines.llamacpp_patches import PATCHES, build_flags, carried, disable_k_quant_tiles, invariance_refusal
 
 log = logging.getLogger(__name__)
 
 
 def require_batch_invariance() -> None:
     """Raise ValueError where a batch-invariant engine cannot claim exactness; else turn the K-quant
-    tiles off, warning where attention will walk the cells one at a time."""
+    tiles off, warning about each patch the build lacks or compiled out (that engine runs slower)."""
     patches = carried()
     refusal = invariance_refusal(patches, built=build_flags())
     if refusal:
         raise ValueError(f"batch_invariant: {refusal}: outputs could differ from plain decoding; "
                          "set batch_invariant: false for this model in the deployment")
-    if FLASH_ATTN_ROW_BLOCKS not in patches:
-        log.warning("llama.cpp without the project's %s patch: batch-invariant attention walks the "
-                    "cells one at a time, long prompts decode slower (make venv builds it in)", FLASH_ATTN_ROW_BLOCKS)
+    slower = [name for name in PATCHES if not patches.get(name, False)]
+    if slower:
+        log.warning("llama.cpp without the project's %s patches (or compiled out): batch-invariant steps "
+                    "run slower, exact still (make venv builds them in)", ", ".join(slower))
     disable_k_quant_tiles()
 
 
