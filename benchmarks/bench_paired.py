@@ -66,9 +66,10 @@ def learning_ssms(dep: Deployment, mode: str) -> list[str]:
 
 
 def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int, against: str,
-        alternate: bool, control: bool = False) -> list[PairedCell]:
-    """Every workload's cells, each printed as it ends; with `alternate`, every other pair asks the
-    other mode first, with `control` the other mode once more after each pair (peers/paired.ask_pair)."""
+        alternate: bool, control: bool = False, only: frozenset[str] = frozenset()) -> list[PairedCell]:
+    """Every workload's cells (those named in `only`, where given), each printed as it ends; with
+    `alternate`, every other pair asks the other mode first, with `control` the other mode once more
+    after each pair (peers/paired.ask_pair)."""
     cells = []
     for workload in workloads:
         if workload in MULTI_TURN:
@@ -76,6 +77,8 @@ def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int, a
         else:
             talks = {name: [[t] for t in texts] for name, texts in single_turn(workload, prompts).items()}
         for name, turn_lists in talks.items():
+            if only and name not in only:
+                continue
             cells.append(PairedCell(name, [converse_pair(ask, turns, against, alternate and i % 2 == 1, control)
                                            for i, turns in enumerate(turn_lists)]))
             print(format_rows([cells[-1].row()], against).splitlines()[-1], flush=True)
@@ -94,6 +97,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--control", action="store_true",
                    help="ask the other mode once more after each pair: the time ratio two identical requests "
                         "read, each cell's noise floor beside its default / other ratio")
+    p.add_argument("--cells", nargs="+", default=[],
+                   help="only these cells (e.g. mt_bench/coding, a workload's name): a run's doubtful cells again")
     p.add_argument("--out", default=str(ROOT / "bench_results" / "paired"))
     return p
 
@@ -118,7 +123,8 @@ def main() -> None:
         for prompt in warm_up_prompts(2):  # first calls pay one-off costs
             ask_pair(ask, [{"role": "user", "content": prompt}], args.against)
         alternate = not learning_ssms(dep, orchestrator.default_speculation)
-        cells = run(args.workloads, ask, args.prompts, args.conversations, args.against, alternate, args.control)
+        cells = run(args.workloads, ask, args.prompts, args.conversations, args.against, alternate, args.control,
+                    frozenset(args.cells))
     rows = [c.row() for c in cells]
     text = (f"Default ({orchestrator.default_speculation}) against `{args.against}` on one server, prompt by "
             f"prompt ({dep.path.name}, greedy, {args.max_tokens} tokens; decode time per token):\n\n"

@@ -120,3 +120,14 @@ def test_a_run_pairs_every_prompt_and_alternates_where_allowed(tmp_path, monkeyp
     server.calls.clear()
     run(["code_edit"], server, prompts=2, conversation_count=1, against="off", alternate=False)
     assert [mode for _, mode in server.calls] == [None, "off", None, "off"]
+
+
+def test_a_run_of_named_cells_asks_only_theirs(tmp_path, monkeypatch):
+    write_prompt_sets(tmp_path, {name: [f"{name} {i}" for i in range(80)] for name in DATASETS | COPY_HEAVY})
+    monkeypatch.setenv("MINIONS_DATASETS", str(tmp_path))
+    server = Recorder()
+    cells = run(["code_edit", "passages"], server, prompts=2, conversation_count=1, against="off", alternate=False,
+                only=frozenset({"passages"}))
+    assert [c.workload for c in cells] == ["passages"]
+    asked = [messages[-1]["content"] for messages, _ in server.calls]
+    assert len(asked) == 4 and all(a.startswith("passages") for a in asked), asked
