@@ -13,7 +13,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv serve prepare engines test test-unit test-integration bench bench-peers bench-paired bench-openai-peers bench-aiperf gpu-bundle gpu-check soak chaos loadtest distill cluster bench-cluster clean
+.PHONY: venv serve prepare engines test test-unit test-integration check-guards bench bench-peers bench-paired bench-openai-peers bench-aiperf gpu-bundle gpu-check soak chaos loadtest distill cluster bench-cluster clean
 
 # The Triton stub links Debian's libpython3.11, so the venv must come from the system python3.11.
 $(STAMP): requirements.txt patches/llama-cpp-python/install.sh patches/llama-cpp-python/apply.sh patches/llama-cpp-python/sdist.sha256 $(wildcard patches/llama-cpp-python/*.patch)
@@ -29,6 +29,14 @@ $(STAMP): requirements.txt patches/llama-cpp-python/install.sh patches/llama-cpp
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# llama-cpp-python built with the patches' guards off (no AVX2 or FMA, as -DGGML_AVX2=OFF builds do) into
+# .cache/guards-off, beside the venv's, and the test that it refuses batch invariance and decodes without it
+# (issue 66; about 8 minutes on 2 cores, so not part of `make test`).
+GUARDS_OFF_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=ON
+check-guards: $(STAMP)
+	test -d .cache/guards-off/llama_cpp || CMAKE_ARGS="$(GUARDS_OFF_CMAKE_ARGS)" patches/llama-cpp-python/install.sh $(PY) .cache/guards-off
+	MINIONS_GUARDS_OFF=.cache/guards-off $(PY) -m pytest -q tests/unit/test_guards_off_build.py
 
 prepare: $(STAMP)
 	$(PY) -m minions.deploy.server --deploy $(DEPLOY) --prepare-only

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the llama-cpp-python that requirements.txt pins, built from its sdist with this folder's patches
 # to the llama.cpp it vendors applied in name order (README.md here says what each changes and why).
-# Usage: patches/llama-cpp-python/install.sh PYTHON; CMAKE_ARGS is read by the build as pip's is.
+# Usage: patches/llama-cpp-python/install.sh PYTHON [TARGET]; CMAKE_ARGS is read by the build as pip's is.
+# With TARGET, the build goes into that folder (pip --target) instead of PYTHON's environment: the
+# guards-off build `make check-guards` tests beside the venv's.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -32,4 +34,8 @@ fi
 rm -rf "$src"
 tar -xzf "$archive" -C "$cache"
 "$here/apply.sh" "$src"
-"$py" -m pip install --no-cache-dir --force-reinstall --no-deps "$src"
+if [ -n "${2:-}" ]; then
+    "$py" -m pip install --no-cache-dir --no-deps --upgrade --target "$2" "$src"
+else
+    "$py" -m pip install --no-cache-dir --force-reinstall --no-deps "$src"
+fi
