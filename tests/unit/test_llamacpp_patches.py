@@ -112,50 +112,6 @@ def test_the_rebase_check_applies_every_patch_in_order_and_takes_a_rebased_one_w
     assert bad.returncode == 1 and f"FAILS:   {names[2]} (rebased)" in bad.stdout, bad.stdout
 
 
-def compile_x86_quants(source: Path) -> subprocess.CompletedProcess:
-    """The patched x86 quants.c compiled as a release build for AVX2 (asserts off), syntax and types only."""
-    ggml = source / "vendor" / "llama.cpp" / "ggml"
-    return subprocess.run(["cc", "-std=gnu11", "-fsyntax-only", "-mavx2", "-mfma", "-mf16c", "-DNDEBUG",
-                           f"-I{ggml / 'include'}", f"-I{ggml / 'src'}", f"-I{ggml / 'src' / 'ggml-cpu'}",
-                           str(ggml / "src" / "ggml-cpu" / "arch" / "x86" / "quants.c")],
-                          capture_output=True, text=True)
-
-
-@needs_cc
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="0007 is x86 code")
-def test_0007s_tile_is_tied_to_the_q6_k_block_size_in_a_release_build(tmp_path):
-    """0007's tile holds one Q6_K super block on the stack; a release build drops its assert(), so a
-    static_assert ties the tile to QK_K: a llama.cpp whose block size changed fails to build instead of
-    overflowing the tile."""
-    source = patched_source(tmp_path)
-    built = compile_x86_quants(source)
-    assert built.returncode == 0, built.stderr[-3000:]
-    common = source / "vendor" / "llama.cpp" / "ggml" / "src" / "ggml-common.h"
-    common.write_text(common.read_text().replace("#define QK_K 256", "#define QK_K 512", 1))
-    built = compile_x86_quants(source)
-    assert built.returncode != 0 and "q6k_tile_block holds a Q6_K super block" in built.stderr, built.stderr[-3000:]
-
-
-@needs_cc
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the guard is tested with x86 flags")
-def test_0001s_row_blocks_are_compiled_only_where_they_were_proven(tmp_path):
-    """0001's blocks (and its F32 accumulator) are built for AVX2 + F16C + FMA only, where their batch
-    invariance was proven; a build without them (`-DGGML_AVX2=OFF`, NEON) runs upstream's loop."""
-    source = patched_source(tmp_path)
-    ggml = source / "vendor" / "llama.cpp" / "ggml"
-
-    def preprocessed(*flags: str) -> str:
-        run = subprocess.run(["c++", "-std=c++17", "-E", *flags, f"-I{ggml / 'include'}", f"-I{ggml / 'src'}",
-                              f"-I{ggml / 'src' / 'ggml-cpu'}", str(ggml / "src" / "ggml-cpu" / "ops.cpp")],
-                             capture_output=True, text=True)
-        assert run.returncode == 0, run.stderr[-3000:]
-        return run.stdout
-
-    proven, other = preprocessed("-mavx2", "-mfma", "-mf16c"), preprocessed("-mavx", "-mno-avx2", "-mno-fma")
-    assert "s_blk[n] = s + mv" in proven and "s_blk[n] = s + mv" not in other
-    assert "VKQ32[d] = " not in proven and "VKQ32[d] = " in other, "upstream's F16 accumulator is widened at the end"
-
-
 OFF_AVX2 = ("-mavx", "-mno-avx2", "-mno-fma", "-mf16c")
 """A `-DGGML_AVX2=OFF` build's instruction sets: the patches' guards must leave upstream's code there."""
 AVX2 = ("-mavx", "-mavx2", "-mfma", "-mf16c")
@@ -182,6 +138,32 @@ def compiled_code(source: Path, file: str, flags: tuple[str, ...]) -> str:
     assert run.returncode == 0, run.stderr[-3000:]
     lines = (re.sub(r'(ggml_abort\("[^"]*", )\d+', r"\1L", line) for line in run.stdout.splitlines())
     return "\n".join(line for line in lines if line.strip())
+
+
+@needs_cc
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="0007 is x86 code")
+def test_0007s_tile_is_tied_to_the_q6_k_block_size_in_a_release_build(tmp_path):
+    """0007's tile holds one Q6_K super block on the stack; a release build drops its assert(), so a
+    static_assert ties the tile to QK_K: a llama.cpp whose block size changed fails to build instead of
+    overflowing the tile."""
+    source = patched_source(tmp_path)
+    built = compile_ggml_cpu(source, "arch/x86/quants.c", AVX2, "-fsyntax-only")
+    assert built.returncode == 0, built.stderr[-3000:]
+    common = source / "vendor" / "llama.cpp" / "ggml" / "src" / "ggml-common.h"
+    common.write_text(common.read_text().replace("#define QK_K 256", "#define QK_K 512", 1))
+    built = compile_ggml_cpu(source, "arch/x86/quants.c", AVX2, "-fsyntax-only")
+    assert built.returncode != 0 and "q6k_tile_block holds a Q6_K super block" in built.stderr, built.stderr[-3000:]
+
+
+@needs_cc
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the guard is tested with x86 flags")
+def test_0001s_row_blocks_are_compiled_only_where_they_were_proven(tmp_path):
+    """0001's blocks (and its F32 accumulator) are built for AVX2 + F16C + FMA only, where their batch
+    invariance was proven; a build without them (`-DGGML_AVX2=OFF`, NEON) runs upstream's loop."""
+    source = patched_source(tmp_path)
+    proven, other = compiled_code(source, "ops.cpp", AVX2), compiled_code(source, "ops.cpp", OFF_AVX2)
+    assert "s_blk[n] = s + mv" in proven and "s_blk[n] = s + mv" not in other
+    assert "VKQ32[d] = " not in proven and "VKQ32[d] = " in other, "upstream's F16 accumulator is widened at the end"
 
 
 @needs_cc
