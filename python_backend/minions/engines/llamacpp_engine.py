@@ -182,7 +182,8 @@ class LlamaCppStepper:
         load"), on the thread that steps. A batch-invariant stepper does so by checking the loaded model
         (`invariance_mismatch`), refusing to load where it fails (require_batch_invariance checked the build)."""
         if not self.batch_invariant:
-            self._decode_alone(self._throwaway(tokens), start=0, logits_from=tokens - 1)
+            ids = self._throwaway(tokens)
+            self._decode_alone(ids, start=0, logits_from=len(ids) - 1)
             self._ctx.kv_cache_clear()
         elif mismatch := self.invariance_mismatch(max(tokens, INVARIANCE_CHECK_CELLS), INVARIANCE_CHECK_TOKENS):
             raise ValueError(f"batch_invariant: {mismatch}: outputs could differ from plain decoding; set "
@@ -209,8 +210,7 @@ class LlamaCppStepper:
         return [(7919 * (j + 1)) % self.n_vocab for j in range(min(n, self.n_batch))]
 
     def _decode_alone(self, tokens: list[int], start: int, logits_from: int) -> list[np.ndarray]:
-        """Decode `tokens` at positions `start`... of sequence 0 in one step; the logits of those from
-        index `logits_from` on."""
+        """Decode `tokens` at positions `start`... of sequence 0 in one step; their logits from `logits_from` on."""
         batch = self._batch.batch
         for j, token in enumerate(tokens):
             batch.token[j] = token
