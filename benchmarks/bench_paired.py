@@ -65,23 +65,30 @@ def learning_ssms(dep: Deployment, mode: str) -> list[str]:
     return [ssm["name"] for ssm in dep.ssms if ssm["name"] in used and ssm.get("engine") == EngineKind.SUFFIX]
 
 
+class UnknownCell(ValueError):
+    """A --cells name that none of the run's workloads has."""
+
+
 def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int, against: str,
         alternate: bool, control: bool = False, only: frozenset[str] = frozenset()) -> list[PairedCell]:
     """Every workload's cells (those named in `only`, where given), each printed as it ends; with
     `alternate`, every other pair asks the other mode first, with `control` the other mode once more
     after each pair (peers/paired.ask_pair)."""
-    cells = []
+    talks: dict[str, list[list[str]]] = {}
     for workload in workloads:
         if workload in MULTI_TURN:
-            talks = {f"{workload}, last turn": conversations(workload, conversation_count, MULTI_TURN_FROM)}
+            talks[f"{workload}, last turn"] = conversations(workload, conversation_count, MULTI_TURN_FROM)
         else:
-            talks = {name: [[t] for t in texts] for name, texts in single_turn(workload, prompts).items()}
-        for name, turn_lists in talks.items():
-            if only and name not in only:
-                continue
-            cells.append(PairedCell(name, [converse_pair(ask, turns, against, alternate and i % 2 == 1, control)
-                                           for i, turns in enumerate(turn_lists)]))
-            print(format_rows([cells[-1].row()], against).splitlines()[-1], flush=True)
+            talks |= {name: [[t] for t in texts] for name, texts in single_turn(workload, prompts).items()}
+    if unknown := only - talks.keys():
+        raise UnknownCell(f"no cell named {', '.join(sorted(unknown))}; the workloads' cells: {', '.join(talks)}")
+    cells = []
+    for name, turn_lists in talks.items():
+        if only and name not in only:
+            continue
+        cells.append(PairedCell(name, [converse_pair(ask, turns, against, alternate and i % 2 == 1, control)
+                                       for i, turns in enumerate(turn_lists)]))
+        print(format_rows([cells[-1].row()], against).splitlines()[-1], flush=True)
     return cells
 
 
@@ -98,7 +105,8 @@ def parser() -> argparse.ArgumentParser:
                    help="ask the other mode once more after each pair: the time ratio two identical requests "
                         "read, each cell's noise floor beside its default / other ratio")
     p.add_argument("--cells", nargs="+", default=[],
-                   help="only these cells (e.g. mt_bench/coding, a workload's name): a run's doubtful cells again")
+                   help="only these cells (e.g. mt_bench/coding, passages, 'multi_turn_code, last turn'): a run's "
+                        "doubtful cells again")
     p.add_argument("--out", default=str(ROOT / "bench_results" / "paired"))
     return p
 
@@ -123,8 +131,11 @@ def main() -> None:
         for prompt in warm_up_prompts(2):  # first calls pay one-off costs
             ask_pair(ask, [{"role": "user", "content": prompt}], args.against)
         alternate = not learning_ssms(dep, orchestrator.default_speculation)
-        cells = run(args.workloads, ask, args.prompts, args.conversations, args.against, alternate, args.control,
-                    frozenset(args.cells))
+        try:
+            cells = run(args.workloads, ask, args.prompts, args.conversations, args.against, alternate, args.control,
+                        frozenset(args.cells))
+        except UnknownCell as exc:  # raised before any request
+            p.error(str(exc))
     rows = [c.row() for c in cells]
     text = (f"Default ({orchestrator.default_speculation}) against `{args.against}` on one server, prompt by "
             f"prompt ({dep.path.name}, greedy, {args.max_tokens} tokens; decode time per token):\n\n"

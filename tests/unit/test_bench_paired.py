@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from benchmarks.bench_paired import learning_ssms, run
+from benchmarks.bench_paired import UnknownCell, learning_ssms, run
 from benchmarks.peers.paired import Answer, Pair, PairedCell, ask_pair, converse_pair, format_rows
 from minions.deploy.config import load_deployment
 from minions.errors import InvalidRequest
@@ -131,3 +131,7 @@ def test_a_run_of_named_cells_asks_only_theirs(tmp_path, monkeypatch):
     assert [c.workload for c in cells] == ["passages"]
     asked = [messages[-1]["content"] for messages, _ in server.calls]
     assert len(asked) == 4 and all(a.startswith("passages") for a in asked), asked
+    with pytest.raises(UnknownCell, match="no cell named multi_turn_code; the workloads' cells: code_edit, passages"):
+        run(["code_edit", "passages"], server, prompts=2, conversation_count=1, against="off", alternate=False,
+            only=frozenset({"multi_turn_code"}))
+    assert len(server.calls) == 4, "nothing asked before the names are checked"
