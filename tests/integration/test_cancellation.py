@@ -9,7 +9,6 @@ processes every step is slower. Cancellation while a request waits on an SSM is 
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -32,25 +31,27 @@ def _cancelled(server) -> float:
     return metric_value(server.metrics_url, "minions_requests", outcome="cancelled")
 
 
+def _cached_sequences(server, model: str = "llm") -> float:
+    return metric_value(server.metrics_url, "minions_engine_cached_sequences", model=model)
+
+
 def _assert_work_stopped(server, tokens_before: float, cancelled_before: float, reached_model: bool = True) -> None:
-    """The LLM ends up holding no sequence and computing nothing, and the request is counted cancelled
-    (unless the client left before Triton handed the request over).
+    """The LLM ends up holding no sequence, so computing nothing for the request, and the request is
+    counted cancelled (unless the client left before Triton handed the request over). An engine model
+    exports its gauges before it answers a call that frees a sequence or a call cancelled by its
+    client, and the orchestrator counts a cancelled request once the LLM has answered its release.
 
     How many tokens the LLM computed after the client left is printed, not bounded: Minions stops
     within one check (250 ms) of Triton reporting the cancellation, but when Triton reports it is
     Triton's. Usually at once (4-6 tokens); once, on a fresh clone, only after all 600 tokens
     (docs/operations.md)."""
-    deadline = time.monotonic() + 60
-    while True:
-        tokens = _llm_tokens(server)
-        idle = metric_value(server.metrics_url, "minions_engine_cached_sequences", model="llm") == 0
-        time.sleep(1.0)
-        if idle and _llm_tokens(server) == tokens:
-            break
-        assert time.monotonic() < deadline, "the LLM still works for a cancelled request after 60 s"
-    print(f"LLM tokens computed for the cancelled request: {tokens - tokens_before:.0f} of up to {LONG.max_tokens}")
     if reached_model:
-        wait_until(lambda: _cancelled(server) > cancelled_before, timeout=10, what="the request counted cancelled")
+        wait_until(lambda: _cancelled(server) > cancelled_before, timeout=60, what="the request counted cancelled")
+        assert _cached_sequences(server) == 0, "the LLM holds the cancelled request's sequence after its release"
+    else:
+        wait_until(lambda: _cached_sequences(server) == 0, timeout=60, what="the LLM holding no sequence")
+    print(f"LLM tokens computed for the cancelled request: {_llm_tokens(server) - tokens_before:.0f} "
+          f"of up to {LONG.max_tokens}")
 
 
 def test_cancel_mid_stream_ends_request_and_frees_caches(server):
@@ -58,7 +59,9 @@ def test_cancel_mid_stream_ends_request_and_frees_caches(server):
     cancelled = generate_grpc(server.grpc_url, "minions", LONG_PROMPT, LONG, cancel_after_chunks=3)
     assert cancelled.finish_reason == "cancelled" and len(cancelled.chunks) == 3
     _assert_work_stopped(server, tokens, cancelled_before)
-    assert metric_value(server.metrics_url, "minions_engine_cached_sequences", model="ssm_suffix") == 0
+    # The orchestrator exports its in-process lookups' gauges with its metrics, every flush interval.
+    wait_until(lambda: _cached_sequences(server, "ssm_suffix") == 0, timeout=10,
+               what="the suffix drafter caching nothing")
     after = generate_grpc(server.grpc_url, "minions", "Say hi.", GenerationParams(max_tokens=4, chat=True))
     assert after.num_output_tokens > 0
 
@@ -76,8 +79,7 @@ def test_cancellations_leak_no_shared_memory_regions(server):
     for _ in range(3):
         generate_grpc(server.grpc_url, "minions", "Tell me a long story.",
                       GenerationParams(max_tokens=300, chat=True), cancel_after_chunks=2)
-    wait_until(lambda: metric_value(server.metrics_url, "minions_engine_cached_sequences", model="llm") == 0,
-              timeout=20, what="the LLM caches nothing")
+    wait_until(lambda: _cached_sequences(server) == 0, timeout=20, what="the LLM caches nothing")
     assert _shm_regions() == before
 
 

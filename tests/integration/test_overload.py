@@ -9,13 +9,11 @@ capacity is reached with a few requests.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import yaml
 
 from client.api import GenerationParams, MinionsClientError, generate_grpc
-from minions.serving.metric_tally import METRICS_FLUSH_INTERVAL_S
 from tests.integration.helpers import NearTies, metric_above, metric_value, served, wait_until
 from harness.triton_process import ROOT
 
@@ -36,28 +34,25 @@ def small_server(tmp_path_factory):
     yield from served(deploy, build)
 
 
-def _llm_tokens(server) -> float:
-    """The LLM's computed tokens once the gauge has settled: the engine model exports it at most every
-    METRICS_FLUSH_INTERVAL_S, so a read right after a request can miss its last steps."""
-    def read() -> float:
-        return metric_value(server.metrics_url, "minions_engine_batch_total", model="llm", what="tokens")
+def _llm_tokens(server, requests: float) -> float:
+    """The LLM's computed tokens once the orchestrator has counted `requests` requests, however they
+    ended: it counts one once the LLM has answered its release, and the LLM exports its gauges before
+    answering a release, so none of those requests' steps is missing from the count."""
+    counted = metric_above(server.metrics_url, "minions_requests", requests - 1, timeout=30)
+    assert counted >= requests, f"the orchestrator counted {counted:.0f} requests of {requests:.0f}"
+    return metric_value(server.metrics_url, "minions_engine_batch_total", model="llm", what="tokens")
 
-    # The gauge settles within a flush or two once the requests are over; the deadline only bounds a
-    # gauge that keeps moving (the LLM computing for nobody), which fails the test.
-    deadline = time.monotonic() + 20 * (METRICS_FLUSH_INTERVAL_S + 0.2)
-    values = [read()]
-    while len(values) < 2 or values[-1] != values[-2]:
-        assert time.monotonic() < deadline, f"the LLM's computed-token count never settled after the requests: {values}"
-        time.sleep(METRICS_FLUSH_INTERVAL_S + 0.2)
-        values.append(read())
-    return values[-1]
+
+def _requests(server) -> float:
+    return metric_value(server.metrics_url, "minions_requests")
 
 
 def test_beyond_capacity_requests_wait_and_beyond_the_queue_are_refused(small_server):
     server = small_server
-    before = _llm_tokens(server)
+    counted = _requests(server)
+    before = _llm_tokens(server, counted)
     reference = generate_grpc(server.grpc_url, "minions", PROMPT, PARAMS).text
-    alone = _llm_tokens(server) - before  # what one request costs the LLM: its prompt and its tokens
+    alone = _llm_tokens(server, counted + 1) - before  # what one request costs the LLM: its prompt and its tokens
 
     results: list[object] = [None] * CLIENTS
     start = threading.Barrier(CLIENTS)
@@ -69,7 +64,8 @@ def test_beyond_capacity_requests_wait_and_beyond_the_queue_are_refused(small_se
         except MinionsClientError as exc:
             results[i] = exc
 
-    before = _llm_tokens(server)
+    counted = _requests(server)
+    before = _llm_tokens(server, counted)
     threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
     for t in threads:
         t.start()
@@ -83,7 +79,7 @@ def test_beyond_capacity_requests_wait_and_beyond_the_queue_are_refused(small_se
     ties = NearTies(server)
     for text in served:
         ties.assert_same_or_near_tie(PROMPT, reference, text, "a request served under overload")
-    computed = _llm_tokens(server) - before
+    computed = _llm_tokens(server, counted + CLIENTS) - before
     assert computed <= 1.2 * alone * len(served), \
         f"the LLM computed {computed:.0f} tokens for {len(served)} requests of {alone:.0f}: sequences were recomputed"
     assert metric_above(server.metrics_url, "minions_requests", len(refused) - 1, outcome="unavailable") >= len(refused)

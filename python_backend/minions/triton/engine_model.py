@@ -216,6 +216,10 @@ class _Collector:
         if self.missing:
             return
         self.model.outbox.answered(self)
+        if self.cancelled or any(r.stop or r.ends_sequence for r in self.engine_requests):
+            # The sequence's state changed for good (freed, kept, or ended with its client): the gauges
+            # go out before the answer, so a client that has it sees the engine's state after the call.
+            self.model.outbox.export_gauges()
         if self.cancelled:
             self.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return

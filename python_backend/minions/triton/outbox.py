@@ -34,9 +34,10 @@ class Outbox:
     """Sends an in-flight engine's responses from a thread of its own, in the order they are queued, so
     that the engine's thread goes back to stepping at once instead of building and handing each
     response to Triton between two decode steps (a streamed token each step). It also exports the
-    engine's gauges (`observe`): every METRICS_FLUSH_INTERVAL_S while it sends, and once when it falls
-    quiet. And it asks Triton every CANCEL_CHECK_INTERVAL_S whether the client of a request under way
-    has gone (a gRPC stream closed, a dead orchestrator's among them): that request's calls then end
+    engine's gauges (`observe`): every METRICS_FLUSH_INTERVAL_S while it sends, once when it falls
+    quiet, and before the answer to a call that frees or keeps a sequence (`export_gauges`). And it
+    asks Triton every CANCEL_CHECK_INTERVAL_S whether the client of a request under way has gone (a
+    gRPC stream closed, a dead orchestrator's among them): that request's calls then end
     (`Watched.cancel`) instead of decoding on for no one and holding the model's unload.
     A model that answers from `execute` (not decoupled) uses it for the gauges alone (`changed`): a
     lookup drafter's call is a fraction of a millisecond of work, which exporting its changed gauges
@@ -62,6 +63,11 @@ class Outbox:
         """The engine's state changed outside a response sent here (a batch answered from `execute`):
         its gauges are exported as after a response."""
         self._queue.put(_CHANGED)
+
+    def export_gauges(self) -> None:
+        """On the outbox's thread: export the engine's gauges now, before the response about to go out
+        (one that ends or keeps a sequence's state), whatever the flush interval."""
+        _logged(self._observe, "exporting the engine's gauges")
 
     def answered(self, collector: Watched) -> None:
         """On the outbox's thread: `collector` sent its FINAL response."""
