@@ -211,21 +211,21 @@ class LlamaCppStepper:
 
     def _decode_alone(self, tokens: list[int], start: int, logits_from: int) -> list[np.ndarray]:
         """Decode `tokens` at positions `start`... of sequence 0 in one step; their logits from `logits_from` on."""
-        batch = self._batch.batch
-        for j, token in enumerate(tokens):
-            batch.token[j] = token
-            batch.pos[j] = start + j
-            batch.seq_id[j][0] = 0
-            batch.n_seq_id[j] = 1
-            batch.logits[j] = j >= logits_from
-        batch.n_tokens = len(tokens)
-        self._run_batch()
+        self._step([(0, start + j, token, j >= logits_from) for j, token in enumerate(tokens)])
         return [np.ctypeslib.as_array(self._ctx.get_logits_ith(j), shape=(self.n_vocab,)).copy()
                 for j in range(logits_from, len(tokens))]
 
-    def _run_batch(self) -> None:
-        """Decode the batch as filled, holding the model's step lock (engines/step_lock.py): every
-        llama.cpp decode of this context goes through here."""
+    def _step(self, cells: list[tuple[int, int, int, bool]]) -> None:
+        """One llama.cpp decode of `cells` (sequence, position, token, whether its logits are wanted),
+        holding the model's step lock (engines/step_lock.py): every decode of this context goes through here."""
+        batch = self._batch.batch
+        for j, (sequence, pos, token, wanted) in enumerate(cells):
+            batch.token[j] = token
+            batch.pos[j] = pos
+            batch.seq_id[j][0] = sequence
+            batch.n_seq_id[j] = 1
+            batch.logits[j] = wanted
+        batch.n_tokens = len(cells)
         with self._step_lock:
             self._ctx.decode(self._batch)
 
@@ -253,17 +253,9 @@ class LlamaCppStepper:
                  for job, take in ordered
                  for i, (pos, token) in enumerate(enumerate(job.pending[:take], start=len(job.entry.tokens)))]
         rows: dict[int, list[np.ndarray]] = {id(job): [] for job in jobs}
-        batch = self._batch.batch
         for start in range(0, len(items), self.n_batch):
             chunk = items[start : start + self.n_batch]
-            for j, (job, pos, token, wanted) in enumerate(chunk):
-                batch.token[j] = token
-                batch.pos[j] = pos
-                batch.seq_id[j][0] = job.entry.state
-                batch.n_seq_id[j] = 1
-                batch.logits[j] = wanted
-            batch.n_tokens = len(chunk)
-            self._run_batch()
+            self._step([(job.entry.state, pos, token, wanted) for job, pos, token, wanted in chunk])
             self.stats.passes += 1
             self.stats.sequences += len({id(job) for job, _, _, _ in chunk})
             self.stats.tokens += len(chunk)
