@@ -113,7 +113,7 @@ def main() -> None:
         url, model = server.grpc_url, orchestrator.model_name
         served(url, model, warm_up_prompts(1), args.max_tokens)  # first calls pay one-off costs
         for streams in args.streams:
-            interval = services.stream_interval_s(orchestrator.llm_stream_interval_ms / 1000, streams)
+            interval = services.stream_interval_s(orchestrator.llm_stream.interval_ms / 1000, streams)
             ratios, through, by_itself = [], [], []
             for group in range(args.groups):
                 prompts = mixed_prompts(streams, offset=offset)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from minions.settings_fields import Settings, derived, ranged
+from minions.settings_fields import Settings, derived, group, ranged
 
 class EngineKind(StrEnum):
     """What runs a model (deploy.yaml `engine`): the one list of engine kinds."""
@@ -121,6 +121,90 @@ class EngineSettings(Settings):
                              "cells in the order they were filled)")
 
 
+@dataclass(frozen=True)
+class EarlyDraftSettings(Settings):
+    """When a request drafts round r+1 while the LLM verifies round r (its `pipeline`), by load
+    (speculation/pricing/gates.py, early_draft_pays). deploy.yaml: `pipeline_<name>`."""
+
+    max_load: int = 1
+    """Early drafts only while at most this many requests decode (0: always)..."""
+    min_hit: float = ranged(0.5, 0, 1)
+    """...or while the selector expects an early draft to be used at least this often (0: never)."""
+
+
+@dataclass(frozen=True)
+class VoteSettings(Settings):
+    """The weighted vote over SSMs (speculation/vote_drafter.py). deploy.yaml: `vote_<name>`."""
+
+    deadline_ms: float = 500.0
+    """A vote with no dominant SSM waits at most this long for its SSMs; a late one is dropped from the round."""
+    explore_every: int = 8
+    """When one SSM outweighs all others only it drafts, but every this many rounds one challenger (in
+    turn) drafts beside it, so that the weights stay measured."""
+
+    @property
+    def deadline_s(self) -> float:
+        return self.deadline_ms / 1000.0
+
+
+@dataclass(frozen=True)
+class StreamSettings(Settings):
+    """How often the LLM's streamed plain tokens reach the orchestrator. deploy.yaml: `llm_stream_<name>`."""
+
+    interval_ms: float = 100.0
+    """The first token at once, later ones at most this often (0: every token): each response crosses two
+    Python stubs and tritonserver, so fewer of them leave the cores to the engine (docs/engines.md, the
+    per-token hop). Other clients of an engine model get every token, as from tensorrt_llm..."""
+    max_responses_per_s: float = 80.0
+    """...and with many streams the interval grows, so that all of them together send at most this
+    many responses a second (0: no bound): at 80, 100 ms up to 8 streams, 200 ms at 16."""
+
+
+@dataclass(frozen=True)
+class SsmHealthSettings(Settings):
+    """How a failing SSM is skipped and brought back (speculation/health.py). deploy.yaml: `ssm_<name>`."""
+
+    call_timeout_s: float = 10.0
+    """An SSM's draft not back in this long counts as the SSM's failure, and the round goes on without it."""
+    breaker_threshold: int = 3
+    """Failures in a row after which every request skips the SSM..."""
+    breaker_cooldown_s: float = 30.0
+    """...for this long (a dead stub's model is also reloaded: `reload`)."""
+    reload: bool = True
+    """Reload an SSM's model through Triton's repository API when its stub has died (the server must run
+    with --model-control-mode=explicit, as minions.deploy.server starts it)."""
+
+
+@dataclass(frozen=True)
+class ProbeSettings(Settings):
+    """How a drafting request's plain stream asks its drafters for a draft now and then (probes;
+    speculation/watch.py), and where that stops paying (pricing/gates.py, probe_pays). deploy.yaml:
+    `probe_<name>`."""
+
+    tokens: int = 8
+    """When the LLM streams (a decoupled in-flight engine), a drafting request's plain tokens stream from
+    one call while its drafters are asked now and then (probes) for this many tokens (0: never)..."""
+    min_draft: int = 4
+    """...and a proposal at least this long ends the stream to be verified."""
+    first_gap: int = ranged(32, 1)
+    """Tokens before a request's first probe; the gap doubles after each probe that found nothing..."""
+    min_gap: int = ranged(8, 1)
+    """...and falls to this many after a verification that accepted at least half its draft..."""
+    max_gap: int = ranged(64, 1)
+    """...up to this many."""
+    repeat_tokens: int = ranged(3, 0)
+    """...but a probe comes `min_gap` tokens after the last one (before a request's first probe: at the
+    next token), whatever the back-off, once the sequence's last this many tokens occurred earlier in it
+    (where a lookup can draft; 0: by the back-off alone)."""
+    max_draft_cost_ms: float = 1.0
+    """Drafting counts as nearly free below this many milliseconds per token (the server's measure, per
+    set of SSMs, over drafts of at least `min_draft` tokens)."""
+    max_load: int = 4
+    """Probes only while at most this many requests decode: a probe's stop and verification cost a step
+    every request shares. A vote asks its lookups ahead of its model SSMs only as long: each ask delays
+    the round's model draft and LLM call, and under load the LLM's passes then hold fewer requests."""
+
+
 ADAPTIVE = "adaptive"
 
 
@@ -154,32 +238,13 @@ class OrchestratorSettings(Settings):
     """Sampled requests: a lone SSM samples its draft and sends its logits (the min(1, p/q) rule)."""
     pipeline: bool = True
     """Draft round r+1 while the LLM verifies round r (a request's `pipeline` overrides)."""
-    pipeline_max_load: int = 1
-    """Early drafts only while at most this many requests decode (0: always)."""
-    pipeline_min_hit: float = ranged(0.5, 0, 1)
-    """...or while the selector expects an early draft to be used at least this often (0: never)."""
-    vote_deadline_ms: float = 500.0
-    vote_explore_every: int = 8
-    llm_stream_interval_ms: float = 100.0
-    """The LLM's streamed plain tokens reach the orchestrator the first at once, later ones at most this
-    often (0: every token): each response crosses two Python stubs and tritonserver, so fewer of them
-    leave the cores to the engine (docs/engines.md, the per-token hop). Other clients of an engine
-    model get every token, as from tensorrt_llm..."""
-    llm_stream_max_responses_per_s: float = 80.0
-    """...and with many streams the interval grows, so that all of them together send at most this
-    many responses a second (0: no bound): at 80, 100 ms up to 8 streams, 200 ms at 16."""
+    early_drafts: EarlyDraftSettings = group(EarlyDraftSettings, "pipeline_")
+    vote: VoteSettings = group(VoteSettings, "vote_")
+    llm_stream: StreamSettings = group(StreamSettings, "llm_stream_")
     engine_stall_timeout_s: float = 60.0
     """An engine call, or a stream between two tokens, silent this long fails its request with an error
     instead of hanging it (a dead or stalled engine stub)."""
-    ssm_call_timeout_s: float = 10.0
-    """An SSM's draft not back in this long counts as the SSM's failure, and the round goes on without it."""
-    ssm_breaker_threshold: int = 3
-    """Failures in a row after which every request skips the SSM..."""
-    ssm_breaker_cooldown_s: float = 30.0
-    """...for this long (a dead stub's model is also reloaded: ssm_reload)."""
-    ssm_reload: bool = True
-    """Reload an SSM's model through Triton's repository API when its stub has died (the server must run
-    with --model-control-mode=explicit, as minions.deploy.server starts it)."""
+    ssm_health: SsmHealthSettings = group(SsmHealthSettings, "ssm_")
     model_poll_interval_s: float = 1.0
     """How often the orchestrator asks Triton which SSM models are ready (unloaded or reloading: skipped)."""
     plain_stretch_tokens: int = ranged(16, 1)
@@ -189,28 +254,7 @@ class OrchestratorSettings(Settings):
     lookups_in_process: bool = True
     """The lookup drafters (ngram, suffix) answer the orchestrator's calls in its own process, built from
     their models' configs, not through Triton (engines/in_process.py); their models stay loaded."""
-    probe_tokens: int = 8
-    """When the LLM streams (a decoupled in-flight engine), a drafting request's plain tokens stream from
-    one call while its drafters are asked now and then (probes) for this many tokens (0: never)..."""
-    probe_min_draft: int = 4
-    """...and a proposal at least this long ends the stream to be verified (speculation/watch.py)."""
-    probe_first_gap: int = ranged(32, 1)
-    """Tokens before a request's first probe; the gap doubles after each probe that found nothing..."""
-    probe_min_gap: int = ranged(8, 1)
-    """...and falls to this many after a verification that accepted at least half its draft..."""
-    probe_max_gap: int = ranged(64, 1)
-    """...up to this many."""
-    probe_repeat_tokens: int = ranged(3, 0)
-    """...but a probe comes `probe_min_gap` tokens after the last one (before a request's first probe:
-    at the next token), whatever the back-off, once the sequence's last this many tokens occurred
-    earlier in it (where a lookup can draft; 0: by the back-off alone)."""
-    probe_max_draft_cost_ms: float = 1.0
-    """Drafting counts as nearly free below this many milliseconds per token (the server's measure, per
-    set of SSMs, over drafts of at least `probe_min_draft` tokens)."""
-    probe_max_load: int = 4
-    """Probes only while at most this many requests decode: a probe's stop and verification cost a step
-    every request shares. A vote asks its lookups ahead of its model SSMs only as long: each ask delays
-    the round's model draft and LLM call, and under load the LLM's passes then hold fewer requests."""
+    probe: ProbeSettings = group(ProbeSettings, "probe_")
     speculation_max_load: int = ranged(0, 0)
     """Above this many requests decoding, a drafting request decodes plainly (0: no limit), as
     TensorRT-LLM's `max_concurrency` and vLLM's `speculative_disable_by_batch_size` do: where a step's
@@ -260,10 +304,6 @@ class OrchestratorSettings(Settings):
     def active_requests_limit(self) -> int:
         """Requests decoding at once at most: one live sequence each in the LLM, never evicted, unless set."""
         return self.max_active_requests or self.llm_max_sequences
-
-    @property
-    def vote_deadline_s(self) -> float:
-        return self.vote_deadline_ms / 1000.0
 
     def check(self) -> None:
         """Raise ValueError for values no request could be served with."""

@@ -173,14 +173,14 @@ class Plan:
         return services_with(self.request.speculation.ssms, **self.service_args)
 
 
-SETTINGS_FIELDS = frozenset(f.name for f in dataclasses.fields(OrchestratorSettings))
+SETTINGS_KEYS = frozenset(OrchestratorSettings.flat_fields())
 
 
 def services_with(ssms: tuple[str, ...], **kwargs) -> Services:
-    """Services over `ssms`: keyword arguments that name a deployment setting set it (DEFAULTS' otherwise),
-    the others go to Services itself."""
-    settings = {k: kwargs.pop(k) for k in list(kwargs) if k in SETTINGS_FIELDS}
-    return Services(ssms=ssms, settings=dataclasses.replace(DEFAULTS, **settings), **kwargs)
+    """Services over `ssms`: keyword arguments that name a deployment setting by its deploy.yaml key
+    (`probe_min_gap`) set it (DEFAULTS' otherwise), the others go to Services itself."""
+    settings = {k: kwargs.pop(k) for k in list(kwargs) if k in SETTINGS_KEYS}
+    return Services(ssms=ssms, settings=DEFAULTS.with_keys(**settings), **kwargs)
 
 
 TEST_REQUEST = {"num_draft_tokens": 4, "use_draft_logits": False, "pipeline": False, "stream_interval_s": 0.0}

@@ -10,7 +10,7 @@ from minions.deploy.artifacts import repacked_gguf, smollm2_gguf
 from minions.deploy.config import DECOUPLED_TEMPLATES, ROOT, TEMPLATE_BY_ENGINE, load_deployment
 from minions.deploy.render import render_repository
 from minions.engines.distilled_model import DistilledDraftModel
-from minions.settings import EngineKind, EngineSettings, OrchestratorSettings
+from minions.settings import EngineKind, EngineSettings, OrchestratorSettings, VoteSettings
 from tiny_models import VOCAB
 
 
@@ -72,7 +72,7 @@ def test_unset_orchestrator_keys_render_their_one_default(tmp_path, tiny_llm):
     """deploy.yaml leaves them out: the rendered BLS config carries settings.py's defaults, and the
     draft pool holds one LLM batch."""
     repo = render_repository(load_deployment(write_deploy(tmp_path, tiny_llm)), tmp_path / "repo")
-    assert param(repo, "minions", "vote_deadline_ms") == str(OrchestratorSettings.vote_deadline_ms)
+    assert param(repo, "minions", "vote_deadline_ms") == str(VoteSettings.deadline_ms)
     assert param(repo, "minions", "draft_length_candidates") == "0,1,2,3,4,6,8"
     read_back = OrchestratorSettings.from_params({"draft_pool_size": param(repo, "minions", "draft_pool_size"),
                                                   "llm_max_batch_size": param(repo, "minions", "llm_max_batch_size")})

@@ -15,7 +15,7 @@ import yaml
 from minions.deploy import schema
 from minions.deploy.config import ROOT, DeploymentError, load_deployment
 from minions.settings import EngineSettings, OrchestratorSettings
-from minions.settings_fields import ranged
+from minions.settings_fields import Settings, group, ranged
 from minions.trtllm_settings import TrtllmSettings
 
 SHIPPED = sorted(ROOT.glob("deploy*.yaml"))
@@ -205,15 +205,24 @@ def test_every_setting_type_is_known_to_the_schema():
             assert key.kind in schema.TYPES, f"{cls.__name__}.{name}: {key.kind}"
 
 
-def test_a_settings_field_is_a_key_with_its_type_and_range():
-    @dataclasses.dataclass(frozen=True)
-    class Made:
-        width: int = ranged(4, 2, 8)
-        label: str = ""
+@dataclasses.dataclass(frozen=True)
+class _Inner(Settings):
+    depth: int = ranged(1, 1, 3)
 
-    keys = schema.settings_keys(Made)
+
+@dataclasses.dataclass(frozen=True)
+class _Made(Settings):
+    width: int = ranged(4, 2, 8)
+    label: str = ""
+    inner: _Inner = group(_Inner, "inner_")
+
+
+def test_a_settings_field_is_a_key_with_its_type_and_range():
+    keys = schema.settings_keys(_Made)
     assert (keys["width"].kind, keys["width"].lowest, keys["width"].highest) == (int, 2, 8)
     assert (keys["label"].kind, keys["label"].lowest, keys["label"].highest) == (schema.TEXT, 0, None)
+    assert (keys["inner_depth"].kind, keys["inner_depth"].lowest, keys["inner_depth"].highest) == (int, 1, 3)
+    assert "inner" not in keys, "a group is its settings' keys, not one of its own"
 
 
 def test_the_server_command_reports_a_bad_file_one_line_per_problem_without_a_traceback(tmp_path):

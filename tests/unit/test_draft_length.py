@@ -344,7 +344,7 @@ def test_a_draft_priced_by_its_chances_may_go_twice_as_far_as_the_longest_measur
     table.observe(1, 4, 0.0294)
     copy = [math.log(0.844)] + [math.log(0.95)] * 3 + [math.log(0.96)] * 4 + [math.log(0.91)] * 8
     lengths = range(len(copy) + 1)
-    assert worth_verifying(copy, table.estimates(1, lengths)) < DEFAULTS.probe_min_draft
+    assert worth_verifying(copy, table.estimates(1, lengths)) < DEFAULTS.probe.min_draft
     reach = table.within_reach(1, lengths)
     assert worth_verifying(copy, reach) == 8
     assert [reach[s] for s in (5, 8)] == [table.estimate(1, 4)] * 2

@@ -146,7 +146,7 @@ def test_short_drafts_cost_per_token_does_not_close_the_probes():
     lookups = ("ssm_ngram", "ssm_suffix")
     for _ in range(5):
         FixedLength(1, svc.length_stats, drafters=lookups).observe(1, 1, 0, 0.0025, 0.1)
-    assert svc.length_stats.draft_estimate(1, False, lookups) > svc.settings.probe_max_draft_cost_ms / 1000
+    assert svc.length_stats.draft_estimate(1, False, lookups) > svc.settings.probe.max_draft_cost_ms / 1000
     assert probe_pays(svc.settings, svc.length_stats, FixedLength(0, svc.length_stats, drafters=lookups), 1)
     for _ in range(SEEDS):
         FixedLength(8, svc.length_stats, drafters=lookups).observe(1, 8, 8, 0.0030, 0.3)

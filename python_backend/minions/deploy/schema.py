@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -86,12 +85,11 @@ SPECULATION = "default_speculation"
 def settings_keys(cls: type) -> dict[str, Key]:
     """A settings dataclass's fields as deploy.yaml keys, with their types and ranges (numbers >= 0 unless
     `ranged`); null keeps the default, as from_yaml reads it."""
-    hints = typing.get_type_hints(cls)
     keys = {}
-    for f in dataclasses.fields(cls):
+    for name, (f, kind) in cls.flat_fields().items():
         lowest, highest = f.metadata.get(RANGE, (0, None))
-        kind = TEXT if hints[f.name] is str else hints[f.name]
-        keys[f.name] = Key(kind, lowest=lowest, highest=highest, nullable=True, derived=bool(f.metadata.get(DERIVED)))
+        keys[name] = Key(TEXT if kind is str else kind, lowest=lowest, highest=highest, nullable=True,
+                         derived=bool(f.metadata.get(DERIVED)))
     return keys
 
 

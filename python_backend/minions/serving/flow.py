@@ -64,7 +64,7 @@ def decode_request(greq: GenerationRequest, tokenizer: Tokenizer, settings: Orch
         speculation=greq.speculation,
         num_draft_tokens=greq.num_draft_tokens,
         max_draft_tokens=settings.max_num_draft_tokens,
-        stream_interval_s=settings.llm_stream_interval_ms / 1000,
+        stream_interval_s=settings.llm_stream.interval_ms / 1000,
         use_draft_logits=greq.use_draft_logits,
         pipeline=greq.pipeline,
         return_log_probs=greq.return_log_probs,

@@ -12,12 +12,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from minions.settings import DEFAULTS
+from minions.settings import DEFAULTS, SsmHealthSettings
+
+_DEFAULT = DEFAULTS.ssm_health
 
 
 class SsmHealth:
-    def __init__(self, threshold: int = DEFAULTS.ssm_breaker_threshold, cooldown_s: float = DEFAULTS.ssm_breaker_cooldown_s,
-                 call_timeout_s: float = DEFAULTS.ssm_call_timeout_s, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, threshold: int = _DEFAULT.breaker_threshold, cooldown_s: float = _DEFAULT.breaker_cooldown_s,
+                 call_timeout_s: float = _DEFAULT.call_timeout_s, clock: Callable[[], float] = time.monotonic) -> None:
         self.threshold = threshold
         self.cooldown_s = cooldown_s
         self.call_timeout_s = call_timeout_s
@@ -27,6 +29,11 @@ class SsmHealth:
         self._failures: dict[str, int] = {}
         self._open_until: dict[str, float] = {}
         self._not_ready: set[str] = set()
+
+    @classmethod
+    def of(cls, settings: SsmHealthSettings) -> SsmHealth:
+        """The breaker a deployment's settings describe."""
+        return cls(settings.breaker_threshold, settings.breaker_cooldown_s, settings.call_timeout_s)
 
     def available(self, ssm: str) -> bool:
         return ssm not in self._not_ready and self.clock() >= self._open_until.get(ssm, 0.0)

@@ -85,9 +85,9 @@ class _Decode:
         self.drafts_came_back_empty = False
         stop = (lambda: client.interrupt(services.llm, request_id)) if services.llm_stops_streams else None
         schedule, repeats = services.probe_schedule(from_start=True)
-        self.watch = (DraftWatch(schedule, services.settings.probe_min_draft, self._probe, stop, repeats=repeats,
+        self.watch = (DraftWatch(schedule, services.settings.probe.min_draft, self._probe, stop, repeats=repeats,
                                  on_end=services.on_probe)
-                      if self.drafter and services.llm_streams and services.settings.probe_tokens > 0 else None)
+                      if self.drafter and services.llm_streams and services.settings.probe.tokens > 0 else None)
         self.asked_whole = bool(confident) and self.drafter is not None and set(self.drafter.ssms) <= confident
         """Every SSM of the request's drafter sends its tokens' chances: drafts are asked whole (`_asked`)."""
         self.rest = services.draft_rest() if self.asked_whole and not services.llm_streams else None
@@ -109,7 +109,7 @@ class _Decode:
 
     async def _probe(self, sequence: list[int]) -> Proposal:
         """The drafters' proposal continuing `sequence`, asked while plain tokens stream."""
-        k = self._asked(max(self.services.settings.probe_tokens, self.length.current))
+        k = self._asked(max(self.services.settings.probe.tokens, self.length.current))
         proposal = await self.drafter.propose(self.client, self.source.round(sequence, k, self.progress.index))
         self._cut_to_worth(proposal, self.services.load(), len(sequence))
         return proposal

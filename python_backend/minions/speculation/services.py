@@ -54,7 +54,7 @@ class Services:
     counts them for its metrics."""
 
     def __post_init__(self) -> None:
-        self.length_stats.probe_min_draft = self.settings.probe_min_draft  # the probes' gate: drafts this long
+        self.length_stats.probe_min_draft = self.settings.probe.min_draft  # the probes' gate: drafts this long
         self.length_stats.verify.plain_streams = self.llm_streams  # t(b, 0) is a streamed step, no call
         self.weights = self.weights or SsmWeights(self.ssms)
         self.bandit = self.bandit or Ucb1(self.ssms)
@@ -69,7 +69,7 @@ class Services:
         return cls(
             ssms=settings.ssm_model_names,
             settings=settings,
-            health=SsmHealth(settings.ssm_breaker_threshold, settings.ssm_breaker_cooldown_s, settings.ssm_call_timeout_s),
+            health=SsmHealth.of(settings.ssm_health),
             length_stats=SharedLengthStats(LengthPolicy(candidates=settings.draft_length_candidates)),
             pool=DraftPool(settings.draft_pool),
             load=load,
@@ -93,20 +93,20 @@ class Services:
         if spec.mode == SpeculationMode.VOTE:
             lookups = set(spec.ssms) & self.confident_ssms
             rest = self.draft_rest() if lookups and lookups != set(spec.ssms) else None
-            return VoteDrafter(spec.ssms, self.health, self.weights, deadline_s=self.settings.vote_deadline_s,
-                               explore_every=self.settings.vote_explore_every, sampled=sampled, rest=rest,
-                               ahead=lambda: self.load() <= self.settings.probe_max_load)
+            return VoteDrafter(spec.ssms, self.health, self.weights, deadline_s=self.settings.vote.deadline_s,
+                               explore_every=self.settings.vote.explore_every, sampled=sampled, rest=rest,
+                               ahead=lambda: self.load() <= self.settings.probe.max_load)
         if spec.mode == SpeculationMode.BANDIT:
             return BanditDrafter(spec.ssms, self.health, self.bandit, sampled)
         return SingleDrafter(spec.ssms[0], self.health, sampled)
 
     def probe_schedule(self, from_start: bool = False) -> tuple[ProbeSchedule, TailRepeats | None]:
         """A fresh schedule of one request's asks and its index of repeating tails (None when off): the
-        probes on its plain streams (DraftWatch; `from_start`: the first comes `probe_first_gap` tokens
-        into the answer) and its rests (DraftRest)."""
-        s = self.settings
-        repeats = TailRepeats(s.probe_repeat_tokens) if s.probe_repeat_tokens > 0 else None
-        return ProbeSchedule(s.probe_min_gap, s.probe_max_gap, s.probe_first_gap if from_start else None), repeats
+        probes on its plain streams (DraftWatch; `from_start`: the first comes `first_gap` tokens into
+        the answer) and its rests (DraftRest)."""
+        probe = self.settings.probe
+        repeats = TailRepeats(probe.repeat_tokens) if probe.repeat_tokens > 0 else None
+        return ProbeSchedule(probe.min_gap, probe.max_gap, probe.first_gap if from_start else None), repeats
 
     def draft_rest(self) -> DraftRest:
         """When a request's lookups are asked where each ask precedes an LLM call (watch.DraftRest): on
@@ -127,9 +127,9 @@ class Services:
     def stream_interval_s(self, interval_s: float, batch: int) -> float:
         """A streamed call's interval between responses with `batch` requests decoding: the request's
         (`interval_s`; 0, every token, is kept), or longer, so that `batch` streams send at most
-        `llm_stream_max_responses_per_s` together. Each response costs CPU in both stubs, tritonserver
+        `llm_stream.max_responses_per_s` together. Each response costs CPU in both stubs, tritonserver
         and the frontend, which llama.cpp's threads would otherwise use (docs/engines.md)."""
-        most = self.settings.llm_stream_max_responses_per_s
+        most = self.settings.llm_stream.max_responses_per_s
         if interval_s <= 0 or most <= 0:
             return interval_s
         return max(interval_s, batch / most)

@@ -27,9 +27,9 @@ def probe_pays(settings: OrchestratorSettings, stats: SharedLengthStats, length:
     drafting costs next to nothing at this load (prompt lookup, suffix matching, by `stats`) and at
     most `probe_max_load` requests decode (each probe's stop and verification cost a step that every
     request shares)."""
-    return (settings.probe_tokens > 0 and batch <= settings.probe_max_load and not too_busy(settings, batch)
+    return (settings.probe.tokens > 0 and batch <= settings.probe.max_load and not too_busy(settings, batch)
             and stats.probe_draft_estimate(batch, length.pipelined, length.drafters)
-            <= settings.probe_max_draft_cost_ms / 1000.0)
+            <= settings.probe.max_draft_cost_ms / 1000.0)
 
 
 def early_draft_pays(settings: OrchestratorSettings, length: DraftLengthSelector | FixedLength, batch: int,
@@ -41,7 +41,7 @@ def early_draft_pays(settings: OrchestratorSettings, length: DraftLengthSelector
     expects at least `pipeline_min_hit` chance that it is used (the whole draft accepted and the LLM's
     own token guessed), when the SSMs would draft the same tokens after verification anyway. A fixed
     draft length has no such estimate: never above the load limit."""
-    if not settings.pipeline_max_load or batch <= settings.pipeline_max_load:
+    if not settings.early_drafts.max_load or batch <= settings.early_drafts.max_load:
         return True
     hit = length.survival(drafted + 1)
-    return hit is not None and settings.pipeline_min_hit > 0 and hit >= settings.pipeline_min_hit
+    return hit is not None and settings.early_drafts.min_hit > 0 and hit >= settings.early_drafts.min_hit

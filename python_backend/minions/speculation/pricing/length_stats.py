@@ -146,7 +146,7 @@ class SharedLengthStats:
 
     def __init__(self, policy: LengthPolicy | None = None) -> None:
         self.policy = policy or LengthPolicy()
-        self.probe_min_draft = DEFAULTS.probe_min_draft
+        self.probe_min_draft = DEFAULTS.probe.min_draft
         """Services sets the deployment's (`probe_min_draft`)."""
         self.verify = VerifyCostTable(memory_rounds=self.policy.verify_memory_rounds)
         self.acceptances: dict[tuple[str, ...], AcceptanceModel] = {}
