@@ -54,7 +54,7 @@ class _Clients:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         for t in self._threads:
-            t.join(120)
+            t.join()
 
 
 def _unloaded_versions(server, model: str) -> int:

@@ -59,7 +59,7 @@ def test_an_ssm_unloaded_and_loaded_back_while_requests_stream(server):
     finally:
         stop.set()
         for c in clients:
-            c.join(120)
+            c.join()
         operator.close()
     assert not errors, errors
 
