@@ -202,7 +202,8 @@ def generate_grpc(
 
     `timeout_s` bounds the wait for each response, not the whole generation: a server that falls
     silent (a stub that died takes its requests' streams with it, and Triton does not end them) would
-    otherwise hang the caller for good. On expiry the request is cancelled and the call raises."""
+    otherwise hang the caller for good. On expiry the request is cancelled and the call raises; so is
+    it when `on_text` raises (tritonclient's plain stop_stream would wait for the generation's end)."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
@@ -233,6 +234,9 @@ def generate_grpc(
                 break
             if response.parameters["triton_final_response"].bool_param:
                 break
+    except BaseException:  # the caller leaves (its on_text raised, or it was interrupted): cancel, do not wait
+        client.stop_stream(cancel_requests=True)
+        raise
     finally:
         completion.latency_s = time.perf_counter() - start
         client.stop_stream()

@@ -8,6 +8,7 @@ capacity is reached with a few requests.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -86,21 +87,37 @@ def test_beyond_capacity_requests_wait_and_beyond_the_queue_are_refused(small_se
     assert generate_grpc(server.grpc_url, "minions", PROMPT, PARAMS).text == reference, "the server serves on"
 
 
+class _Left(Exception):
+    """Raised by a client's text callback to leave its stream (closing it cancels the request)."""
+
+
 def test_the_requests_running_and_waiting_are_exported_as_vllm_names_them(small_server):
     """Two long requests hold both slots and a third waits: the gauges say 2 and 1 while that lasts
-    (the third is admitted only when one of the two ends), and 0 and 0 once all are answered."""
+    (the third is admitted only when one of the two ends), and 0 and 0 once every client has left
+    (each closes its stream at its next text once told, which cancels its request: on a busy machine
+    the three requests' 1,200 tokens take longer than the suite's timeout)."""
     server = small_server
 
     def gauges() -> tuple[float, float]:
         return tuple(metric_value(server.metrics_url, f"minions_num_requests_{what}", model="minions")
                      for what in ("running", "waiting"))
 
+    leave = threading.Event()
+
+    def on_text(_: str) -> None:
+        if leave.is_set():
+            raise _Left
+
+    def client() -> None:
+        with contextlib.suppress(_Left):
+            generate_grpc(server.grpc_url, "minions", PROMPT, long, on_text=on_text)
+
     long = GenerationParams(max_tokens=400, min_tokens=400, chat=True, speculation="off")
-    threads = [threading.Thread(target=generate_grpc, args=(server.grpc_url, "minions", PROMPT, long))
-               for _ in range(SEQUENCES + 1)]
+    threads = [threading.Thread(target=client) for _ in range(SEQUENCES + 1)]
     for t in threads:
         t.start()
     wait_until(lambda: gauges() == (SEQUENCES, 1), 30, "two requests running and one waiting")
+    leave.set()
     for t in threads:
-        t.join()  # as long as 3 x 400 tokens take (the suite's timeout bounds a hung stream)
-    wait_until(lambda: gauges() == (0, 0), 60, "no request running or waiting once all are answered")
+        t.join()
+    wait_until(lambda: gauges() == (0, 0), 60, "no request running or waiting once every client has left")
