@@ -101,8 +101,9 @@ class TritonPythonModel:
         self.metrics.tally.observe_admission(0, 0, 0.0)  # the series exist from the start
         self.services = Services.from_settings(self.settings, load=lambda: self.admission.decoding)
         self.services.on_probe = self.metrics.tally.observe_probe
-        self.models = ModelControl(self.client, repository, self.services, self.metrics.tally,
-                                   self.settings.model_poll_interval_s, self.settings.ssm_health.reload, self._join)
+        self.models = ModelControl(self.client, repository, self.services, tally=self.metrics.tally,
+                                   poll_interval_s=self.settings.model_poll_interval_s,
+                                   reload=self.settings.ssm_health.reload, on_join=self._join)
         self.tasks: set[asyncio.Task] = set()
         # The model's own event loop, in a thread of its own from load on, runs every task: the repository
         # watch starts at load, not at the first request, and execute is synchronous. An async execute ran
