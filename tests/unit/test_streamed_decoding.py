@@ -120,7 +120,7 @@ def test_a_probe_s_draft_stops_the_stream_and_is_verified(client, llm):
     """With s = 0 the only choice, a request whose text repeats still gets its prompt-lookup drafts
     verified: a probe that finds one stops the plain stream (a `stop` while it runs, the stream's
     tokens kept), and only drafts at least `probe_min_draft` long are verified."""
-    stats = SharedLengthStats(LengthPolicy(candidates=(0,)))
+    stats = SharedLengthStats(LengthPolicy(candidates=(0,)), probe_min_draft=3)
     outcomes: list[str] = []
     plan = make_plan(REPEATING, N, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
                      num_draft_tokens=None, length_stats=stats, probe_tokens=6, probe_min_draft=3, probe_first_gap=1,
@@ -143,7 +143,7 @@ def test_probes_whose_drafts_the_verification_costs_price_out_say_so(client, llm
     the load: where the measured verifications cost far more than plain steps, a repeating text's
     drafts are cut to nothing, nothing is verified, and the probes end `priced_out`, not `empty`
     (a server that stopped drafting on its costs tells so in minions_probes)."""
-    stats = SharedLengthStats(LengthPolicy(candidates=(0,)))
+    stats = SharedLengthStats(LengthPolicy(candidates=(0,)), probe_min_draft=3)
     for s in range(17):  # a plain step 6 ms, a verification of any draft 10 s
         stats.verify.observe(1, s, 0.006 if s == 0 else 10.0)
     outcomes: list[str] = []
@@ -176,7 +176,7 @@ def test_the_llm_s_release_is_queued_first_and_told_before_the_ssms_are_released
 def test_no_probes_above_the_load_limit(client, llm):
     """Under load a probe's stop and verification cost a step every request shares: above
     probe_max_load the selector's s = 0 is plain streaming, drafters unasked."""
-    stats = SharedLengthStats(LengthPolicy(candidates=(0,)))
+    stats = SharedLengthStats(LengthPolicy(candidates=(0,)), probe_min_draft=3)
     plan = make_plan(REPEATING, N, Speculation.parse("single:ngram", ("ngram",)), llm_streams=True,
                      num_draft_tokens=None, length_stats=stats, probe_tokens=6,
                      probe_min_draft=3, probe_max_load=4, load=lambda: 8)

@@ -35,7 +35,8 @@ class Services:
     """The vote's global SSM weights (None: fresh ones over `ssms`)."""
     bandit: Ucb1 | None = None
     """The bandit's arm statistics (None: fresh ones over `ssms`)."""
-    length_stats: SharedLengthStats = field(default_factory=SharedLengthStats)
+    length_stats: SharedLengthStats | None = None
+    """The server's length statistics (None: fresh ones, from the settings)."""
     pool: DraftPool | None = None
     """The intermediate draft pool (None: no throttle)."""
     load: Callable[[], int] = lambda: 1
@@ -54,7 +55,7 @@ class Services:
     counts them for its metrics."""
 
     def __post_init__(self) -> None:
-        self.length_stats.probe_min_draft = self.settings.probe.min_draft  # the probes' gate: drafts this long
+        self.length_stats = self.length_stats or SharedLengthStats(probe_min_draft=self.settings.probe.min_draft)
         self.length_stats.verify.plain_streams = self.llm_streams  # t(b, 0) is a streamed step, no call
         self.weights = self.weights or SsmWeights(self.ssms)
         self.bandit = self.bandit or Ucb1(self.ssms)
@@ -70,7 +71,8 @@ class Services:
             ssms=settings.ssm_model_names,
             settings=settings,
             health=SsmHealth.of(settings.ssm_health),
-            length_stats=SharedLengthStats(LengthPolicy(candidates=settings.draft_length_candidates)),
+            length_stats=SharedLengthStats(LengthPolicy(candidates=settings.draft_length_candidates),
+                                           probe_min_draft=settings.probe.min_draft),
             pool=DraftPool(settings.draft_pool),
             load=load,
             llm_streams=settings.llm_model_name in settings.decoupled_model_names,

@@ -144,10 +144,10 @@ class SharedLengthStats:
     """What all requests share, learnt from all their rounds: the LLM's cost table, drafting's cost per
     token and the acceptance per position."""
 
-    def __init__(self, policy: LengthPolicy | None = None) -> None:
+    def __init__(self, policy: LengthPolicy | None = None, probe_min_draft: int = DEFAULTS.probe.min_draft) -> None:
         self.policy = policy or LengthPolicy()
-        self.probe_min_draft = DEFAULTS.probe.min_draft
-        """Services sets the deployment's (`probe_min_draft`)."""
+        self.probe_min_draft = probe_min_draft
+        """The deployment's `probe_min_draft`: the drafts a probe must find, whose costs gate the probes."""
         self.verify = VerifyCostTable(memory_rounds=self.policy.verify_memory_rounds)
         self.acceptances: dict[tuple[str, ...], AcceptanceModel] = {}
         """The acceptance a_j per set of SSMs a request drafts with (the 0.5B's drafts are not the
