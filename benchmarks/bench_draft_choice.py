@@ -312,12 +312,12 @@ def decode_references(args: argparse.Namespace, dep, orch, settings) -> tuple[
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir_for(dep.llm["source"], dep)))
-    llm = llama_cpp.Llama(settings[dep.llm["name"]].model_path, n_ctx=orch.max_context, n_threads=args.threads,
+    llm = llama_cpp.Llama(settings[dep.llm["name"]].model_path, n_ctx=orch.limits.context, n_threads=args.threads,
                           n_batch=512, logits_all=True, verbose=False)  # a verification computes every row
     eos = {llm.token_eos(), *(t for t in [tokenizer.eos_token_id] if t is not None)}
     costs: dict[int, list[float]] = {}
     requests: dict[str, list[tuple[list[int], list[int]]]] = {}
-    keep = orch.max_context - args.max_tokens - 40
+    keep = orch.limits.context - args.max_tokens - 40
     for workload, prompts in workloads(args.prompts, args.copy_prompts, args.offset).items():
         for text in prompts:
             ids = encode_prompt(tokenizer, text, chat=True)[-keep:]
@@ -346,7 +346,7 @@ def main() -> None:
     orch = orchestrator_settings(dep)
     settings = {m["name"]: engine_settings(m, dep, orch) for m in [dep.llm, *dep.ssms]}
     lookups = [s for s in settings.values() if s.engine in (EngineKind.NGRAM, EngineKind.SUFFIX)]
-    k = orch.max_num_draft_tokens
+    k = orch.limits.num_draft_tokens
     texts = args.out.with_suffix(".texts.json")
     if args.replay:
         saved = json.loads(args.replay.read_text())

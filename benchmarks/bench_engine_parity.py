@@ -72,7 +72,7 @@ def main() -> None:
     slots = max(args.streams)
 
     def engine_run() -> dict[int, float]:
-        engine = LlamaCppEngine(settings.model_path, args.threads, slots, DEFAULTS.max_context)
+        engine = LlamaCppEngine(settings.model_path, args.threads, slots, DEFAULTS.limits.context)
         try:
             engine_tok_s(engine, 2, args.prompt_tokens, 8)  # warm
             return {n: engine_tok_s(engine, n, args.prompt_tokens, args.tokens) for n in args.streams}
@@ -83,7 +83,7 @@ def main() -> None:
     config = ServerConfig("llama-server", Path(settings.model_path))
     log = ROOT / "bench_results" / "engine-parity-llama-server.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with LlamaServer(llama_server(), config, args.threads, slots, DEFAULTS.max_context, log) as server:
+    with LlamaServer(llama_server(), config, args.threads, slots, DEFAULTS.limits.context, log) as server:
         server_tok_s(server.url, 2, args.prompt_tokens, 8)  # warm
         served = {n: server_tok_s(server.url, n, args.prompt_tokens, args.tokens) for n in args.streams}
     after = engine_run()

@@ -56,7 +56,7 @@ def run_cell(args: argparse.Namespace, system: str, users: int, out: Path) -> di
     with ExitStack() as stack:
         if system == LLAMA:
             dep = load_deployment(args.deploy)
-            max_context = OrchestratorSettings.from_yaml(dep.orchestrator).max_context
+            max_context = OrchestratorSettings.from_yaml(dep.orchestrator).limits.context
             server = stack.enter_context(LlamaServer(llama_server(), ServerConfig(LLAMA, ggufs.llm_gguf(dep)),
                                                      args.threads, max(args.users), max_context,
                                                      cell_out / "llama-server.log"))

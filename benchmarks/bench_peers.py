@@ -307,7 +307,7 @@ def main() -> None:
                                                  args.max_tokens)
         for config in configs:
             server = stack.enter_context(LlamaServer(binaries[config.anchor], config, args.threads, parallel,
-                                                     orchestrator.max_context,
+                                                     orchestrator.limits.context,
                                                      out / f"{config.label.replace(' ', '_')}.log"))
             systems[config.label] = llama_request(server.url, args.max_tokens)
             conversers[config.label] = llama_converse(server.url, args.max_tokens)

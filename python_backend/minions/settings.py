@@ -59,22 +59,16 @@ class EngineSettings(Settings):
     the engine computes (host or GPU memory), within `kv_budget_mb`, which evicts it first; 0: not kept
     (a new request still shares a live sequence's prefix)."""
     kv_unified: bool = True
-    """llama.cpp: one KV buffer for every sequence (True), or a stream of cells per sequence, as
-    llama-server runs. In one buffer every token's attention spans every sequence's cells, so long
-    prompts at many streams slow each step; per sequence, a step is cut into one ubatch per run of
-    consecutive sequence ids with equal token counts, so ragged drafts verify in several passes
-    (docs/engines.md)."""
+    """llama.cpp: one KV buffer for every sequence (True), where every token's attention spans every
+    sequence's cells, or a stream of cells per sequence, as llama-server runs, where a step goes in one
+    ubatch per run of sequences with equal token counts (docs/engines.md)."""
     batch_invariant: bool = False
     """llama.cpp: a token's logits the same however its step was batched (alone, beside other sequences,
     in a draft or a prompt chunk), as vLLM's batch-invariant mode, so that verifying a draft keeps
-    exactly the tokens plain decoding would emit. llama.cpp's CPU flash attention sums in another order
-    when a sequence has 64 or more tokens in a step (tiled) or decodes one token alone over 512 or more
-    cells (KV split across threads); both paths need K in F16 or F32 and V of K's type, so the K cache is
-    held in Q8_0 beside an F16 V cache, and every step goes row by row. Exact for Q4_1 weights (their
-    matrix products take one row at a time) and, with the project's `k-quant-batch-invariant` patch, for
-    Q4_K_M's (llama.cpp's tiled K-quant kernels are then off in the engine's process); F16's products
-    still depend on the batch. Needs `kv_unified: false` (in one buffer attention sums over cells in the
-    order they were filled). Refused off x86-64 with AVX2/FMA/F16C, or without that patch (docs/engines.md)."""
+    exactly the tokens plain decoding would emit: the K cache in Q8_0 beside an F16 V cache, so that
+    flash attention goes row by row, and the project's patches for the matrix products (Q4_1, Q4_K_M;
+    F16's still depend on the batch). Needs `kv_unified: false`. Refused off x86-64 with AVX2/FMA/F16C,
+    or without the patches (docs/engines.md, "Batch-invariant Q4_1")."""
     max_context: int = derived(2048)
     """Set from orchestrator.max_context by the renderer."""
     max_draft_tokens: int = derived(16)
@@ -119,6 +113,29 @@ class EngineSettings(Settings):
         if self.batch_invariant and self.kv_unified:
             raise ValueError("batch_invariant needs kv_unified: false (in one KV buffer attention sums over "
                              "cells in the order they were filled)")
+
+
+@dataclass(frozen=True)
+class LimitSettings(Settings):
+    """What one request may ask, and how many the server takes at once. deploy.yaml: `max_<name>`."""
+
+    num_draft_tokens: int = 16
+    """Draft tokens one round may verify (a request's `num_draft_tokens` up to it; lookups' whole drafts)."""
+    tokens_limit: int = ranged(1024, 1)
+    """A request's `max_tokens` at most."""
+    context: int = ranged(2048, 1)
+    """Tokens of prompt and output one request may hold."""
+    stop_strings: int = ranged(4, 0)
+    """Stop strings (`stop_words`) one request may send at most, as OpenAI and TGI allow; each is matched
+    against the generated text at every token. The OpenAI frontend's `--max-stop-strings` defaults to it."""
+    stop_chars: int = ranged(256, 1)
+    """Characters of one stop string at most: matching one costs up to its length squared per token.
+    The OpenAI frontend's `--max-stop-chars` defaults to it."""
+    active_requests: int = 0
+    """Requests decoding at once at most; later ones wait for a slot (0: the LLM's max_sequences, so that
+    no live sequence is evicted and recomputed; `active_requests_limit`)."""
+    queued_requests: int = 64
+    """Requests waiting for a slot at most; beyond, a request is refused at once with UNAVAILABLE (0: no bound)."""
 
 
 @dataclass(frozen=True)
@@ -223,16 +240,8 @@ class OrchestratorSettings(Settings):
     """`adaptive` or a fixed number of draft tokens per round."""
     draft_length_candidates: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
     """What the adaptive selector chooses from (0 = plain decoding)."""
-    max_num_draft_tokens: int = 16
+    limits: LimitSettings = group(LimitSettings, "max_")
     default_max_tokens: int = ranged(128, 1)
-    max_tokens_limit: int = ranged(1024, 1)
-    max_context: int = ranged(2048, 1)
-    max_stop_strings: int = ranged(4, 0)
-    """Stop strings (`stop_words`) one request may send at most, as OpenAI and TGI allow; each is matched
-    against the generated text at every token. The OpenAI frontend's `--max-stop-strings` defaults to it."""
-    max_stop_chars: int = ranged(256, 1)
-    """Characters of one stop string at most: matching one costs up to its length squared per token.
-    The OpenAI frontend's `--max-stop-chars` defaults to it."""
     default_chat: bool = False
     default_use_draft_logits: bool = True
     """Sampled requests: a lone SSM samples its draft and sends its logits (the min(1, p/q) rule)."""
@@ -263,11 +272,6 @@ class OrchestratorSettings(Settings):
     drafting up again when the load falls (its plain stream's probes)."""
     draft_pool_size: int = 0
     """Drafts waiting for the LLM at most (0: the LLM's max_batch_size; `draft_pool`)."""
-    max_active_requests: int = 0
-    """Requests decoding at once at most; later ones wait for a slot (0: the LLM's max_sequences, so that
-    no live sequence is evicted and recomputed; `active_requests_limit`)."""
-    max_queued_requests: int = 64
-    """Requests waiting for a slot at most; beyond, a request is refused at once with UNAVAILABLE (0: no bound)."""
     # Derived by the renderer from the rest of the deployment:
     llm_model_name: str = derived("llm")
     ssm_model_names: tuple[str, ...] = derived(())
@@ -303,7 +307,7 @@ class OrchestratorSettings(Settings):
     @property
     def active_requests_limit(self) -> int:
         """Requests decoding at once at most: one live sequence each in the LLM, never evicted, unless set."""
-        return self.max_active_requests or self.llm_max_sequences
+        return self.limits.active_requests or self.llm_max_sequences
 
     def check(self) -> None:
         """Raise ValueError for values no request could be served with."""

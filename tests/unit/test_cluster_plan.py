@@ -9,7 +9,7 @@ from minions.deploy.cluster import Replica, replica_ports
 from minions.deploy.config import ServerPorts, load_deployment
 from minions.deploy.gateway import Affinity, gateway_command
 from minions.deploy.server import set_threads
-from minions.settings import OrchestratorSettings
+from minions.settings import DEFAULTS
 from harness.triton_process import ROOT
 
 BASE = ServerPorts("127.0.0.1", 8000, 8001, 8002, 9000)
@@ -37,9 +37,9 @@ def test_threads_apply_to_every_compute_engine_and_no_lookup():
 
 
 def test_affinity_thresholds_follow_a_replicas_slots():
-    assert Affinity.of(OrchestratorSettings(max_active_requests=16)).abs_threshold == 2
-    assert Affinity.of(OrchestratorSettings(max_active_requests=64)).abs_threshold == 8
-    assert Affinity.of(OrchestratorSettings(max_active_requests=4)).abs_threshold == 1
+    assert Affinity.of(DEFAULTS.with_keys(max_active_requests=16)).abs_threshold == 2
+    assert Affinity.of(DEFAULTS.with_keys(max_active_requests=64)).abs_threshold == 8
+    assert Affinity.of(DEFAULTS.with_keys(max_active_requests=4)).abs_threshold == 1
 
 
 def test_the_gateway_routes_by_prefix_or_round_robin():

@@ -304,7 +304,7 @@ def test_a_vote_verifies_a_lookup_s_whole_copy_instead_of_asking_its_model_ssm(c
     # Those rounds are the lookup's own in the server's statistics, not the vote's: the models' J(k)
     # is priced from the rounds they drafted.
     assert 0 < (stats.acceptance_of(("ngram",)).trials or [0])[0] <= len(instead), "(decayed counts)"
-    assert any(r.request_output_len == DEFAULTS.max_num_draft_tokens
+    assert any(r.request_output_len == DEFAULTS.limits.num_draft_tokens
                for m, r in client.calls if m == "ngram" and not r.stop), "asked whole"
 
 

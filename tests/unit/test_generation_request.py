@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -13,13 +12,8 @@ from minions.serving.request import parse_generation_request
 from minions.settings import OrchestratorSettings
 from minions.speculation.mode import Speculation, SpeculationMode
 
-LIMITS = OrchestratorSettings(
-    max_tokens_limit=256,
-    default_max_tokens=32,
-    default_num_draft_tokens="4",
-    max_num_draft_tokens=8,
-    ssm_model_names=("ssm_q4", "ngram"),
-)
+LIMITS = OrchestratorSettings(default_max_tokens=32, default_num_draft_tokens="4",
+                              ssm_model_names=("ssm_q4", "ngram")).with_keys(max_tokens_limit=256, max_num_draft_tokens=8)
 
 
 def text(value) -> np.ndarray:
@@ -214,7 +208,7 @@ def _stops(*words: bytes) -> np.ndarray:
 
 def test_stop_strings_are_bounded_in_number_and_length():
     """Each stop string is matched at every token, at a cost growing with the square of its length."""
-    limits = dataclasses.replace(LIMITS, max_stop_strings=2, max_stop_chars=3)
+    limits = LIMITS.with_keys(max_stop_strings=2, max_stop_chars=3)
     at_limits = _stops(b"abc", b"", "é".encode() * 3)
     request = parse_generation_request({"text_input": text(b"hi"), "stop_words": at_limits}, limits)
     assert request.stop_words == ("abc", "ééé"), "at the limits (empty strings dropped, characters counted)"
@@ -226,13 +220,13 @@ def test_stop_strings_are_bounded_in_number_and_length():
 
 
 def test_the_default_stop_limits_refuse_a_huge_list_and_a_huge_string():
-    with pytest.raises(InvalidRequest, match=f"at most {LIMITS.max_stop_strings} stop strings"):
+    with pytest.raises(InvalidRequest, match=f"at most {LIMITS.limits.stop_strings} stop strings"):
         parse(stop_words=_stops(*[b"x%d" % i for i in range(10_000)]))
-    with pytest.raises(InvalidRequest, match=f"at most {LIMITS.max_stop_chars} characters"):
+    with pytest.raises(InvalidRequest, match=f"at most {LIMITS.limits.stop_chars} characters"):
         parse(stop_words=_stops(b"x" * 100_000))
 
 
 def test_bad_words_are_not_bound_by_the_stop_limits():
-    limits = dataclasses.replace(LIMITS, max_stop_strings=1, max_stop_chars=1)
+    limits = LIMITS.with_keys(max_stop_strings=1, max_stop_chars=1)
     request = parse_generation_request({"text_input": text(b"hi"), "bad_words": _stops(b"darn", b"heck")}, limits)
     assert request.bad_words == ("darn", "heck")

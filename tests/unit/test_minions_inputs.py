@@ -59,7 +59,7 @@ def test_a_deployment_default_follows_its_setting(name):
 def test_an_orchestrator_built_without_rendering_admits_and_drafts():
     """The limits that 0 means "the LLM's" resolve in settings, not only in the renderer."""
     assert DEFAULTS.active_requests_limit > 0 and DEFAULTS.draft_pool > 0
-    assert dataclasses.replace(DEFAULTS, max_active_requests=3, draft_pool_size=2).active_requests_limit == 3
+    assert DEFAULTS.with_keys(max_active_requests=3, draft_pool_size=2).active_requests_limit == 3
     assert dataclasses.replace(DEFAULTS, llm_max_sequences=5).active_requests_limit == 5
 
 

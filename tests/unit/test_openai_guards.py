@@ -78,7 +78,7 @@ def test_stop_strings_are_bounded_in_number_and_length():
 def test_the_stop_limits_default_to_the_models():
     """One default each: the `minions` model refuses beyond its own on Triton's ports (minions.settings)."""
     assert (FrontendSettings().max_stop_strings, FrontendSettings().max_stop_chars) == \
-        (DEFAULTS.max_stop_strings, DEFAULTS.max_stop_chars) == (4, 256)
+        (DEFAULTS.limits.stop_strings, DEFAULTS.limits.stop_chars) == (4, 256)
 
 
 def test_each_setting_is_a_flag_with_its_one_default():

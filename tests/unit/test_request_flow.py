@@ -113,7 +113,7 @@ def test_a_partial_stop_string_at_the_end_is_sent_after_all():
 
 
 def test_decode_request_bounds_max_tokens_by_the_context_and_defaults_end_id_to_eos():
-    settings = OrchestratorSettings(max_context=10, max_num_draft_tokens=6)
+    settings = DEFAULTS.with_keys(max_context=10, max_num_draft_tokens=6)
     request = decode_request(greq(text="abcd", bad_words=("xy",), speculation=Speculation(SpeculationMode.OFF)),
                              CharTokenizer(), settings)
     assert request.prompt_ids == ids("abcd") and request.max_new_tokens == 6
@@ -125,7 +125,7 @@ def test_decode_request_bounds_max_tokens_by_the_context_and_defaults_end_id_to_
 
 def test_decode_request_refuses_a_prompt_that_leaves_no_room():
     with pytest.raises(InvalidRequest, match="prompt is 10 tokens; the context holds 10"):
-        decode_request(greq(text="abcdefghij"), CharTokenizer(), OrchestratorSettings(max_context=10))
+        decode_request(greq(text="abcdefghij"), CharTokenizer(), DEFAULTS.with_keys(max_context=10))
 
 
 @pytest.mark.parametrize("end_id", [-1, len(ALPHABET), 999999])
@@ -189,7 +189,7 @@ def test_a_chat_template_error_is_an_invalid_request():
 def test_admission_reserves_the_worst_case_and_waits_in_order():
     async def scenario():
         admission = Admission(max_sequences=8, capacity_tokens=40)
-        settings = OrchestratorSettings(max_num_draft_tokens=4)
+        settings = DEFAULTS.with_keys(max_num_draft_tokens=4)
         first = decode_request(greq(text="abcde", max_tokens=20), CharTokenizer(), settings)
         held = await admit(admission, first, "a")
         assert held.tokens == 5 + 20 + 4 + 1 == admission.in_use

@@ -59,8 +59,8 @@ def engine_settings(model: dict, dep: Deployment, orchestrator: OrchestratorSett
     elif model["engine"] == EngineKind.DISTILLED:
         path = str(distilled_dir(model, dep))
     return EngineSettings.from_yaml(model, model_name=model["name"], model_path=path,
-                                    max_context=orchestrator.max_context,
-                                    max_draft_tokens=orchestrator.max_num_draft_tokens)
+                                    max_context=orchestrator.limits.context,
+                                    max_draft_tokens=orchestrator.limits.num_draft_tokens)
 
 
 def trtllm_settings(model: dict, dep: Deployment, orchestrator: OrchestratorSettings) -> TrtllmSettings:
@@ -68,8 +68,8 @@ def trtllm_settings(model: dict, dep: Deployment, orchestrator: OrchestratorSett
     directories resolved, the sequence length from the orchestrator's max_context, and draft tokens
     for the verifier (its `max_draft_len`, else the orchestrator's max_num_draft_tokens; SSMs none)."""
     is_llm = model["name"] == dep.llm["name"]
-    draft = int(model.get("max_draft_len", orchestrator.max_num_draft_tokens)) if is_llm else 0
-    return TrtllmSettings.from_yaml(model, model_name=model["name"], max_seq_len=orchestrator.max_context,
+    draft = int(model.get("max_draft_len", orchestrator.limits.num_draft_tokens)) if is_llm else 0
+    return TrtllmSettings.from_yaml(model, model_name=model["name"], max_seq_len=orchestrator.limits.context,
                                     checkpoint_dir=str(hf_dir_for(model["source"], dep)),
                                     engine_dir=str(trtllm_engine_dir(model, dep)), max_draft_len=draft)
 

@@ -20,9 +20,9 @@ class FrontendSettings:
     """Request-size limits and the 503 answer's retry hint."""
 
     max_body_bytes: int = _option(4 * 2**20, "a request body above this many bytes gets 413")
-    max_stop_strings: int = _option(DEFAULTS.max_stop_strings, "stop strings a request may send at most, as "
+    max_stop_strings: int = _option(DEFAULTS.limits.stop_strings, "stop strings a request may send at most, as "
                                     "OpenAI allows (the minions model's default max_stop_strings)")
-    max_stop_chars: int = _option(DEFAULTS.max_stop_chars, "characters of one stop string at most, each matched "
+    max_stop_chars: int = _option(DEFAULTS.limits.stop_chars, "characters of one stop string at most, each matched "
                                   "against the text at every token (the minions model's default max_stop_chars)")
     retry_after_s: int = _option(1, "the Retry-After header of a 503 (the server at capacity), in seconds")
 

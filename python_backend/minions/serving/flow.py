@@ -48,14 +48,14 @@ def decode_request(greq: GenerationRequest, tokenizer: Tokenizer, settings: Orch
     if greq.end_id is not None and not 0 <= greq.end_id < len(tokenizer):
         raise InvalidRequest(f"'end_id' must be a token id in [0, {len(tokenizer) - 1}], got {greq.end_id}")
     prompt_ids = encode_prompt(tokenizer, greq.text, greq.chat)
-    if len(prompt_ids) >= settings.max_context:
+    if len(prompt_ids) >= settings.limits.context:
         raise InvalidRequest(
-            f"prompt is {len(prompt_ids)} tokens; the context holds {settings.max_context} "
+            f"prompt is {len(prompt_ids)} tokens; the context holds {settings.limits.context} "
             "including at least one generated token"
         )
     return DecodeRequest(
         prompt_ids=prompt_ids,
-        max_new_tokens=min(greq.max_tokens, settings.max_context - len(prompt_ids)),
+        max_new_tokens=min(greq.max_tokens, settings.limits.context - len(prompt_ids)),
         sampling=greq.sampling,
         penalties=replace(greq.penalties, prompt_length=len(prompt_ids)),
         seed=greq.seed,
@@ -63,7 +63,7 @@ def decode_request(greq: GenerationRequest, tokenizer: Tokenizer, settings: Orch
         bad_words=BadWords([tokenizer.encode(w, add_special_tokens=False) for w in greq.bad_words]),
         speculation=greq.speculation,
         num_draft_tokens=greq.num_draft_tokens,
-        max_draft_tokens=settings.max_num_draft_tokens,
+        max_draft_tokens=settings.limits.num_draft_tokens,
         stream_interval_s=settings.llm_stream.interval_ms / 1000,
         use_draft_logits=greq.use_draft_logits,
         pipeline=greq.pipeline,

@@ -61,10 +61,10 @@ def _finite_at_least_zero(v, _s) -> str | None:
 def _stop_limits(stops: tuple[str, ...], s: OrchestratorSettings) -> str | None:
     """Each stop string is matched against the text at every token, at a cost that grows with the
     square of its length: their number and length are bounded (empty strings are dropped first)."""
-    if len(stops) > s.max_stop_strings:
-        return f"'stop_words' may hold at most {s.max_stop_strings} stop strings (max_stop_strings), got {len(stops)}"
-    if (longest := max(map(len, stops), default=0)) > s.max_stop_chars:
-        return (f"'stop_words': a stop string may hold at most {s.max_stop_chars} characters (max_stop_chars), "
+    if len(stops) > s.limits.stop_strings:
+        return f"'stop_words' may hold at most {s.limits.stop_strings} stop strings (max_stop_strings), got {len(stops)}"
+    if (longest := max(map(len, stops), default=0)) > s.limits.stop_chars:
+        return (f"'stop_words': a stop string may hold at most {s.limits.stop_chars} characters (max_stop_chars), "
                 f"got one of {longest}")
     return None
 
@@ -72,7 +72,7 @@ def _stop_limits(stops: tuple[str, ...], s: OrchestratorSettings) -> str | None:
 _SERVED = [
     Input("text_input", "TYPE_STRING", check=lambda v, _s: None if v.strip() else "'text_input' is empty"),
     Input("max_tokens", "TYPE_INT32", default=_setting("default_max_tokens"), setting="default_max_tokens",
-          check=_in(1, lambda s: s.max_tokens_limit, "max_tokens")),
+          check=_in(1, lambda s: s.limits.tokens_limit, "max_tokens")),
     Input("stream", "TYPE_BOOL", default=lambda _: False),
     Input("temperature", "TYPE_FP32", default=lambda _: _SAMPLING.temperature, check=_finite_at_least_zero),
     Input("top_p", "TYPE_FP32", default=lambda _: _SAMPLING.top_p,
@@ -87,8 +87,8 @@ _SERVED = [
     Input("pad_id", "TYPE_INT32"),
     Input("exclude_input_in_output", "TYPE_BOOL", default=lambda _: False),
     Input("num_draft_tokens", "TYPE_INT32", default=_setting("num_draft_tokens"), setting="default_num_draft_tokens",
-          check=lambda v, s: None if v is None or 0 <= v <= s.max_num_draft_tokens
-          else f"'num_draft_tokens' must be in [0, {s.max_num_draft_tokens}], got {v}"),
+          check=lambda v, s: None if v is None or 0 <= v <= s.limits.num_draft_tokens
+          else f"'num_draft_tokens' must be in [0, {s.limits.num_draft_tokens}], got {v}"),
     Input("return_perf_metrics", "TYPE_BOOL", default=lambda _: False),
     Input("speculation", "TYPE_STRING", default=_setting("default_speculation"), setting="default_speculation"),
     Input("chat", "TYPE_BOOL", default=_setting("default_chat"), setting="default_chat"),

@@ -30,7 +30,7 @@ class DecodeRequest:
     speculation: Speculation
     num_draft_tokens: int | None
     """Draft length per round; None: the adaptive selector chooses it (up to max_draft_tokens)."""
-    max_draft_tokens: int = DEFAULTS.max_num_draft_tokens
+    max_draft_tokens: int = DEFAULTS.limits.num_draft_tokens
     stream_interval_s: float
     """How often the LLM sends a streamed stretch's tokens after the first (EngineRequest.stream_interval_s;
     the deployment's llm_stream_interval_ms)."""

@@ -96,7 +96,7 @@ class TritonPythonModel:
         """What the decode loop calls: the lookups here, every other model through Triton (self.client)."""
         self.metrics = SpeculationMetrics(self.name, [EngineGauges(name, engine) for name, engine in lookups.items()])
         self.admission = Admission(self.settings.active_requests_limit, self.settings.kv_budget_tokens,
-                                   self.settings.kv_chunk_tokens, self.settings.max_queued_requests,
+                                   self.settings.kv_chunk_tokens, self.settings.limits.queued_requests,
                                    on_change=self.metrics.tally.observe_admission)
         self.metrics.tally.observe_admission(0, 0, 0.0)  # the series exist from the start
         self.services = Services.from_settings(self.settings, load=lambda: self.admission.decoding)
