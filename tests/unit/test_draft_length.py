@@ -633,3 +633,29 @@ def test_worth_s_worked_example_holds():
     n, per_token = cheapest_verification(log_probs, t)
     assert n == 2 and per_token == pytest.approx(0.021 / 2.85)
     assert worth_verifying(log_probs, t) == 2
+
+
+def test_worth_s_worked_example_of_a_probe_holds():
+    """pricing/worth.py's docstring: the same draft found by a probe, whose verification also costs the
+    stream's restart (9 ms beyond a step): 12.8, 10.5, 10.1, 11.5 ms a token against 11.0, so 3 tokens are
+    verified; with 13 ms it no longer beats a plain step."""
+    log_probs = token_log_probs([0.95, 0.9, 0.5, 0.2])
+    t = dict(enumerate([0.011, 0.016, 0.021, 0.025, 0.032]))
+    n, per_token = cheapest_verification(log_probs, t, overhead=0.009)
+    assert n == 3 and per_token == pytest.approx(0.034 / 3.35)
+    assert worth_verifying(log_probs, t, overhead=0.013) == 0
+
+
+def test_a_stream_s_restart_costs_what_its_first_token_took_beyond_a_step():
+    """restart_extra: the restarted streams' first tokens against a streamed step at the nearest load
+    measured; nothing before both are measured, never below nothing."""
+    table = VerifyCostTable(plain_streams=True)
+    assert table.restart_extra(1) == 0.0
+    table.observe_restart(1, 0.020)
+    assert table.restart_extra(1) == 0.0, "no streamed step measured yet"
+    for _ in range(5):
+        table.observe(1, 0, 0.008)
+    assert table.restart_extra(1) == pytest.approx(0.012) and table.restart_extra(2) == pytest.approx(0.012)
+    for _ in range(30):  # restarts that came back faster than a streamed step: a moving average of them
+        table.observe_restart(1, 0.001)
+    assert table.restart_extra(1) == 0.0

@@ -136,6 +136,8 @@ def test_a_probe_s_draft_stops_the_stream_and_is_verified(client, llm):
     assert ("llm", "req") in client.released[:-1], "the stream was stopped before the request ended"
     calls = [call for model, call in client.calls if model == "llm" and not call.stop]
     assert stats_.call_draft_lengths == [len(call.draft) for call in calls], "one length per call, a stream's 0 once"
+    assert sum(e.count for e in stats.verify.restarts.values()) == len(streams), \
+        "each stream, all after round 1's call, measured its restart (what the next probe's draft pays for)"
 
 
 def test_probes_whose_drafts_the_verification_costs_price_out_say_so(client, llm):

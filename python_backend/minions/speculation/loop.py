@@ -111,7 +111,8 @@ class _Decode:
         """The drafters' proposal continuing `sequence`, asked while plain tokens stream."""
         k = self._asked(max(self.services.settings.probe.tokens, self.length.current))
         proposal = await self.drafter.propose(self.client, self.source.round(sequence, k, self.progress.index))
-        self._cut_to_worth(proposal, self.services.load(), len(sequence))
+        batch = self.services.load()
+        self._cut_to_worth(proposal, batch, len(sequence), self.services.length_stats.verify.restart_extra(batch))
         return proposal
 
     def _asked(self, k: int) -> int:
@@ -134,20 +135,21 @@ class _Decode:
         models = self.length.time_per_token(k, batch)
         return n if models is None or per_token < models else 0
 
-    def _cheapest(self, log_probs: list[float], batch: int) -> tuple[int, float | None]:
+    def _cheapest(self, log_probs: list[float], batch: int, overhead: float = 0.0) -> tuple[int, float | None]:
         """The cheapest verification of a draft whose tokens carry these log chances, at this load, by
         this request's calibration (pricing/worth.py, cheapest_verification)."""
         costs = self.services.length_stats.verify.within_reach(batch, range(len(log_probs) + 1))
-        return cheapest_verification(log_probs, costs, self.calibration.factor)
+        return cheapest_verification(log_probs, costs, self.calibration.factor, overhead)
 
-    def _cut_to_worth(self, proposal: Proposal, batch: int, at: int) -> None:
+    def _cut_to_worth(self, proposal: Proposal, batch: int, at: int, overhead: float = 0.0) -> None:
         """A draft that carries its tokens' chances (asked only with an adaptive length) is cut to the
-        length worth verifying at this load (`_cheapest`); others are verified as the length policy
-        asked for them. A draft cut to nothing is left to the calibration, which scores it against the
-        text that follows the sequence's first `at` tokens."""
+        length worth verifying at this load (`_cheapest`; `overhead`: what its verification costs beyond
+        t(b, k), a probe's the stream it stops); others are verified as the length policy asked for
+        them. A draft cut to nothing is left to the calibration, which scores it against the text that
+        follows the sequence's first `at` tokens."""
         chances = proposal.log_probs
         if chances is not None and 0 < len(proposal.draft) == len(chances):
-            worth = self._cheapest(chances, batch)[0]
+            worth = self._cheapest(chances, batch, overhead)[0]
             if worth == 0:
                 self.calibration.priced_out(at, proposal.draft, chances)
             proposal.priced_out += len(proposal.draft) - worth
@@ -163,6 +165,7 @@ class _Decode:
         call = self.request.llm_call(self.request_id, self.progress.sequence, plan.tokens, streaming=True,
                                      stream_interval_s=interval)
         watch = self.watch if plan.watch else None
+        restarted = self.progress.produced > 0  # its first token costs a call, not a step (restart_extra)
         t = time.perf_counter()
         new_call = True
         async with aclosing(self.client.stream(self.services.llm, call)) as stream:
@@ -178,6 +181,8 @@ class _Decode:
                             cached_tokens=_cached(call, result) if new_call else 0)
                 if new_call:
                     self._report_work(0)  # a stream from the prompt is past its prefill: plain steps follow
+                    if restarted and len(tokens) == 1:
+                        self.services.length_stats.verify.observe_restart(plan.batch, now - t)
                 t, new_call = now, False
                 if watch is not None:
                     watch.arrived(self.progress.sequence, len(tokens),

@@ -80,6 +80,9 @@ class VerifyCostTable:
     reason a fresh server stayed plain for its last 347 requests (docs/experiments.md, "Open: a fresh
     server that stopped drafting for good")."""
     cells: dict[tuple[int, int], Ema] = field(default_factory=dict)
+    restarts: dict[int, Ema] = field(default_factory=dict)
+    """Per load bucket: seconds from a plain stream's restart (a call after the request's first) to its
+    first token (`observe_restart`)."""
     rounds: int = 0
     """Observations so far: the clock of `memory_rounds`."""
     memory: RoundMemory = field(init=False)
@@ -94,6 +97,21 @@ class VerifyCostTable:
             del self.cells[key]
         self.cells.setdefault(key, Ema(self.weight)).add(seconds, server_weight(self.weight, batch))
         self.memory.measured(key, self.rounds)
+
+    def observe_restart(self, batch: int, seconds: float) -> None:
+        """A plain stream started again after the request's first call (a verification or a drafting
+        round came between) sent its first token `seconds` after the call."""
+        self.restarts.setdefault(load_bucket(batch), Ema(self.weight)).add(seconds, server_weight(self.weight, batch))
+
+    def restart_extra(self, batch: int) -> float:
+        """Seconds that stopping a plain stream and starting it again adds to a verification, beyond t(b, k):
+        the restarted stream's first token takes a call's round trip besides its step, where the stream
+        would have gone on at a step a token (0 until both are measured). A probe's draft pays for it."""
+        step = self.estimate(batch, 0)
+        for bucket in buckets_by_nearness(set(self.restarts), batch):
+            first = self.restarts[bucket].value
+            return 0.0 if step is None or first is None else max(first - step, 0.0)
+        return 0.0
 
     def _remembered(self, key: tuple[int, int]) -> bool:
         """Whether the cell still counts: plain steps (s = 0) always, a verified length within memory."""

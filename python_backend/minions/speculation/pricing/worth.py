@@ -9,7 +9,9 @@ average, this prices the draft at hand: a long copy's chances stay high, a short
 Worked example: a suffix draft of 4 tokens whose chances of being right so far are 0.95, 0.9, 0.5,
 0.2, on an LLM whose verification of k tokens costs t(0..4) = 11, 16, 21, 25, 32 ms. Expected tokens
 E(k) = 1 + the chances so far: 1.95, 2.85, 3.35, 3.55; time per token t(k) / E(k): 11.0 (a plain
-step), 8.2, 7.4, 7.5, 9.0 ms; so 2 tokens are verified, the draft's last two priced out.
+step), 8.2, 7.4, 7.5, 9.0 ms; so 2 tokens are verified, the draft's last two priced out. Found by a
+probe, the same draft also pays for the plain stream it stops (a call before the next streamed token,
+say 9 ms more than a step): 12.8, 10.5, 10.1, 11.5 ms a token against 11.0, so 3 tokens are verified.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ def survival(log_probs: Sequence[float]) -> list[float]:
     return [math.exp(x) for x in itertools.accumulate(log_probs)]
 
 
-def worth_verifying(log_probs: Sequence[float], verify: Mapping[int, float | None], scale: float = 1.0) -> int:
+def worth_verifying(log_probs: Sequence[float], verify: Mapping[int, float | None], scale: float = 1.0,
+                    overhead: float = 0.0) -> int:
     """`cheapest_verification`'s length."""
-    return cheapest_verification(log_probs, verify, scale)[0]
+    return cheapest_verification(log_probs, verify, scale, overhead)[0]
 
 
 def cheapest_verification(log_probs: Sequence[float], verify: Mapping[int, float | None],
-                          scale: float = 1.0) -> tuple[int, float | None]:
+                          scale: float = 1.0, overhead: float = 0.0) -> tuple[int, float | None]:
     """How many of a draft's tokens to verify, and the expected seconds per emitted token that costs
     (None while unmeasured), from the drafter's own estimate of each token's chance
     (`log_probs`: of being right given the ones before it were): the k with the least expected time
@@ -41,7 +44,8 @@ def cheapest_verification(log_probs: Sequence[float], verify: Mapping[int, float
     (no verification) when no k beats a plain step, t(0) / 1. `verify`: the LLM's t(b, k) at the
     current load, k = 0..len(log_probs) (VerifyCostTable.estimates); while unmeasured (None) the draft
     is kept whole, as the length policy chose it. `scale`: how the request's drafts have fared against
-    such estimates (`ChanceCalibration`).
+    such estimates (`ChanceCalibration`). `overhead`: seconds any verification costs beyond t(b, k) (a
+    probe's: the plain stream it stops, VerifyCostTable.restart_extra).
 
     Where the length policy prices lengths by what the request's drafts were accepted (on average),
     this prices the draft at hand: a long copy's chances stay high, a short match's fall at once
@@ -52,7 +56,7 @@ def cheapest_verification(log_probs: Sequence[float], verify: Mapping[int, float
     best, best_cost, expected = 0, verify[0], 1.0
     for k, alive in enumerate(survival(log_probs), start=1):
         expected += min(1.0, scale * alive)
-        cost = verify[k] / expected  # type: ignore[operator]
+        cost = (verify[k] + overhead) / expected  # type: ignore[operator]
         if cost < best_cost:
             best, best_cost = k, cost
     return best, best_cost
