@@ -14,10 +14,9 @@ Two implementations of one small interface (`ForwardBackend`):
 - `SerialForward` (any other transformers model, e.g. the distilled SSMs): one DynamicCache per sequence,
   sequences run one after another. Correct for every model, batched in name only.
 
-Why the CPU case matters: a one-token fp32 pass of SmolLM2 is memory-bound (~50 ms to stream the
-weights), so a batch shares that cost. Measured, one thread, 60-token caches: 8 one-token rows take
-112 ms against 70 ms for one. Longer rows are compute-bound: 8 drafts of 9 tokens take 460 ms against
-116 ms for one, so batching verification saves the weight streaming, not the arithmetic.
+Why the CPU case matters: a one-token fp32 pass of SmolLM2 is memory-bound (streaming the weights),
+so a batch of rows shares that cost; longer rows are compute-bound, so batching verification saves the
+weight streaming, not the arithmetic (docs/engines.md).
 """
 
 from __future__ import annotations

@@ -13,11 +13,10 @@ evicted. The KV budget holds: every slot, idle or live, is held to one sequence'
 are no more slots than the engine was given.
 With a host-memory tier (`stored_bytes` > 0, llama-server's `--cache-ram`), a finished sequence is
 not left idle in the KV buffer: llama.cpp's attention visits every cell up to the highest one in use,
-so idle prefixes slowed every step of the live ones (15 idle prefixes of 1,200 tokens: a plain step
-8.2 -> 11.4 ms, a 16-token verification 32 -> 68 ms, SmolLM2 F16). Its cells are copied to host memory
-(the engine's opaque blob) and cleared, and its slot is free. A new request then also looks there:
-when a stored prefix is the longest, the engine copies it into the new slot (1.8 ms for 1,500 tokens,
-against 15 ms to store them) and drops what lies beyond the common prefix. Stored prefixes are kept
+so idle prefixes would slow every step of the live ones (docs/engines.md measures by how much). Its
+cells are copied to host memory (the engine's opaque blob) and cleared, and its slot is free. A new
+request then also looks there: when a stored prefix is the longest, the engine copies it into the new
+slot (far cheaper than computing it again) and drops what lies beyond the common prefix. Stored prefixes are kept
 least recently used first within `stored_bytes`; one that a newer stored sequence extends (a
 conversation's earlier turn) is dropped.
 

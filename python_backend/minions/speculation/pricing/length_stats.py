@@ -156,16 +156,16 @@ class SharedLengthStats:
         """Rounds observed, of every request: the clock the drafting costs' memory counts in."""
         self.draft_per_token = DraftCosts(self.policy)
         """Per (drafters, pipelined, load bucket): the drafting seconds per token that requests waited
-        for. Apart per set of SSMs a request drafts with: a request that names a model SSM (Qwen's 0.5B:
-        18 ms a token) priced the lookups' drafts of every later request at its own, which closed their
-        probes for good (no probe, no new sample). Apart for pipelined requests, whose early drafts
+        for. Apart per set of SSMs a request drafts with: one estimate would let a request that names a
+        model SSM (many times a lookup's cost a token) price every later request's lookup drafts at its
+        own, closing their probes for good (no probe, no new sample). Apart for pipelined requests, whose early drafts
         hide most of drafting: one estimate for both would price a pipelined request's drafting at what
         a plain one waits for."""
         self.probe_draft_per_token = DraftCosts(self.policy)
         """The same from drafts of at least `probe_min_draft` tokens, what a probe must find: the cost
-        the probes are gated on (`probe_draft_estimate`). A lookup call costs about 2.5 ms whatever its
-        length, so rounds of 1-token drafts (a request whose selector explores s = 1 from 0) put its
-        cost per token above the gate and closed the probes that would have measured it again."""
+        the probes are gated on (`probe_draft_estimate`). A lookup call costs about the same whatever its
+        length, so rounds of 1-token drafts (a request whose selector explores s = 1 from 0) would put
+        its cost per token above the gate and close the probes that would measure it again."""
         self.drafting: dict[str, int] = {}
         """Each request being decoded: its latest round's LLM work as a draft length (see `report`)."""
         self.longest: dict[str, int] = {}

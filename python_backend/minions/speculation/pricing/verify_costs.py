@@ -75,10 +75,9 @@ class VerifyCostTable:
     memory_rounds: int = 0
     """A verified length (s >= 1) that no round has measured for this many rounds (observations of any
     length at any load) is forgotten, its next measure taken as it is (0: never). Only a verification
-    measures one, and a table whose costs price every draft out sees none (one 80 ms verification of
-    8 tokens against 6 ms plain steps cuts drafts of 90% chances a token to nothing): the likeliest
-    reason a fresh server stayed plain for its last 347 requests (docs/experiments.md, "Open: a fresh
-    server that stopped drafting for good")."""
+    measures one, and a table whose costs price every draft out sees none (one cold, slow verification
+    cuts even likely drafts to nothing), so without forgetting a server can stay plain for good
+    (docs/experiments.md, "Open: a fresh server that stopped drafting for good")."""
     cells: dict[tuple[int, int], Ema] = field(default_factory=dict)
     restarts: dict[int, Ema] = field(default_factory=dict)
     """Per load bucket: seconds from a plain stream's restart (a call after the request's first) to its
