@@ -11,8 +11,9 @@ Against llama-server, and for time to first token, use bench_peers. `--against M
 default with another mode than `off` (the default against its single drafters, say), except a mode
 drafting with an SSM that learns from finished requests (suffix matching): it would find the
 default's answer to the prompt. Where the default drafts with no such SSM either, every other pair
-sends the other mode first (peers/paired.ask_pair). Writes paired.md and paired.json under
-bench_results/paired.
+sends the other mode first (peers/paired.ask_pair). `--streams N` sends N prompts at a time, each
+mode's requests of a group together (the default's cost at that load, on the same prompts as `off`).
+Writes paired.md and paired.json under bench_results/paired.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from .bench_load import RESPONSE_TIMEOUT_S
 from .bench_peers import CATEGORIES, CATEGORIES_FROM, MULTI_TURN_FROM, TEMPLATED, workload_prompts, workload_sets
 from .peers.conversations import WORKLOADS as MULTI_TURN
 from .peers.conversations import conversations, messages_text
-from .peers.paired import Answer, Ask, PairedCell, ask_pair, converse_pair, format_rows
+from .peers.paired import (Answer, Ask, PairedCell, ask_pair, concurrently, converse_group, format_rows,
+                           one_by_one)
 
 WORKLOADS = (CATEGORIES, *COPY_HEAVY, TEMPLATED, *MULTI_TURN)
 
@@ -70,10 +72,12 @@ class UnknownCell(ValueError):
 
 
 def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int, against: str,
-        alternate: bool, control: bool = False, only: frozenset[str] = frozenset()) -> list[PairedCell]:
+        alternate: bool, control: bool = False, only: frozenset[str] = frozenset(),
+        streams: int = 1) -> list[PairedCell]:
     """Every workload's cells (those named in `only`, where given), each printed as it ends; with
-    `alternate`, every other pair asks the other mode first, with `control` the other mode once more
-    after each pair (peers/paired.ask_pair)."""
+    `alternate`, every other group of pairs asks the other mode first, with `control` the other mode
+    once more after each pair (peers/paired.ask_pair); `streams` prompts at a time, each mode's
+    requests of a group sent together (peers/paired.converse_group)."""
     talks: dict[str, list[list[str]]] = {}
     for workload in workloads:
         if workload in MULTI_TURN:
@@ -86,8 +90,10 @@ def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int, a
     for name, turn_lists in talks.items():
         if only and name not in only:
             continue
-        cells.append(PairedCell(name, [converse_pair(ask, turns, against, alternate and i % 2 == 1, control)
-                                       for i, turns in enumerate(turn_lists)]))
+        together = concurrently(ask) if streams > 1 else one_by_one(ask)
+        groups = [turn_lists[i:i + streams] for i in range(0, len(turn_lists), streams)]
+        cells.append(PairedCell(name, [pair for g, talks in enumerate(groups) for pair in
+                                       converse_group(together, talks, against, alternate and g % 2 == 1, control)]))
         print(format_rows([cells[-1].row()], against).splitlines()[-1], flush=True)
     return cells
 
@@ -107,6 +113,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cells", nargs="+", default=[],
                    help="only these cells (e.g. mt_bench/coding, passages, 'multi_turn_code, last turn'): a run's "
                         "doubtful cells again")
+    p.add_argument("--streams", type=int, default=1,
+                   help="prompts at a time: each mode's requests of a group sent together (the default's "
+                        "cost at that load; a cell's prompts a multiple of it)")
     p.add_argument("--out", default=str(ROOT / "bench_results" / "paired"))
     return p
 
@@ -133,12 +142,13 @@ def main() -> None:
         alternate = not learning_ssms(dep, orchestrator.default_speculation)
         try:
             cells = run(args.workloads, ask, args.prompts, args.conversations, args.against, alternate, args.control,
-                        frozenset(args.cells))
+                        frozenset(args.cells), max(args.streams, 1))
         except UnknownCell as exc:  # raised before any request
             p.error(str(exc))
     rows = [c.row() for c in cells]
+    at_once = f", {args.streams} prompts at a time" if args.streams > 1 else ""
     text = (f"Default ({orchestrator.default_speculation}) against `{args.against}` on one server, prompt by "
-            f"prompt ({dep.path.name}, greedy, {args.max_tokens} tokens; decode time per token):\n\n"
+            f"prompt ({dep.path.name}, greedy, {args.max_tokens} tokens{at_once}; decode time per token):\n\n"
             + format_rows(rows, args.against))
     print("\n" + text)
     (out / "paired.md").write_text(text + "\n")

@@ -16,6 +16,7 @@ import dataclasses
 import random
 import statistics
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 
@@ -56,6 +57,14 @@ Ask = Callable[[list[dict], str | None], Answer]
 deployment's default)."""
 
 
+Together = Callable[[list[tuple[list[dict], str | None]]], list[Answer]]
+"""Several requests sent at once (each a conversation and a mode), their answers in order."""
+
+
+def one_by_one(ask: Ask) -> Together:
+    return lambda calls: [ask(messages, mode) for messages, mode in calls]
+
+
 def ask_pair(ask: Ask, messages: list[dict], against: str = "off", other_first: bool = False,
              control: bool = False) -> Pair:
     """The default and the other mode on the same messages, the default first unless `other_first`;
@@ -63,24 +72,52 @@ def ask_pair(ask: Ask, messages: list[dict], against: str = "off", other_first: 
     The default goes first where either mode drafts with an SSM that learns from finished requests
     (suffix), so that it never drafts the other's answer to this prompt; else the order alternates, as
     the second request finds the first's prompt in every engine's prefix cache, a model SSM's too."""
-    if other_first:
-        other = ask(messages, against)
-        pair = Pair(ask(messages, None), other)
-    else:
-        default = ask(messages, None)
-        pair = Pair(default, ask(messages, against))
-    return dataclasses.replace(pair, control=ask(messages, against)) if control else pair
+    return _pairs(one_by_one(ask), [messages], against, other_first, control)[0]
+
+
+def _pairs(together: Together, conversations: list[list[dict]], against: str, other_first: bool,
+           control: bool) -> list[Pair]:
+    """`ask_pair` on every conversation, each mode's requests sent together."""
+    first, second = (against, None) if other_first else (None, against)
+    a = together([(m, first) for m in conversations])
+    b = together([(m, second) for m in conversations])
+    pairs = [Pair(y, x) if other_first else Pair(x, y) for x, y in zip(a, b)]
+    if control:
+        again = together([(m, against) for m in conversations])
+        pairs = [dataclasses.replace(pair, control=c) for pair, c in zip(pairs, again)]
+    return pairs
 
 
 def converse_pair(ask: Ask, turns: Sequence[str], against: str = "off", other_first: bool = False,
                   control: bool = False) -> Pair:
     """A conversation's turns with the default, each turn's history holding its earlier answers, and
     its last turn paired (`ask_pair`)."""
-    messages: list[dict] = []
-    for text in turns[:-1]:
-        messages.append({"role": "user", "content": text})
-        messages.append({"role": "assistant", "content": ask(messages, None).text})
-    return ask_pair(ask, [*messages, {"role": "user", "content": turns[-1]}], against, other_first, control)
+    return converse_group(one_by_one(ask), [turns], against, other_first, control)[0]
+
+
+def converse_group(together: Together, talks: Sequence[Sequence[str]], against: str = "off",
+                   other_first: bool = False, control: bool = False) -> list[Pair]:
+    """`converse_pair` on several conversations at once: each step (a turn before the last with the
+    default, then each mode on the last turns) sends every conversation's request together, so that
+    the server decodes them as that many streams (`concurrently`)."""
+    histories: list[list[dict]] = [[] for _ in talks]
+    for i in range(max(len(turns) for turns in talks) - 1):
+        going = [j for j, turns in enumerate(talks) if i < len(turns) - 1]
+        for j in going:
+            histories[j].append({"role": "user", "content": talks[j][i]})
+        answers = together([(histories[j], None) for j in going])
+        for j, answer in zip(going, answers):
+            histories[j].append({"role": "assistant", "content": answer.text})
+    last = [[*history, {"role": "user", "content": turns[-1]}] for history, turns in zip(histories, talks)]
+    return _pairs(together, last, against, other_first, control)
+
+
+def concurrently(ask: Ask) -> Together:
+    """Each request from a thread of its own, all started at once."""
+    def together(calls: list[tuple[list[dict], str | None]]) -> list[Answer]:
+        with ThreadPoolExecutor(max_workers=max(len(calls), 1)) as pool:
+            return list(pool.map(lambda call: ask(*call), calls))
+    return together
 
 
 @dataclass

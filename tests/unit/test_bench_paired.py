@@ -8,7 +8,8 @@ import statistics
 import pytest
 
 from benchmarks.bench_paired import UnknownCell, learning_ssms, run
-from benchmarks.peers.paired import Answer, Pair, PairedCell, ask_pair, converse_pair, format_rows
+from benchmarks.peers.paired import (Answer, Pair, PairedCell, ask_pair, concurrently, converse_group, converse_pair,
+                                     format_rows)
 from minions.deploy.config import load_deployment
 from minions.errors import InvalidRequest
 from minions.text.datasets import COPY_HEAVY, DATASETS
@@ -135,3 +136,46 @@ def test_a_run_of_named_cells_asks_only_theirs(tmp_path, monkeypatch):
         run(["code_edit", "passages"], server, prompts=2, conversation_count=1, against="off", alternate=False,
             only=frozenset({"multi_turn_code"}))
     assert len(server.calls) == 4, "nothing asked before the names are checked"
+
+
+class Batches:
+    """Requests sent together, recorded as one batch each (the modes in order), answered as Recorder does."""
+
+    def __init__(self) -> None:
+        self.server, self.batches = Recorder(), []
+
+    def __call__(self, calls):
+        self.batches.append([mode for _, mode in calls])
+        return [self.server(messages, mode) for messages, mode in calls]
+
+
+def test_conversations_in_a_group_send_each_step_together():
+    """Each turn before the last goes out for every conversation at once with the default, then each
+    mode on the last turns at once: the server decodes as many streams as the group holds."""
+    batches = Batches()
+    pairs = converse_group(batches, [["a1", "a2"], ["b1", "b2"], ["c1"]], against="off")
+    assert batches.batches == [[None, None], [None, None, None], ["off", "off", "off"]]
+    assert [p.default.text for p in pairs] == ["answer 3", "answer 4", "answer 5"]
+    assert [p.other.text for p in pairs] == ["answer 6", "answer 7", "answer 8"]
+    history = batches.server.calls[5][0]
+    assert [m["content"] for m in history] == ["a1", "answer 1", "a2"], "a conversation keeps its own answers"
+    batches = Batches()
+    converse_group(batches, [["x"], ["y"]], against="off", other_first=True, control=True)
+    assert batches.batches == [["off", "off"], [None, None], ["off", "off"]]
+
+
+def test_concurrently_answers_in_the_calls_order():
+    def echo(messages, mode):
+        return Answer(messages[-1]["content"], 3, 0.2)
+    answers = concurrently(echo)([([{"role": "user", "content": str(i)}], None) for i in range(5)])
+    assert [a.text for a in answers] == ["0", "1", "2", "3", "4"]
+
+
+def test_a_run_in_streams_pairs_every_prompt_in_groups(tmp_path, monkeypatch):
+    write_prompt_sets(tmp_path, {name: [f"{name} {i}" for i in range(80)] for name in DATASETS | COPY_HEAVY})
+    monkeypatch.setenv("MINIONS_DATASETS", str(tmp_path))
+    server = Recorder()
+    cells = run(["code_edit"], server, prompts=5, conversation_count=1, against="off", alternate=False, streams=2)
+    assert [len(c.pairs) for c in cells] == [5]
+    assert [mode for _, mode in server.calls] == [None, None, "off", "off"] * 2 + [None, "off"], \
+        "groups of two, each mode's requests together"
