@@ -12,7 +12,8 @@ default with another mode than `off` (the default against its single drafters, s
 drafting with an SSM that learns from finished requests (suffix matching): it would find the
 default's answer to the prompt. Where the default drafts with no such SSM either, every other pair
 sends the other mode first (peers/paired.ask_pair). `--streams N` sends N prompts at a time, each
-mode's requests of a group together (the default's cost at that load, on the same prompts as `off`).
+mode's requests of a group together (the default's cost at that load, on the same prompts as `off`),
+after a one-token `off` request on each has put every prompt in the prefix cache.
 Writes paired.md and paired.json under bench_results/paired.
 """
 
@@ -73,11 +74,11 @@ class UnknownCell(ValueError):
 
 def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int, against: str,
         alternate: bool, control: bool = False, only: frozenset[str] = frozenset(),
-        streams: int = 1) -> list[PairedCell]:
+        streams: int = 1, prime: Ask | None = None) -> list[PairedCell]:
     """Every workload's cells (those named in `only`, where given), each printed as it ends; with
     `alternate`, every other group of pairs asks the other mode first, with `control` the other mode
     once more after each pair (peers/paired.ask_pair); `streams` prompts at a time, each mode's
-    requests of a group sent together (peers/paired.converse_group)."""
+    requests of a group sent together after `prime` (a one-token ask) asked them all (peers/paired.converse_group)."""
     talks: dict[str, list[list[str]]] = {}
     for workload in workloads:
         if workload in MULTI_TURN:
@@ -91,9 +92,11 @@ def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int, a
         if only and name not in only:
             continue
         together = concurrently(ask) if streams > 1 else one_by_one(ask)
+        primed = concurrently(prime) if streams > 1 and prime is not None else None
         groups = [turn_lists[i:i + streams] for i in range(0, len(turn_lists), streams)]
         cells.append(PairedCell(name, [pair for g, talks in enumerate(groups) for pair in
-                                       converse_group(together, talks, against, alternate and g % 2 == 1, control)]))
+                                       converse_group(together, talks, against, alternate and g % 2 == 1, control,
+                                                      primed)]))
         print(format_rows([cells[-1].row()], against).splitlines()[-1], flush=True)
     return cells
 
@@ -142,7 +145,8 @@ def main() -> None:
         alternate = not learning_ssms(dep, orchestrator.default_speculation)
         try:
             cells = run(args.workloads, ask, args.prompts, args.conversations, args.against, alternate, args.control,
-                        frozenset(args.cells), max(args.streams, 1))
+                        frozenset(args.cells), max(args.streams, 1),
+                        grpc_ask(triton.grpc_url, orchestrator.model_name, 1))
         except UnknownCell as exc:  # raised before any request
             p.error(str(exc))
     rows = [c.row() for c in cells]

@@ -76,8 +76,11 @@ def ask_pair(ask: Ask, messages: list[dict], against: str = "off", other_first: 
 
 
 def _pairs(together: Together, conversations: list[list[dict]], against: str, other_first: bool,
-           control: bool) -> list[Pair]:
-    """`ask_pair` on every conversation, each mode's requests sent together."""
+           control: bool, prime: Together | None = None) -> list[Pair]:
+    """`ask_pair` on every conversation, each mode's requests sent together; `prime` first, where given
+    (`converse_group`)."""
+    if prime is not None:
+        prime([(m, "off") for m in conversations])
     first, second = (against, None) if other_first else (None, against)
     a = together([(m, first) for m in conversations])
     b = together([(m, second) for m in conversations])
@@ -96,10 +99,13 @@ def converse_pair(ask: Ask, turns: Sequence[str], against: str = "off", other_fi
 
 
 def converse_group(together: Together, talks: Sequence[Sequence[str]], against: str = "off",
-                   other_first: bool = False, control: bool = False) -> list[Pair]:
+                   other_first: bool = False, control: bool = False, prime: Together | None = None) -> list[Pair]:
     """`converse_pair` on several conversations at once: each step (a turn before the last with the
     default, then each mode on the last turns) sends every conversation's request together, so that
-    the server decodes them as that many streams (`concurrently`)."""
+    the server decodes them as that many streams (`concurrently`). `prime`: the last turns asked first
+    as `off` for a token (a Together of one-token requests), so that both modes find every prompt in
+    the prefix cache: else the first mode's streams decode beside the others' prefills, the second's
+    alone, and a ratio of their decode times measures that."""
     histories: list[list[dict]] = [[] for _ in talks]
     for i in range(max(len(turns) for turns in talks) - 1):
         going = [j for j, turns in enumerate(talks) if i < len(turns) - 1]
@@ -109,7 +115,7 @@ def converse_group(together: Together, talks: Sequence[Sequence[str]], against: 
         for j, answer in zip(going, answers):
             histories[j].append({"role": "assistant", "content": answer.text})
     last = [[*history, {"role": "user", "content": turns[-1]}] for history, turns in zip(histories, talks)]
-    return _pairs(together, last, against, other_first, control)
+    return _pairs(together, last, against, other_first, control, prime)
 
 
 def concurrently(ask: Ask) -> Together:

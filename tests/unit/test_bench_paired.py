@@ -164,6 +164,15 @@ def test_conversations_in_a_group_send_each_step_together():
     assert batches.batches == [["off", "off"], [None, None], ["off", "off"]]
 
 
+def test_a_primed_group_puts_every_last_turn_in_the_cache_before_the_pairs():
+    """Primed, both modes find the prompts cached: neither decodes beside the group's prefills."""
+    batches, primer = Batches(), Batches()
+    converse_group(batches, [["a1", "a2"], ["b1", "b2"]], against="off", prime=primer)
+    assert primer.batches == [["off", "off"]]
+    assert [m["content"] for m in primer.server.calls[0][0]] == ["a1", "answer 1", "a2"]
+    assert batches.batches == [[None, None], [None, None], ["off", "off"]]
+
+
 def test_concurrently_answers_in_the_calls_order():
     def echo(messages, mode):
         return Answer(messages[-1]["content"], 3, 0.2)
