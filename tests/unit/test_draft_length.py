@@ -637,12 +637,12 @@ def test_worth_s_worked_example_holds():
 
 def test_worth_s_worked_example_of_a_probe_holds():
     """pricing/worth.py's docstring: the same draft found by a probe, whose verification also costs the
-    stream's restart (9 ms beyond a step): 12.8, 10.5, 10.1, 11.5 ms a token against 11.0, so 3 tokens are
-    verified; with 13 ms it no longer beats a plain step."""
+    stream's restart: at 9 ms beyond a step its 2 tokens cost 10.5 ms a token against 11.0 and are
+    verified (the length chosen without the restart); at 13 ms, 11.9, and nothing is."""
     log_probs = token_log_probs([0.95, 0.9, 0.5, 0.2])
     t = dict(enumerate([0.011, 0.016, 0.021, 0.025, 0.032]))
     n, per_token = cheapest_verification(log_probs, t, overhead=0.009)
-    assert n == 3 and per_token == pytest.approx(0.034 / 3.35)
+    assert n == 2 and per_token == pytest.approx(0.030 / 2.85)
     assert worth_verifying(log_probs, t, overhead=0.013) == 0
 
 

@@ -11,7 +11,8 @@ Worked example: a suffix draft of 4 tokens whose chances of being right so far a
 E(k) = 1 + the chances so far: 1.95, 2.85, 3.35, 3.55; time per token t(k) / E(k): 11.0 (a plain
 step), 8.2, 7.4, 7.5, 9.0 ms; so 2 tokens are verified, the draft's last two priced out. Found by a
 probe, the same draft also pays for the plain stream it stops (a call before the next streamed token,
-say 9 ms more than a step): 12.8, 10.5, 10.1, 11.5 ms a token against 11.0, so 3 tokens are verified.
+say 9 ms more than a step): its 2 tokens then cost (21 + 9) / 2.85 = 10.5 ms a token, still under a
+plain step's 11.0, and are verified; at 13 ms more, 11.9, and the stream goes on.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ def cheapest_verification(log_probs: Sequence[float], verify: Mapping[int, float
     (no verification) when no k beats a plain step, t(0) / 1. `verify`: the LLM's t(b, k) at the
     current load, k = 0..len(log_probs) (VerifyCostTable.estimates); while unmeasured (None) the draft
     is kept whole, as the length policy chose it. `scale`: how the request's drafts have fared against
-    such estimates (`ChanceCalibration`). `overhead`: seconds any verification costs beyond t(b, k) (a
-    probe's: the plain stream it stops, VerifyCostTable.restart_extra).
+    such estimates (`ChanceCalibration`). `overhead`: seconds a verification costs beyond t(b, k) (a
+    probe's: the plain stream it stops, VerifyCostTable.restart_extra): the length is chosen without
+    it, and kept only while it still beats a plain step with it. (Spread over more tokens it would
+    lengthen every verified draft, where the chances are the drafter's averages and often too high.)
 
     Where the length policy prices lengths by what the request's drafts were accepted (on average),
     this prices the draft at hand: a long copy's chances stay high, a short match's fall at once
@@ -53,12 +56,15 @@ def cheapest_verification(log_probs: Sequence[float], verify: Mapping[int, float
     n = len(log_probs)
     if n == 0 or any(verify.get(k) is None for k in range(n + 1)):
         return n, None
-    best, best_cost, expected = 0, verify[0], 1.0
+    best, best_cost, best_expected, expected = 0, verify[0], 1.0, 1.0
     for k, alive in enumerate(survival(log_probs), start=1):
         expected += min(1.0, scale * alive)
-        cost = (verify[k] + overhead) / expected  # type: ignore[operator]
+        cost = verify[k] / expected  # type: ignore[operator]
         if cost < best_cost:
-            best, best_cost = k, cost
+            best, best_cost, best_expected = k, cost, expected
+    if best and overhead:
+        with_overhead = (verify[best] + overhead) / best_expected  # type: ignore[operator]
+        return (best, with_overhead) if with_overhead < verify[0] else (0, verify[0])  # type: ignore[operator]
     return best, best_cost
 
 
