@@ -111,8 +111,7 @@ class _Decode:
         """The drafters' proposal continuing `sequence`, asked while plain tokens stream."""
         k = self._asked(max(self.services.settings.probe.tokens, self.length.current))
         proposal = await self.drafter.propose(self.client, self.source.round(sequence, k, self.progress.index))
-        batch = self.services.load()
-        self._cut_to_worth(proposal, batch, len(sequence), self.services.length_stats.verify.restart_extra(batch))
+        self._cut_to_worth(proposal, self.services.load(), len(sequence), stops_stream=True)
         return proposal
 
     def _asked(self, k: int) -> int:
@@ -135,21 +134,23 @@ class _Decode:
         models = self.length.time_per_token(k, batch)
         return n if models is None or per_token < models else 0
 
-    def _cheapest(self, log_probs: list[float], batch: int, overhead: float = 0.0) -> tuple[int, float | None]:
+    def _cheapest(self, log_probs: list[float], batch: int, stops_stream: bool = False) -> tuple[int, float | None]:
         """The cheapest verification of a draft whose tokens carry these log chances, at this load, by
-        this request's calibration (pricing/worth.py, cheapest_verification)."""
-        costs = self.services.length_stats.verify.within_reach(batch, range(len(log_probs) + 1))
+        this request's calibration (pricing/worth.py, cheapest_verification); `stops_stream`: a probe's
+        draft, whose verification also costs the plain stream's restart (restart_extra)."""
+        verify = self.services.length_stats.verify
+        costs = verify.within_reach(batch, range(len(log_probs) + 1))
+        overhead = verify.restart_extra(batch, costs[0]) if stops_stream else 0.0
         return cheapest_verification(log_probs, costs, self.calibration.factor, overhead)
 
-    def _cut_to_worth(self, proposal: Proposal, batch: int, at: int, overhead: float = 0.0) -> None:
+    def _cut_to_worth(self, proposal: Proposal, batch: int, at: int, stops_stream: bool = False) -> None:
         """A draft that carries its tokens' chances (asked only with an adaptive length) is cut to the
-        length worth verifying at this load (`_cheapest`; `overhead`: what its verification costs beyond
-        t(b, k), a probe's the stream it stops); others are verified as the length policy asked for
-        them. A draft cut to nothing is left to the calibration, which scores it against the text that
-        follows the sequence's first `at` tokens."""
+        length worth verifying at this load (`_cheapest`; `stops_stream`: a probe's, which stops the plain
+        stream); others are verified as the length policy asked for them. A draft cut to nothing is left
+        to the calibration, which scores it against the text that follows the sequence's first `at` tokens."""
         chances = proposal.log_probs
         if chances is not None and 0 < len(proposal.draft) == len(chances):
-            worth = self._cheapest(chances, batch, overhead)[0]
+            worth = self._cheapest(chances, batch, stops_stream)[0]
             if worth == 0:
                 self.calibration.priced_out(at, proposal.draft, chances)
             proposal.priced_out += len(proposal.draft) - worth

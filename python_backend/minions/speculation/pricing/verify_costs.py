@@ -102,11 +102,11 @@ class VerifyCostTable:
         round came between) sent its first token `seconds` after the call."""
         self.restarts.setdefault(load_bucket(batch), Ema(self.weight)).add(seconds, server_weight(self.weight, batch))
 
-    def restart_extra(self, batch: int) -> float:
+    def restart_extra(self, batch: int, step: float | None) -> float:
         """Seconds that stopping a plain stream and starting it again adds to a verification, beyond t(b, k):
         the restarted stream's first token takes a call's round trip besides its step, where the stream
-        would have gone on at a step a token (0 until both are measured). A probe's draft pays for it."""
-        step = self.estimate(batch, 0)
+        would have gone on at a step a token (`step`: t(b, 0) as the caller priced it; 0 until both are
+        measured). A probe's draft pays for it."""
         for bucket in buckets_by_nearness(set(self.restarts), batch):
             first = self.restarts[bucket].value
             return 0.0 if step is None or first is None else max(first - step, 0.0)
