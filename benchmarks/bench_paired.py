@@ -87,12 +87,12 @@ def run(workloads: list[str], ask: Ask, prompts: int, conversation_count: int, a
             talks |= {name: [[t] for t in texts] for name, texts in single_turn(workload, prompts).items()}
     if unknown := only - talks.keys():
         raise UnknownCell(f"no cell named {', '.join(sorted(unknown))}; the workloads' cells: {', '.join(talks)}")
+    together = concurrently(ask) if streams > 1 else one_by_one(ask)
+    primed = concurrently(prime) if streams > 1 and prime is not None else None
     cells = []
     for name, turn_lists in talks.items():
         if only and name not in only:
             continue
-        together = concurrently(ask) if streams > 1 else one_by_one(ask)
-        primed = concurrently(prime) if streams > 1 and prime is not None else None
         groups = [turn_lists[i:i + streams] for i in range(0, len(turn_lists), streams)]
         cells.append(PairedCell(name, [pair for g, talks in enumerate(groups) for pair in
                                        converse_group(together, talks, against, alternate and g % 2 == 1, control,

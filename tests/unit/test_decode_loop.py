@@ -368,7 +368,8 @@ def test_lookup_drafts_are_asked_whole_and_cut_by_their_chances(client, engines,
     asked = lambda: max(r.request_output_len for m, r in client.calls if m == "ngram" and not r.stop)  # noqa: E731
     tokens, cheap, rounds = _decode_priced(client, prompt, per_draft_token=0.0)
     assert tokens == want and cheap.drafts > 0
-    assert max(r.planned for r in rounds) < DEFAULTS.limits.num_draft_tokens and asked() == DEFAULTS.limits.num_draft_tokens
+    most = DEFAULTS.limits.num_draft_tokens
+    assert max(r.planned for r in rounds) < most and asked() == most
     client.calls.clear()
     tokens, fixed, _ = _decode_priced(client, prompt, per_draft_token=0.0, num_draft_tokens=4)
     assert tokens == want and fixed.drafts > 0 and asked() == 4

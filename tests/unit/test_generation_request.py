@@ -12,8 +12,13 @@ from minions.serving.request import parse_generation_request
 from minions.settings import OrchestratorSettings
 from minions.speculation.mode import Speculation, SpeculationMode
 
-LIMITS = OrchestratorSettings(default_max_tokens=32, default_num_draft_tokens="4",
-                              ssm_model_names=("ssm_q4", "ngram")).with_keys(max_tokens_limit=256, max_num_draft_tokens=8)
+LIMITS = OrchestratorSettings().with_keys(
+    max_tokens_limit=256,
+    default_max_tokens=32,
+    default_num_draft_tokens="4",
+    max_num_draft_tokens=8,
+    ssm_model_names=("ssm_q4", "ngram"),
+)
 
 
 def text(value) -> np.ndarray:

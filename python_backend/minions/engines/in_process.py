@@ -2,9 +2,10 @@
 
 The lookup drafters (prompt lookup, suffix matching) compute a draft in a fraction of a millisecond,
 while a call to their Triton model costs a gRPC round trip through tritonserver and a Python stub, on
-the cores the LLM decodes on (docs/benchmarks.md, "The lookups answered in the orchestrator's process"). The orchestrator asks them on every probe of a plain stream and
-before every round that drafts, so it can hold its own instances of them and answer those calls
-here; their Triton models stay loaded for other clients and for the orchestrator's model control.
+the cores the LLM decodes on (docs/benchmarks.md, "The lookups answered in the orchestrator's
+process"). The orchestrator asks them on every probe of a plain stream and before every round that
+drafts, so it can hold its own instances of them and answer those calls here; their Triton models
+stay loaded for other clients and for the orchestrator's model control.
 Every other call goes to `remote` unchanged.
 
 A call is answered as the engine model's `execute` answers it (`generate` for every call, `stop`

@@ -62,7 +62,8 @@ def _stop_limits(stops: tuple[str, ...], s: OrchestratorSettings) -> str | None:
     """Each stop string is matched against the text at every token, at a cost that grows with the
     square of its length: their number and length are bounded (empty strings are dropped first)."""
     if len(stops) > s.limits.stop_strings:
-        return f"'stop_words' may hold at most {s.limits.stop_strings} stop strings (max_stop_strings), got {len(stops)}"
+        return (f"'stop_words' may hold at most {s.limits.stop_strings} stop strings (max_stop_strings), "
+                f"got {len(stops)}")
     if (longest := max(map(len, stops), default=0)) > s.limits.stop_chars:
         return (f"'stop_words': a stop string may hold at most {s.limits.stop_chars} characters (max_stop_chars), "
                 f"got one of {longest}")
