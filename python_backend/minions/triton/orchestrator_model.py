@@ -77,6 +77,13 @@ class _Reply:
         except Exception as exc:
             log.warning("could not send the final response: %s", exc)
 
+    def release(self) -> None:
+        """Let go of the sender once the request has ended. Its Triton response factory holds the model
+        loaded until the sender is freed, and a cancelled task's exception keeps its frames (and this
+        reply) in a reference cycle that only Python's cyclic collector frees: on an idle server it may
+        never run, and the model would then outlast any unload or shutdown."""
+        self.sender = None
+
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
@@ -175,6 +182,7 @@ class TritonPythonModel:
             detail = f"{type(exc).__name__}: {exc}"
             reply.finish(error(f"{INTERNAL_PREFIX}: {detail}"))
         finally:
+            reply.release()
             elapsed = time.perf_counter() - start
             self.metrics.tally.observe_request(mode, outcome, elapsed if outcome == "success" else 0.0)
             # One line per request, however it ended.
