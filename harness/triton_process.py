@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from minions.deploy.config import ROOT, load_deployment
-from minions.deploy.server import ServerPorts, free_ports, start_server, wait_ready
+from minions.deploy.server import ServerPorts, free_ports, set_threads, start_server, wait_ready
 from minions.triton.shm import SHM_PREFIX, sweep_orphaned_shm
 
 KILLED_STUBS_EXIT_TIMEOUT = ("--exit-timeout-secs=5",)
@@ -48,6 +48,11 @@ class Stub:
     """The name of its shared-memory region in /dev/shm."""
 
 
+ENGINE_THREADS_ENV = "MINIONS_ENGINE_THREADS"
+"""Where set, every engine of a server started here runs on that many threads instead of its
+deployment's (as `make serve --threads`)."""
+
+
 class TritonProcess:
     """Context manager: start tritonserver, wait until ready, stop it (and its stubs) on exit."""
 
@@ -60,6 +65,8 @@ class TritonProcess:
         """`edit`: called with the rendered repository before tritonserver starts on it; `triton_args`:
         tritonserver's own options added to its command line (e.g. KILLED_STUBS_EXIT_TIMEOUT)."""
         self.deployment = load_deployment(deploy)
+        if threads := os.environ.get(ENGINE_THREADS_ENV):
+            set_threads(self.deployment, int(threads))
         self.ports = ServerPorts("127.0.0.1", *free_ports(3))
         self.build = Path(build) if build else Path(tempfile.mkdtemp(prefix="minions-build-"))
         self._own_build = build is None

@@ -79,9 +79,10 @@ class _Reply:
 
     def release(self) -> None:
         """Let go of the sender once the request has ended. Its Triton response factory holds the model
-        loaded until the sender is freed, and a cancelled task's exception keeps its frames (and this
-        reply) in a reference cycle that only Python's cyclic collector frees: on an idle server it may
-        never run, and the model would then outlast any unload or shutdown."""
+        loaded until the sender (and the request, which holds it too) is freed, and an exception that
+        ended a task keeps the frames it passed through, this reply among their locals, in a reference
+        cycle that only Python's cyclic collector frees: on an idle server it may never run, and the
+        model would then outlast any unload or shutdown."""
         self.sender = None
 
 
@@ -161,6 +162,7 @@ class TritonPythonModel:
         mode, outcome, detail, start = "invalid", "error", "", time.perf_counter()
         try:
             greq = parse_generation_request(input_arrays(request), self.settings)
+            del request  # it holds its response sender too: no frame of the work below may keep it (release)
             mode = greq.speculation.label
             detail = await self._until_cancelled(reply, self._generate(greq, request_id, reply, perf))
             outcome = "success"
