@@ -1,5 +1,5 @@
 """Which draft a round should verify, replayed on the LLM's own greedy text: the vote's learnt weights,
-the drafters' own confidence, the served cut (loop._cut_to_worth), a cut by net gain, an oracle, and a
+the drafters' own confidence, the served cut (RequestPricing.cut), a cut by net gain, an oracle, and a
 two-branch tree that verifies both drafts in one pass.
 
 Greedy, the LLM accepts exactly the common prefix of a draft and its own continuation, so once the
@@ -116,7 +116,7 @@ def by_confidence_cut(c: dict[str, Candidate], truth: list[int], t: CostTable) -
 
 
 class ServedCut:
-    """The served rule (loop._cut_to_worth): each draft cut to its cheapest verification by its chances,
+    """The served rule (RequestPricing.cut): each draft cut to its cheapest verification by its chances,
     scaled by how the request's drafts fared against theirs (ChanceCalibration, scored here against the
     text at once, as the served request settles them later); of the drafts, the cheapest per token."""
 

@@ -71,7 +71,7 @@ class Proposal:
     """The draft's tokens' estimated log chance of being right, each given the ones before it were, when
     the SSM that drafted it gives one (DraftRound.confident); None otherwise."""
     priced_out: int = 0
-    """Tokens cut off the draft's end as not worth verifying at the load (loop.py's `_cut_to_worth`)."""
+    """Tokens cut off the draft's end as not worth verifying at the load (RequestPricing.cut)."""
     ballot_log_probs: dict[str, list[float]] = field(default_factory=dict)
     """Each confident SSM's tokens' log chances, by SSM, where a vote asked its lookups first."""
     ahead: bool = False

@@ -5,7 +5,7 @@ Each turn plans a round (round_plan.py), runs it, and yields what it emitted:
   or a bandit's pick) proposes k tokens from the whole sequence; the LLM verifies them and returns the
   accepted prefix plus one token of its own (TensorRT-LLM's draft-tokens-external mode). Drafts that
   carry their tokens' chances (the lookup SSMs') are asked whole and cut to the length worth verifying
-  (pricing/worth.py, worth_verifying). With no draft the LLM returns one plain token through the same call.
+  (pricing/request_pricing.py). With no draft the LLM returns one plain token through the same call.
 - `StreamPlain`: one streaming call to an LLM that streams (an in-flight llama.cpp engine); each
   token is a round of its own. `off` streams its whole output so; a request that drafts streams so
   where the length policy gives s = 0 or the drafters found nothing, while its drafters are probed
@@ -28,9 +28,8 @@ from minions.decoding.tokens import common_prefix_len
 from minions.speculation.decode_request import DecodeRequest
 from minions.speculation.drafters import Proposal
 from minions.speculation.pipelining import DraftSource
-from minions.speculation.pricing.draft_length import DraftLengthSelector
 from minions.speculation.pricing.gates import early_draft_pays, probe_pays
-from minions.speculation.pricing.worth import ChanceCalibration, cheapest_verification
+from minions.speculation.pricing.request_pricing import RequestPricing
 from minions.speculation.progress import Progress
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
 from minions.speculation.rounds import Round
@@ -76,9 +75,13 @@ class _Decode:
         # Drafts are cut by their chances only when the length is adaptive: a request that fixed its
         # num_draft_tokens has its drafts verified as asked, so its SSMs are not asked for chances.
         confident = services.confident_ssms if request.num_draft_tokens is None else frozenset()
+        self.pricing = RequestPricing(services.length_stats, self.length, max_draft_tokens=request.max_draft_tokens,
+                                      asked_whole=bool(confident) and self.drafter is not None
+                                      and set(self.drafter.ssms) <= confident, load=services.load)
+        """What the request's drafts are worth: how many tokens to ask, how many to verify."""
         self.source = (DraftSource(client, self.drafter, services.pool, request_id, sampling=request.sampling,
                                    seed=request.seed, confident=confident, whole=request.max_draft_tokens,
-                                   instead=self._instead if confident else None)
+                                   instead=self.pricing.instead if confident else None)
                        if self.drafter else None)
         self.drafted_before = False
         """The first draft also pays the SSMs' prefill of the prompt: its drafting time is not a sample."""
@@ -88,12 +91,8 @@ class _Decode:
         self.watch = (DraftWatch(schedule, services.settings.probe.min_draft, self._probe, stop, repeats=repeats,
                                  on_end=services.on_probe)
                       if self.drafter and services.llm_streams and services.settings.probe.tokens > 0 else None)
-        self.asked_whole = bool(confident) and self.drafter is not None and set(self.drafter.ssms) <= confident
-        """Every SSM of the request's drafter sends its tokens' chances: drafts are asked whole (`_asked`)."""
-        self.rest = services.draft_rest() if self.asked_whole and not services.llm_streams else None
+        self.rest = services.draft_rest() if self.pricing.asked_whole and not services.llm_streams else None
         """On an LLM that does not stream, a lookup request's rounds ask its drafters only as DraftRest says."""
-        self.calibration = ChanceCalibration()
-        """How this request's verified drafts fared against their chances (`_cut_to_worth`)."""
         self.found: Proposal | None = None
         """A draft a probe found during the last plain stream, for the next round to verify."""
 
@@ -103,58 +102,16 @@ class _Decode:
                           first=self.progress.produced == 0, remaining=self.progress.remaining,
                           drafts_came_back_empty=self.drafts_came_back_empty,
                           found=len(self.found.draft) if self.found else 0,
-                          lookups_only=self.asked_whole and self.watch is not None)
+                          lookups_only=self.pricing.asked_whole and self.watch is not None)
         self.drafts_came_back_empty = False
         return plan
 
     async def _probe(self, sequence: list[int]) -> Proposal:
         """The drafters' proposal continuing `sequence`, asked while plain tokens stream."""
-        k = self._asked(max(self.services.settings.probe.tokens, self.length.current))
+        k = self.pricing.asked(max(self.services.settings.probe.tokens, self.length.current))
         proposal = await self.drafter.propose(self.client, self.source.round(sequence, k, self.progress.index))
-        self._cut_to_worth(proposal, self.services.load(), len(sequence), stops_stream=True)
+        self.pricing.cut(proposal, self.services.load(), len(sequence), stops_stream=True)
         return proposal
-
-    def _asked(self, k: int) -> int:
-        """How many tokens to ask the drafters for when the length policy wants k. Drafts whose every
-        token carries its chance are asked whole (the request's max_draft_tokens) and cut by those chances
-        (`_cut_to_worth`): the policy's k is an average over the request's drafts, and a long copy's
-        draft is worth more of its tokens than the average one. The policy still decides whether to
-        draft at all (k = 0: plain decoding)."""
-        return max(k, self.request.max_draft_tokens) if k > 0 and self.asked_whole else k
-
-    def _instead(self, log_probs: list[float], k: int) -> int:
-        """How many tokens of a lookup draft whose tokens carry these log chances to verify in place of
-        k tokens of the vote's model SSMs (DraftRound.instead): its cheapest verification
-        (`_cut_to_worth`'s), where that costs less per emitted token than the length policy expects of
-        the models' k, drafting included; 0: ask the models."""
-        batch = self.services.load()
-        n, per_token = self._cheapest(log_probs, batch)
-        if n == 0 or per_token is None or not isinstance(self.length, DraftLengthSelector):
-            return 0
-        models = self.length.time_per_token(k, batch)
-        return n if models is None or per_token < models else 0
-
-    def _cheapest(self, log_probs: list[float], batch: int, stops_stream: bool = False) -> tuple[int, float | None]:
-        """The cheapest verification of a draft whose tokens carry these log chances, at this load, by
-        this request's calibration (pricing/worth.py, cheapest_verification); `stops_stream`: a probe's
-        draft, whose verification also costs the plain stream's restart (restart_extra)."""
-        verify = self.services.length_stats.verify
-        costs = verify.within_reach(batch, range(len(log_probs) + 1))
-        overhead = verify.restart_extra(batch, costs[0]) if stops_stream else 0.0
-        return cheapest_verification(log_probs, costs, self.calibration.factor, overhead)
-
-    def _cut_to_worth(self, proposal: Proposal, batch: int, at: int, stops_stream: bool = False) -> None:
-        """A draft that carries its tokens' chances (asked only with an adaptive length) is cut to the
-        length worth verifying at this load (`_cheapest`; `stops_stream`: a probe's, which stops the plain
-        stream); others are verified as the length policy asked for them. A draft cut to nothing is left
-        to the calibration, which scores it against the text that follows the sequence's first `at` tokens."""
-        chances = proposal.log_probs
-        if chances is not None and 0 < len(proposal.draft) == len(chances):
-            worth = self._cheapest(chances, batch, stops_stream)[0]
-            if worth == 0:
-                self.calibration.priced_out(at, proposal.draft, chances)
-            proposal.priced_out += len(proposal.draft) - worth
-            proposal.cut(worth)
 
     async def stream_plain(self, plan: StreamPlain) -> AsyncIterator[Round]:
         """Up to plan.tokens plain tokens streamed from one LLM call, a round per response (timed from the
@@ -195,9 +152,32 @@ class _Decode:
     async def verify(self, plan: Verify) -> AsyncIterator[Round]:
         """Draft up to plan.k tokens and verify them in one LLM call (drafting the next round meanwhile);
         nothing, when a streaming LLM would be asked to verify no draft at all (the next plan streams)."""
-        progress, services = self.progress, self.services
         t0 = time.perf_counter()
-        asked = self._asked(plan.k)
+        proposal, pipelined = await self._draft(plan)
+        t1 = time.perf_counter()
+        if self.services.llm_streams and self.progress.produced > 0 and not proposal.draft:
+            # The drafters found nothing: a one-token call would cost a round trip to the LLM model;
+            # stream instead.
+            if self.source is not None:
+                self.source.release_slot()
+            self.drafts_came_back_empty = True
+            return
+        call, verification = self._send(plan, proposal)
+        verdict = await verification
+        t2 = time.perf_counter()
+        remaining = self.progress.remaining
+        emitted = verdict.tokens[:remaining]
+        if not emitted:
+            raise RuntimeError(f"engine {self.services.llm!r} returned no token")
+        yield self._verified(plan, proposal, emitted, draft_seconds=t1 - t0 - proposal.control_seconds,
+                             llm_seconds=t2 - t1, pipelined=pipelined, log_probs=_first(verdict.log_probs, remaining),
+                             cached_tokens=_cached(call, verdict))
+
+    async def _draft(self, plan: Verify) -> tuple[Proposal, bool]:
+        """The round's draft, cut to what is worth verifying: the one a probe found, or the drafters'
+        (and whether it was drafted early, during the last verification)."""
+        progress = self.progress
+        asked = self.pricing.asked(plan.k)
         if self.found is not None:
             (proposal, pipelined), self.found = (self.found, False), None
         else:
@@ -206,60 +186,55 @@ class _Decode:
         # A draft priced by its own chances (a lookup's, asked whole) is cut by them below, not to k.
         whole = asked if proposal.log_probs is None else max(asked, self.request.max_draft_tokens)
         proposal.cut(min(whole, progress.remaining - 1))
-        self._cut_to_worth(proposal, plan.batch, len(progress.sequence))
-        draft = proposal.draft
+        self.pricing.cut(proposal, plan.batch, len(progress.sequence))
         if self.rest is not None and plan.k > 0:
-            self.rest.asked(found=bool(draft))
-        t1 = time.perf_counter()
-        if services.llm_streams and progress.produced > 0 and not draft:
-            # The drafters found nothing: a one-token call would cost a round trip to the LLM model;
-            # stream instead.
-            if self.source is not None:
-                self.source.release_slot()
-            self.drafts_came_back_empty = True
-            return
+            self.rest.asked(found=bool(proposal.draft))
+        return proposal, pipelined
+
+    def _send(self, plan: Verify, proposal: Proposal) -> tuple[EngineRequest, asyncio.Future]:
+        """Send the draft to the LLM to verify, and draft the next round meanwhile where that pays."""
+        progress, draft = self.progress, proposal.draft
         self._report_work(len(draft))
         call = self.request.llm_call(self.request_id, progress.sequence, len(draft) + 1, draft=draft,
                                      draft_logits=proposal.logits if draft else None)
-        verification = asyncio.ensure_future(self.client.generate(services.llm, call))
+        verification = asyncio.ensure_future(self.client.generate(self.services.llm, call))
         if self.source is not None:
             self.source.release_slot()
             # Round 1 (plain decoding) drafts round 2 from the prompt at any load: that moves the
             # SSMs' prompt prefill, which every request pays, off the critical path.
             if self.request.pipeline and (progress.produced == 0 or draft and early_draft_pays(
-                    services.settings, self.length, plan.batch, len(draft))):
+                    self.services.settings, self.length, plan.batch, len(draft))):
                 self.source.draft_ahead(progress.sequence, draft, remaining=progress.remaining,
-                                        next_length=self._asked(self.length.current), index=progress.index)
-        verdict = await verification
-        remaining = progress.remaining
-        emitted = verdict.tokens[:remaining]
-        t2 = time.perf_counter()
-        if not emitted:
-            raise RuntimeError(f"engine {services.llm!r} returned no token")
+                                        next_length=self.pricing.asked(self.length.current), index=progress.index)
+        return call, verification
+
+    def _verified(self, plan: Verify, proposal: Proposal, emitted: list[int], *, draft_seconds: float,
+                  llm_seconds: float, pipelined: bool, log_probs: list[float] | None, cached_tokens: int) -> Round:
+        """Advance by a verification's tokens, let every estimate learn from it, and say it as a Round
+        (`pipelined`, `log_probs`, `cached_tokens`: the draft's and the LLM's answer's, as Round says)."""
+        draft = proposal.draft
         # TensorRT-LLM returns tokens only: the accepted count is the prefix shared with the draft.
         accepted = common_prefix_len(emitted, draft)
         if proposal.log_probs is not None and draft:
-            self.calibration.observe(proposal.log_probs, accepted)
-        draft_seconds = t1 - t0 - proposal.control_seconds
+            self.pricing.calibration.observe(proposal.log_probs, accepted)
         control = proposal.control_seconds + (
-            self.drafter.observe(proposal, emitted, draft_seconds, t2 - t1) if self.drafter and plan.k > 0 else 0.0)
+            self.drafter.observe(proposal, emitted, draft_seconds, llm_seconds) if self.drafter and plan.k > 0 else 0.0)
         early_discarded = self.source is not None and self.source.wasted(emitted)
         # A round that waited for an SSM which failed or missed the vote's deadline measured the wait,
         # not drafting: as a sample it priced drafting out (docs/adaptive-draft-length.md).
         measured = None if proposal.failed else draft_seconds
         last = self._observe(emitted, plan.batch, drafted=len(draft), accepted=accepted, draft_seconds=measured,
-                             llm_seconds=t2 - t1,
+                             llm_seconds=llm_seconds,
                              drafters=(proposal.chosen,) if proposal.ahead and draft else None)
         if self.watch is not None:
             self.watch.schedule.verified(len(draft), accepted)
         if self.rest is not None:
             self.rest.arrived(len(emitted))
             self.rest.verified(len(draft), accepted)
-        yield Round(tokens=emitted, ssm=proposal.chosen if draft else None, drafted=len(draft), accepted=accepted,
-                    draft_seconds=draft_seconds, verify_seconds=t2 - t1, failed=proposal.failed, last=last,
-                    drafts=proposal.drafts, control_seconds=control, planned=plan.planned, pipelined=pipelined,
-                    early_discarded=early_discarded, log_probs=_first(verdict.log_probs, remaining),
-                    cached_tokens=_cached(call, verdict))
+        return Round(tokens=emitted, ssm=proposal.chosen if draft else None, drafted=len(draft), accepted=accepted,
+                     draft_seconds=draft_seconds, verify_seconds=llm_seconds, failed=proposal.failed, last=last,
+                     drafts=proposal.drafts, control_seconds=control, planned=plan.planned, pipelined=pipelined,
+                     early_discarded=early_discarded, log_probs=log_probs, cached_tokens=cached_tokens)
 
     def _report_work(self, drafted: int) -> None:
         """Tell the length statistics what this request puts through the LLM now, in draft tokens (the
@@ -274,7 +249,7 @@ class _Decode:
         `llm_seconds`; `drafters`: the SSMs whose round it was, where not all of the request's); True
         once no round follows."""
         last = self.progress.advance(tokens)
-        self.calibration.settle(self.progress.sequence)
+        self.pricing.calibration.settle(self.progress.sequence)
         if self.progress.index > 1:
             steps = max(steps, 1)
             for _ in range(steps):
