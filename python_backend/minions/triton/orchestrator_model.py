@@ -77,13 +77,6 @@ class _Reply:
         except Exception as exc:
             log.warning("could not send the final response: %s", exc)
 
-    def release(self) -> None:
-        """Let go of the sender once the request has ended. Its Triton response factory holds the model
-        loaded until the sender (and the request, which holds it too) is freed, and an exception that
-        ended a task keeps the frames it passed through, this reply among their locals, in a reference
-        cycle that only Python's cyclic collector frees: on an idle server it may never run, and the
-        model would then outlast any unload or shutdown."""
-        self.sender = None
 
 
 class TritonPythonModel:
@@ -143,8 +136,23 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            self._spawn(self._serve(request))
+            self._spawn(self._serve(*self._taken(request)))
         return None
+
+    def _taken(self, request) -> tuple[_Reply, str, RequestPerf, GenerationRequest | InvalidRequest]:
+        """What serving a request needs, taken from it in `execute`: its sender, id, arrival and parsed
+        inputs (or why they are invalid), and not the request itself. While a Triton request lives it
+        keeps its model loaded, and a coroutine frame that held it could outlive the request's end: an
+        exception re-raised from the work's task keeps the frames it passed through in a reference
+        cycle, which only Python's cyclic collector frees (an idle server may never run it), and the
+        model then outlasted every unload and shutdown (docs/architecture.md)."""
+        perf = RequestPerf(time.time_ns(), block_tokens=self.settings.kv_chunk_tokens)
+        request_id = f"{request.request_id() or 'req'}-{uuid.uuid4().hex[:12]}"
+        try:
+            parsed: GenerationRequest | InvalidRequest = parse_generation_request(input_arrays(request), self.settings)
+        except InvalidRequest as exc:
+            parsed = exc
+        return _Reply(request.get_response_sender()), request_id, perf, parsed
 
     def _spawn(self, coroutine) -> None:
         """Run a coroutine as a task on the model's loop (from any thread); finalize cancels what runs."""
@@ -155,14 +163,13 @@ class TritonPythonModel:
 
         self._loop.call_soon_threadsafe(start)
 
-    async def _serve(self, request) -> None:
-        perf = RequestPerf(time.time_ns(), block_tokens=self.settings.kv_chunk_tokens)
-        reply = _Reply(request.get_response_sender())
-        request_id = f"{request.request_id() or 'req'}-{uuid.uuid4().hex[:12]}"
+    async def _serve(self, reply: _Reply, request_id: str, perf: RequestPerf,
+                     parsed: GenerationRequest | InvalidRequest) -> None:
         mode, outcome, detail, start = "invalid", "error", "", time.perf_counter()
         try:
-            greq = parse_generation_request(input_arrays(request), self.settings)
-            del request  # it holds its response sender too: no frame of the work below may keep it (release)
+            if isinstance(parsed, InvalidRequest):
+                raise parsed
+            greq = parsed
             mode = greq.speculation.label
             detail = await self._until_cancelled(reply, self._generate(greq, request_id, reply, perf))
             outcome = "success"
@@ -184,7 +191,6 @@ class TritonPythonModel:
             detail = f"{type(exc).__name__}: {exc}"
             reply.finish(error(f"{INTERNAL_PREFIX}: {detail}"))
         finally:
-            reply.release()
             elapsed = time.perf_counter() - start
             self.metrics.tally.observe_request(mode, outcome, elapsed if outcome == "success" else 0.0)
             # One line per request, however it ended.
