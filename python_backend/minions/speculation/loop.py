@@ -75,9 +75,9 @@ class _Decode:
         # Drafts are cut by their chances only when the length is adaptive: a request that fixed its
         # num_draft_tokens has its drafts verified as asked, so its SSMs are not asked for chances.
         confident = services.confident_ssms if request.num_draft_tokens is None else frozenset()
+        asked_whole = bool(confident) and self.drafter is not None and set(self.drafter.ssms) <= confident
         self.pricing = RequestPricing(services.length_stats, self.length, max_draft_tokens=request.max_draft_tokens,
-                                      asked_whole=bool(confident) and self.drafter is not None
-                                      and set(self.drafter.ssms) <= confident, load=services.load)
+                                      asked_whole=asked_whole, load=services.load)
         """What the request's drafts are worth: how many tokens to ask, how many to verify."""
         self.source = (DraftSource(client, self.drafter, services.pool, request_id, sampling=request.sampling,
                                    seed=request.seed, confident=confident, whole=request.max_draft_tokens,

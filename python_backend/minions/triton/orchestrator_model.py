@@ -78,7 +78,6 @@ class _Reply:
             log.warning("could not send the final response: %s", exc)
 
 
-
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         setup_logging()
@@ -144,8 +143,9 @@ class TritonPythonModel:
         inputs (or why they are invalid), and not the request itself. While a Triton request lives it
         keeps its model loaded, and a coroutine frame that held it could outlive the request's end: an
         exception re-raised from the work's task keeps the frames it passed through in a reference
-        cycle, which only Python's cyclic collector frees (an idle server may never run it), and the
-        model then outlasted every unload and shutdown (docs/architecture.md)."""
+        cycle, which only Python's cyclic collector frees (an idle server may never run it): the model
+        then outlasted the server's exit timeout (docs/architecture.md, "The test suite on a busy
+        machine")."""
         perf = RequestPerf(time.time_ns(), block_tokens=self.settings.kv_chunk_tokens)
         request_id = f"{request.request_id() or 'req'}-{uuid.uuid4().hex[:12]}"
         try:
