@@ -203,7 +203,9 @@ def generate_grpc(
     `timeout_s` bounds the wait for each response, not the whole generation: a server that falls
     silent (a stub that died takes its requests' streams with it, and Triton does not end them) would
     otherwise hang the caller for good. On expiry the request is cancelled and the call raises; so is
-    it when `on_text` raises (tritonclient's plain stop_stream would wait for the generation's end)."""
+    it when `on_text` raises (tritonclient's plain stop_stream would wait for the generation's end).
+    An error response is its request's last: the stream is then closed, not cancelled (Triton 2.51 can
+    keep a stream cancelled just after its error response, and the model with it: docs/operations.md)."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
@@ -211,6 +213,7 @@ def generate_grpc(
     completion = Completion()
     start = time.perf_counter()
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    failure: MinionsClientError | None = None
     try:
         client.async_stream_infer(
             model, _grpc_inputs(params.inputs(prompt, stream)), request_id=uuid.uuid4().hex,
@@ -223,7 +226,8 @@ def generate_grpc(
                 client.stop_stream(cancel_requests=True)
                 raise _silent(model, timeout_s, completion) from None
             if error is not None:
-                raise MinionsClientError(str(error), error.status())
+                failure = MinionsClientError(str(error), error.status())
+                break
             response = result.get_response()
             outputs = {o.name: result.as_numpy(o.name) if o.name in LIST_OUTPUTS else _first(result.as_numpy(o.name))
                        for o in response.outputs}
@@ -241,6 +245,8 @@ def generate_grpc(
         completion.latency_s = time.perf_counter() - start
         client.stop_stream()
         client.close()
+    if failure is not None:
+        raise failure
     return completion
 
 

@@ -113,9 +113,25 @@ def test_malformed_utf8_prompt_is_rejected(server):
     _good_request_works(server)
 
 
-def test_client_library_raises_the_server_message(server):
+def test_client_library_raises_the_server_message_and_closes_the_stream_without_cancelling(server, monkeypatch):
+    """An error response is its request's last, so the client closes its stream and does not cancel
+    it: in Triton 2.51 a stream cancelled just after its error response can keep its model live, and the
+    server then waits out its exit timeout at shutdown (docs/operations.md). The real client's
+    stop_stream is watched, not replaced."""
+    stops: list[bool] = []
+    stop_stream = grpcclient.InferenceServerClient.stop_stream
+
+    def watched(client, cancel_requests=False):
+        stops.append(cancel_requests)
+        return stop_stream(client, cancel_requests)
+
+    monkeypatch.setattr(grpcclient.InferenceServerClient, "stop_stream", watched)
     with pytest.raises(MinionsClientError, match="'top_p' must be in"):
         generate_grpc(server.grpc_url, "minions", "hi", GenerationParams(top_p=2.0))
+    assert stops and not any(stops), f"stop_stream's cancel_requests, call by call: {stops}"
+    stops.clear()
+    generate_grpc(server.grpc_url, "minions", "hi", GenerationParams(max_tokens=8), cancel_after_chunks=1)
+    assert any(stops), "a stream left before its end is cancelled"
 
 
 def test_missing_required_input_is_rejected(server):

@@ -140,12 +140,7 @@ class TritonPythonModel:
 
     def _taken(self, request) -> tuple[_Reply, str, RequestPerf, GenerationRequest | InvalidRequest]:
         """What serving a request needs, taken from it in `execute`: its sender, id, arrival and parsed
-        inputs (or why they are invalid), and not the request itself. While a Triton request lives it
-        keeps its model loaded, and a coroutine frame that held it could outlive the request's end: an
-        exception re-raised from the work's task keeps the frames it passed through in a reference
-        cycle, which only Python's cyclic collector frees (an idle server may never run it): the model
-        then outlasted the server's exit timeout (docs/architecture.md, "The test suite on a busy
-        machine")."""
+        inputs (or why they are invalid). The coroutines that serve it need nothing else of it."""
         perf = RequestPerf(time.time_ns(), block_tokens=self.settings.kv_chunk_tokens)
         request_id = f"{request.request_id() or 'req'}-{uuid.uuid4().hex[:12]}"
         try:
