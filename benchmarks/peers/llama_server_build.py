@@ -106,7 +106,8 @@ def patched_source_dir(version: str) -> Path:
 
 def newest_source_dir(newest: tuple[str, str, str] = NEWEST) -> Path:
     """llama.cpp's tree from the `NEWEST` sdist, downloaded once (by the registry's JSON API: the
-    package's build would otherwise run to read its metadata) and checked against its sha256."""
+    package's build would otherwise run to read its metadata) and checked against its sha256. The
+    package's own JSON lists every release's files; a mirror may not serve the per-version one."""
     package, version, sha256 = newest
     name = f"{package.replace('-', '_')}-{version}"
     llama_cpp = CACHE / name / "llama.cpp"
@@ -114,10 +115,12 @@ def newest_source_dir(newest: tuple[str, str, str] = NEWEST) -> Path:
         return llama_cpp
     archive = CACHE / f"{name}.tar.gz"
     if not archive.exists():
-        index = f"https://pypi.org/pypi/{package}/{version}/json"
+        index = f"https://pypi.org/pypi/{package}/json"
         with urllib.request.urlopen(index, timeout=60) as response:
-            files = json.load(response)["urls"]
-        sdist = next(f for f in files if f["packagetype"] == "sdist")
+            files = json.load(response)["releases"].get(version, [])
+        sdist = next((f for f in files if f["packagetype"] == "sdist"), None)
+        if sdist is None:
+            raise FileNotFoundError(f"{index} lists no sdist of {package} {version}")
         CACHE.mkdir(parents=True, exist_ok=True)
         urllib.request.urlretrieve(urllib.parse.urljoin(index, sdist["url"]), archive)
     actual = hashlib.sha256(archive.read_bytes()).hexdigest()
