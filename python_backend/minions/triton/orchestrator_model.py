@@ -135,19 +135,8 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            self._spawn(self._serve(*self._taken(request)))
+            self._spawn(self._serve(request))
         return None
-
-    def _taken(self, request) -> tuple[_Reply, str, RequestPerf, GenerationRequest | InvalidRequest]:
-        """What serving a request needs, taken from it in `execute`: its sender, id, arrival and parsed
-        inputs (or why they are invalid). The coroutines that serve it need nothing else of it."""
-        perf = RequestPerf(time.time_ns(), block_tokens=self.settings.kv_chunk_tokens)
-        request_id = f"{request.request_id() or 'req'}-{uuid.uuid4().hex[:12]}"
-        try:
-            parsed: GenerationRequest | InvalidRequest = parse_generation_request(input_arrays(request), self.settings)
-        except InvalidRequest as exc:
-            parsed = exc
-        return _Reply(request.get_response_sender()), request_id, perf, parsed
 
     def _spawn(self, coroutine) -> None:
         """Run a coroutine as a task on the model's loop (from any thread); finalize cancels what runs."""
@@ -158,13 +147,13 @@ class TritonPythonModel:
 
         self._loop.call_soon_threadsafe(start)
 
-    async def _serve(self, reply: _Reply, request_id: str, perf: RequestPerf,
-                     parsed: GenerationRequest | InvalidRequest) -> None:
+    async def _serve(self, request) -> None:
+        perf = RequestPerf(time.time_ns(), block_tokens=self.settings.kv_chunk_tokens)
+        reply = _Reply(request.get_response_sender())
+        request_id = f"{request.request_id() or 'req'}-{uuid.uuid4().hex[:12]}"
         mode, outcome, detail, start = "invalid", "error", "", time.perf_counter()
         try:
-            if isinstance(parsed, InvalidRequest):
-                raise parsed
-            greq = parsed
+            greq = parse_generation_request(input_arrays(request), self.settings)
             mode = greq.speculation.label
             detail = await self._until_cancelled(reply, self._generate(greq, request_id, reply, perf))
             outcome = "success"
