@@ -13,8 +13,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -152,6 +153,7 @@ class Completion:
             self.finish_reason = outputs["finish_reason"]
         if outputs.get("draft_lengths") is not None:
             self.draft_lengths = [int(x) for x in np.asarray(outputs["draft_lengths"]).reshape(-1)]
+        self.response_id = self.response_id or outputs.get("response_id")
 
 
 def _first(value):
@@ -188,16 +190,9 @@ def _grpc_inputs(inputs: dict):
     return tensors
 
 
-def generate_grpc(
-    url: str,
-    model: str,
-    prompt: str,
-    params: GenerationParams,
-    stream: bool = True,
-    on_text: Callable[[str], None] | None = None,
-    timeout_s: float = 600.0,
-    cancel_after_chunks: int | None = None,
-) -> Completion:
+def generate_grpc(url: str, model: str, prompt: str, params: GenerationParams, stream: bool = True,
+                  on_text: Callable[[str], None] | None = None, timeout_s: float = 600.0,
+                  cancel_after_chunks: int | None = None) -> Completion:
     """Stream over gRPC (bidirectional stream; decoupled model). Optionally cancel after N chunks.
 
     `timeout_s` bounds the wait for each response, not the whole generation: a server that falls
@@ -268,6 +263,23 @@ def _post(url: str, body: dict, timeout_s: float):
         raise
 
 
+def _post_reading(url: str, body: dict, model: str, timeout_s: float, on_text: Callable[[str], None] | None,
+                  outputs: Callable[[Any], Iterable[dict]]) -> Completion:
+    """POST `body` and fold what `outputs` reads from the answer (one dict of outputs per response or
+    event) into a Completion, timed from the request. `timeout_s` bounds each wait on the socket; on
+    expiry the connection closes (which cancels the request on the server) and the call raises."""
+    completion = Completion()
+    start = time.perf_counter()
+    try:
+        with _post(url, body, timeout_s) as response:
+            for chunk in outputs(response):
+                completion.add(chunk, time.perf_counter() - start, on_text)
+    except TimeoutError:
+        raise _silent(model, timeout_s, completion) from None
+    completion.latency_s = time.perf_counter() - start
+    return completion
+
+
 def _sse_events(response) -> Iterator[dict]:
     """The JSON events of a server-sent-event stream (OpenAI's closing `[DONE]` skipped); an event that
     carries an `error` raises it."""
@@ -281,32 +293,14 @@ def _sse_events(response) -> Iterator[dict]:
         yield event
 
 
-def generate_http(
-    url: str,
-    model: str,
-    prompt: str,
-    params: GenerationParams,
-    stream: bool = True,
-    on_text: Callable[[str], None] | None = None,
-    timeout_s: float = 600.0,
-) -> Completion:
+def generate_http(url: str, model: str, prompt: str, params: GenerationParams, stream: bool = True,
+                  on_text: Callable[[str], None] | None = None, timeout_s: float = 600.0) -> Completion:
     """HTTP: /generate_stream (SSE, one event per chunk) when streaming, /generate (one JSON) otherwise.
     `timeout_s` bounds each wait on the socket (the response's start, then each event), as for gRPC."""
     base = url if url.startswith("http") else f"http://{url}"
     endpoint = f"{base}/v2/models/{model}/{'generate_stream' if stream else 'generate'}"
-    completion = Completion()
-    start = time.perf_counter()
-    try:
-        with _post(endpoint, params.inputs(prompt, stream), timeout_s) as response:
-            if not stream:
-                completion.add(json.loads(response.read()), time.perf_counter() - start, on_text)
-            else:
-                for event in _sse_events(response):
-                    completion.add(event, time.perf_counter() - start, on_text)
-    except TimeoutError:  # closing the connection cancels the request on the server
-        raise _silent(model, timeout_s, completion) from None
-    completion.latency_s = time.perf_counter() - start
-    return completion
+    read = _sse_events if stream else (lambda response: [json.loads(response.read())])
+    return _post_reading(endpoint, params.inputs(prompt, stream), model, timeout_s, on_text, read)
 
 
 # -- OpenAI ----------------------------------------------------------------------------------------
@@ -317,14 +311,8 @@ OpenAI does not define are extensions of Minions' frontend; another server ignor
 goes as `stop`."""
 
 
-def generate_openai(
-    url: str,
-    model: str,
-    prompt: str | list[dict],
-    params: GenerationParams,
-    on_text: Callable[[str], None] | None = None,
-    timeout_s: float = 600.0,
-) -> Completion:
+def generate_openai(url: str, model: str, prompt: str | list[dict], params: GenerationParams,
+                    on_text: Callable[[str], None] | None = None, timeout_s: float = 600.0) -> Completion:
     """One user message streamed from an OpenAI-compatible server's chat completions (`url`: the API's
     base URL, as OpenAI's clients take it: http://host:port/v1; Minions' frontend, or llama-server: the
     same client measures both), read as OpenAI's clients read it: each
@@ -338,26 +326,21 @@ def generate_openai(
     body |= {k: v for k in OPENAI_FIELDS if (v := getattr(params, k)) is not None}
     if params.stop_words:
         body["stop"] = params.stop_words
-    completion = Completion()
-    start = time.perf_counter()
-    try:
-        with _post(f"{base.rstrip('/')}/chat/completions", body, timeout_s) as response:
-            for event in _sse_events(response):
-                outputs = {}
-                completion.response_id = completion.response_id or event.get("id")
-                for choice in event.get("choices") or []:
-                    outputs["text_output"] = (choice.get("delta") or {}).get("content")
-                    outputs["finish_reason"] = choice.get("finish_reason")
-                if event.get("usage"):
-                    outputs["num_output_tokens"] = event["usage"].get("completion_tokens")
-                    outputs["num_input_tokens"] = event["usage"].get("prompt_tokens")
-                    outputs["num_cached_tokens"] = (event["usage"].get("prompt_tokens_details") or {}).get(
-                        "cached_tokens")
-                completion.add(outputs, time.perf_counter() - start, on_text)
-    except TimeoutError:  # closing the connection cancels the request on the server
-        raise _silent(model, timeout_s, completion) from None
-    completion.latency_s = time.perf_counter() - start
-    return completion
+    return _post_reading(f"{base.rstrip('/')}/chat/completions", body, model, timeout_s, on_text,
+                         lambda response: map(_openai_outputs, _sse_events(response)))
+
+
+def _openai_outputs(event: dict) -> dict:
+    """One chat-completion chunk read as OpenAI's clients read it, under Completion's output names."""
+    outputs = {"response_id": event.get("id")}
+    for choice in event.get("choices") or []:
+        outputs["text_output"] = (choice.get("delta") or {}).get("content")
+        outputs["finish_reason"] = choice.get("finish_reason")
+    if usage := event.get("usage"):
+        outputs["num_output_tokens"] = usage.get("completion_tokens")
+        outputs["num_input_tokens"] = usage.get("prompt_tokens")
+        outputs["num_cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    return outputs
 
 
 def generate(

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from minions.decoding.engine_call import EngineRequest, EngineResult
-from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix, draft_result
-from minions.errors import InvalidRequest
+from minions.decoding.engine_call import EngineRequest
+from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix
+from minions.engines.lookup_engine import LookupEngine
 
 
 MAX_MATCH = 64
@@ -69,7 +69,7 @@ def _match_length(seq: np.ndarray, start: int, n: int) -> int:
     return length
 
 
-class NgramEngine:
+class NgramEngine(LookupEngine):
     """An `Engine` (engines/api.py): each call looks the draft up in its input_ids. The only state is
     what earlier drafts turned out to be worth (draft_confidence.py): a draft ends where its estimated
     chance of being right so far falls below `min_confidence`."""
@@ -84,17 +84,8 @@ class NgramEngine:
         self.min_confidence = min_confidence
         self.confidence = DraftConfidence(settle_margin)
 
-    def generate(self, request: EngineRequest) -> EngineResult:
-        if request.stop:
-            self.release(request.request_id)
-            return EngineResult([])
-        if request.draft:
-            raise InvalidRequest("this engine drafts only: draft_input_ids are not supported")
-        # return_generation_logits: a lookup has no logits, so none are returned (the draft is then
-        # treated as deterministic, which is exactly what it is). return_log_probs: each token's learnt
-        # chance of being right (draft_confidence.token_log_probs), by which the orchestrator cuts drafts.
+    def _lookup(self, request: EngineRequest) -> tuple[list[int], list[float]]:
         sequence = request.input_ids
-        self.confidence.settle(request.request_id, sequence)
         tokens, match = ngram_match(sequence, request.request_output_len, self.max_ngram, self.min_ngram,
                                     self.spec_factor)
         survival: list[float] = []
@@ -104,8 +95,4 @@ class NgramEngine:
             if self.min_confidence > 0 or request.return_log_probs:  # else nothing to estimate on this hot path
                 survival = self.confidence.survival(evidence, len(tokens))
                 tokens = tokens[: confident_prefix(survival, self.min_confidence)]
-        return draft_result(request, tokens, survival)
-
-    def release(self, request_id: str) -> None:
-        """The request is over: drafts still waiting for their outcome are dropped."""
-        self.confidence.forget(request_id)
+        return tokens, survival

@@ -19,13 +19,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from minions.decoding.engine_call import EngineRequest, EngineResult
+from minions.decoding.engine_call import EngineRequest
 from minions.decoding.tokens import common_prefix_len
 from minions.engines.api import BatchStats
-from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix, draft_result
+from minions.engines.draft_confidence import DraftConfidence, Evidence, confident_prefix
+from minions.engines.lookup_engine import LookupEngine
 from minions.engines.ngram_engine import spec_limit
 from minions.engines.sequence_cache import CachedSequence, SequenceCache
-from minions.errors import InvalidRequest
 
 SEP = -1
 """Ends every sequence in the corpus: no match or continuation crosses it."""
@@ -171,7 +171,7 @@ class Continuation(NamedTuple):
     shares: list[float]
 
 
-class SuffixEngine:
+class SuffixEngine(LookupEngine):
     """An `Engine` (engines/api.py) and `MeteredEngine`: drafts from the request's own stream (kept per
     request id, LRU beyond `max_sequences`) and from a shared corpus of released sequences holding at
     most `corpus_tokens` tokens, oldest sequences evicted first. Greedy and without logits, like NgramEngine.
@@ -196,13 +196,7 @@ class SuffixEngine:
         self.stats = BatchStats()
         self._lock = threading.Lock()
 
-    def generate(self, request: EngineRequest) -> EngineResult:
-        if request.stop:
-            self.release(request.request_id)
-            return EngineResult([])
-        if request.draft:
-            raise InvalidRequest("this engine drafts only: draft_input_ids are not supported")
-        self.confidence.settle(request.request_id, request.input_ids)
+    def _lookup(self, request: EngineRequest) -> tuple[list[int], list[float]]:
         with self._lock:
             own = self._update(request.request_id, request.input_ids)
             self.stats.passes += 1
@@ -216,14 +210,11 @@ class SuffixEngine:
             tokens = found.draft[: len(chances)]
         with self._lock:
             self.stats.tokens += len(tokens)
-        # Sampling and return_generation_logits: as NgramEngine, a lookup has no logits, so its draft
-        # counts as deterministic, which it is. return_log_probs: each token's estimated chance of being
-        # right (`_confident`), as NgramEngine.
-        return draft_result(request, tokens, chances)
+        return tokens, chances
 
     def release(self, request_id: str) -> None:
         """The request is over: its last sequence joins the corpus (unknown ids are ignored)."""
-        self.confidence.forget(request_id)
+        super().release(request_id)
         with self._lock:
             entry = self.cache.release(request_id)
             if entry is None or self.corpus_tokens < 2 or len(entry.tokens) < 2:
