@@ -151,6 +151,54 @@ class ServedCut:
         return best, accepted
 
 
+def agreement_classes(c: dict[str, Candidate]) -> dict[str, list[tuple[str, int]]]:
+    """Each draft position's class against the other drafts of the round, and its bucket of 4
+    positions: `agree` (another draft has the same tokens up to here), `differ` (another draft goes
+    on, otherwise), `alone` (no other draft is this long)."""
+    out = {}
+    for ssm, x in c.items():
+        others = [o.draft for s, o in c.items() if s != ssm]
+        agreed = max((common_prefix_len(x.draft, o) for o in others), default=0)
+        out[ssm] = [("agree" if i < agreed else "differ" if any(len(o) > i for o in others) else "alone",
+                     min(i // 4, 3)) for i in range(len(x.draft))]
+    return out
+
+
+class ServedCutByAgreement(ServedCut):
+    """The served cut on chances rescaled by how drafts of each agreement class fared so far (all
+    requests of the workload, as the lookups' confidence is server-wide): the ratio of positions right
+    to the chances predicted, per class and bucket (`agreement_classes`), with `prior` positions'
+    worth of ratio 1."""
+
+    def __init__(self, prior: float = 20.0) -> None:
+        super().__init__()
+        self.prior = prior
+        self.counts: dict[tuple[str, int], list[float]] = {}
+        """(class, bucket) -> [positions right, chances predicted]."""
+
+    def __call__(self, c: dict[str, Candidate], truth: list[int], t: CostTable) -> tuple[list[int], int]:
+        classes = agreement_classes(c)
+        scaled = {}
+        for ssm, x in c.items():
+            chances, before = [], 1.0
+            for p, key in zip(x.chances, classes[ssm]):
+                right, predicted = self.counts.get(key, (0.0, 0.0))
+                before = min(before, p * (right + self.prior) / (predicted + self.prior))
+                chances.append(max(before, 1e-6))
+            scaled[ssm] = Candidate(x.draft, chances)
+        for ssm, x in c.items():  # every draft's positions against the text, as the engines settle them
+            n = common_prefix_len(x.draft, truth)
+            for i, (p, key) in enumerate(zip(x.chances, classes[ssm][: len(truth)])):
+                counts = self.counts.setdefault(key, [0.0, 0.0])
+                counts[0] += i < n
+                counts[1] += p
+        return super().__call__(scaled, truth, t)
+
+    def table(self) -> str:
+        return "\n".join(f"| {k} | {b * 4}-{b * 4 + 3} | {right / predicted:.2f} |"
+                         for (k, b), (right, predicted) in sorted(self.counts.items()) if predicted)
+
+
 class NetGain(ServedCut):
     """The draft and length with the most expected tokens net of their time at `rate` tokens a second,
     E(k) - rate * t(k) (k = 0: a plain step): the round that adds most to the whole request's rate
@@ -366,6 +414,7 @@ def main() -> None:
         "confidence": lambda: by_confidence,
         "confidence + cut": lambda: by_confidence_cut,
         "served cut (calibrated)": ServedCut,
+        "served cut, chances by agreement": ServedCutByAgreement,
         "net gain at a plain step's rate": NetGain,
         "net gain at the request's rate": lambda: NetGain(lift=1.0),
         "oracle": lambda: oracle,
@@ -375,10 +424,14 @@ def main() -> None:
     print("\n| workload | policy | speedup (est.) | tokens / round | accepted / verified draft token |"
           " verified rounds |")
     print("|---|---|---|---|---|---|")
+    agreement: dict[str, str] = {}
     for workload, reqs in requests.items():
         for label, make in policies.items():
             engines = {s.model_name: build_engine(s) for s in lookups}
-            tally = replay(make(), engines, reqs, k, t, label)
+            policy = make()
+            tally = replay(policy, engines, reqs, k, t, label)
+            if isinstance(policy, ServedCutByAgreement):
+                agreement[workload] = policy.table()
             speedup = tally.tokens * t(0) / tally.seconds
             report.setdefault(workload, {})[label] = tally.__dict__ | {"speedup": speedup}
             print(f"| {workload} | {label} | {speedup:.3f}× | {tally.tokens / tally.rounds:.2f} | "
@@ -387,6 +440,10 @@ def main() -> None:
                 last = speedup_of(tally, reqs, last_turns, t)
                 report[workload][label]["last_turn_speedup"] = last
                 print(f"| {workload}, last turn | {label} | {last:.3f}× | | | |")
+    print("\nPositions right / the chances predicted, by agreement between the drafts (all drafts, verified or not):")
+    print("\n| workload | class | positions | right / predicted |\n|---|---|---|---:|")
+    for workload, rows in agreement.items():
+        print("\n".join(f"| {workload} |{row[1:]}" for row in rows.splitlines()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"costs_ms": {kk: t(kk) * 1000 for kk in COSTS_AT}, "report": report}, indent=1))
     print(f"\nwritten {args.out}")
