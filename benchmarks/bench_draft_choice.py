@@ -1,6 +1,7 @@
 """Which draft a round should verify, replayed on the LLM's own greedy text: the vote's learnt weights,
-the drafters' own confidence, the served cut (RequestPricing.cut), a cut by net gain, an oracle, and a
-two-branch tree that verifies both drafts in one pass.
+the drafters' own confidence, the served cut (RequestPricing.cut), the same on chances rescaled by
+whether the drafts agree (with a table of how often each agreement class was right against its
+chances), a cut by net gain, an oracle, and a two-branch tree that verifies both drafts in one pass.
 
 Greedy, the LLM accepts exactly the common prefix of a draft and its own continuation, so once the
 deployment's LLM (llama.cpp, in process) has decoded a prompt, any drafting policy can be replayed on
