@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.decoding.tokens import draft_outcome
 from minions.engines.sequence_cache import CachedSequence, SequenceCache
 
@@ -154,15 +153,6 @@ def token_log_probs(survival: Sequence[float]) -> list[float]:
     meaning tensorrt_llm's `output_log_probs` has for a model's sampled tokens)."""
     logs = np.log(np.maximum(np.asarray(survival, dtype=np.float64), 1e-12))
     return np.diff(logs, prepend=0.0).tolist()
-
-
-def draft_result(request: EngineRequest, tokens: list[int], survival: Sequence[float]) -> EngineResult:
-    """A lookup's answer: its draft cut after the request's end_id, with each kept token's estimated
-    log chance when the request asks for log probabilities (`survival`: `survival`'s meaning above)."""
-    if request.end_id is not None and request.end_id in tokens:
-        tokens = tokens[: tokens.index(request.end_id) + 1]
-    log_probs = token_log_probs(survival[: len(tokens)]) if request.return_log_probs else None
-    return EngineResult(tokens, log_probs=log_probs)
 
 
 def confident_prefix(survival: Sequence[float], min_confidence: float) -> int:

@@ -10,7 +10,7 @@ draft counts as deterministic, which it is.
 from __future__ import annotations
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
-from minions.engines.draft_confidence import DraftConfidence, draft_result
+from minions.engines.draft_confidence import DraftConfidence, token_log_probs
 from minions.errors import InvalidRequest
 
 
@@ -28,7 +28,10 @@ class LookupEngine:
             raise InvalidRequest("this engine drafts only: draft_input_ids are not supported")
         self.confidence.settle(request.request_id, request.input_ids)
         tokens, survival = self._lookup(request)
-        return draft_result(request, tokens, survival)
+        if request.end_id is not None and request.end_id in tokens:  # the draft ends with the request
+            tokens = tokens[: tokens.index(request.end_id) + 1]
+        log_probs = token_log_probs(survival[: len(tokens)]) if request.return_log_probs else None
+        return EngineResult(tokens, log_probs=log_probs)
 
     def release(self, request_id: str) -> None:
         """The request is over: its drafts still waiting for their outcome are dropped."""
@@ -37,5 +40,5 @@ class LookupEngine:
     def _lookup(self, request: EngineRequest) -> tuple[list[int], list[float]]:
         """The draft continuing request.input_ids (at most request_output_len tokens, each recorded
         with `confidence`), and the estimated chance that its first 1, 2, ... tokens are right (what
-        `draft_result` answers as log probs; may be empty when none is asked for)."""
+        `generate` answers as each kept token's log chance; may be empty when none is asked for)."""
         raise NotImplementedError
