@@ -198,7 +198,7 @@ def test_a_new_request_prices_drafting_at_the_servers_measured_cost():
     shared = SharedLengthStats()
     world.run(DraftLengthSelector(shared, 8), 1, 100)
     fresh = DraftLengthSelector(shared, 8)
-    assert fresh.draft_cost(1) == pytest.approx(0.05, rel=0.1)
+    assert shared.draft_estimate(1, fresh.pipelined, fresh.drafters) == pytest.approx(0.05, rel=0.1)
     first = fresh.choose(1)
     assert world.true_cost(1, first) <= world.true_cost(1, world.best(1)) * 1.05, (first, world.best(1))
     assert world.true_cost(1, 8) > world.true_cost(1, world.best(1)) * 1.2, "free drafting's choice must cost"

@@ -1,36 +1,31 @@
 """The orchestrator's decode loop, free of Triton so it is tested against in-process engines.
 
 Each turn plans a round (round_plan.py), runs it, and yields what it emitted:
-- `Verify`: draft → verify → accept → observe → emit. A drafter (one SSM, a weighted vote of several,
-  or a bandit's pick) proposes k tokens from the whole sequence; the LLM verifies them and returns the
-  accepted prefix plus one token of its own (TensorRT-LLM's draft-tokens-external mode). Drafts that
-  carry their tokens' chances (the lookup SSMs') are asked whole and cut to the length worth verifying
-  (pricing/request_pricing.py). With no draft the LLM returns one plain token through the same call.
-- `StreamPlain`: one streaming call to an LLM that streams (an in-flight llama.cpp engine); each
-  token is a round of its own. `off` streams its whole output so; a request that drafts streams so
-  where the length policy gives s = 0 or the drafters found nothing, while its drafters are probed
-  (watch.py): a probe's draft worth verifying ends the stream, and the next round verifies it.
-Both paths observe through one method: the drafter and the length policy learn from the outcome.
-The whole sequence is resent every call (engines keep their own prefix KV caches), and every
-engine's state for the request is released when it ends, however it ends. Drafting ahead during
-verification and the draft pool are pipelining.py's.
+- `Verify`: a drafter (one SSM, a weighted vote of several, or a bandit's pick) proposes up to k
+  tokens; the LLM verifies them and returns the accepted prefix plus one token of its own
+  (TensorRT-LLM's draft-tokens-external mode). With no draft it returns one plain token.
+- `StreamPlain`: one streaming call to an LLM that streams, each token a round of its own, while
+  the drafters are probed (watch.py): a probe's draft worth verifying ends the stream.
+Both paths observe through one method, so the drafter and the length policy learn from each outcome.
+The whole sequence is resent every call (engines keep their own prefix caches), and every engine's
+state for the request is released when it ends, however it ends.
 """
-
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
+from dataclasses import dataclass, field
 
 from minions.decoding.engine_call import EngineClient, EngineRequest, EngineResult
 from minions.decoding.tokens import common_prefix_len
 from minions.speculation.decode_request import DecodeRequest
 from minions.speculation.drafters import Proposal
 from minions.speculation.pipelining import DraftSource
+from minions.speculation.pricing.draft_length import length_policy
 from minions.speculation.pricing.gates import early_draft_pays, probe_pays
 from minions.speculation.pricing.request_pricing import RequestPricing
-from minions.speculation.progress import Progress
 from minions.speculation.round_plan import StreamPlain, Verify, plan_round
 from minions.speculation.rounds import Round
 from minions.speculation.services import Services
@@ -64,6 +59,40 @@ async def speculative_decode(client: EngineClient, request: DecodeRequest, servi
         await asyncio.shield(decode.release(on_llm_release))
 
 
+@dataclass
+class Progress:
+    """A request's sequence, its tokens so far against its budget, and whether it has ended."""
+
+    sequence: list[int]
+    """The prompt and every token emitted: what the LLM continues."""
+    max_new_tokens: int
+    end_id: int | None
+    produced: int = 0
+    index: int = 0
+    """Rounds so far."""
+    emitted: list[int] = field(default_factory=list)
+    """The last round's tokens."""
+    ended: bool = False
+    """end_id was emitted."""
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - self.produced
+
+    @property
+    def finished(self) -> bool:
+        return self.ended or self.produced >= self.max_new_tokens
+
+    def advance(self, tokens: list[int]) -> bool:
+        """Add one round's tokens; True once max_new_tokens or end_id is reached (no round follows)."""
+        self.emitted = tokens
+        self.sequence += tokens
+        self.produced += len(tokens)
+        self.index += 1
+        self.ended = self.end_id is not None and self.end_id in tokens
+        return self.finished
+
+
 class _Decode:
     """One request's decoding: its progress, drafter, length policy and drafts, and how each plan runs."""
 
@@ -71,7 +100,10 @@ class _Decode:
         self.client, self.request, self.services, self.request_id = client, request, services, request_id
         self.progress = Progress(list(request.prompt_ids), request.max_new_tokens, request.end_id)
         self.drafter = services.drafter(request)
-        self.length = services.draft_length(request, drafting=self.drafter is not None, request_id=request_id)
+        self.length = length_policy(services.length_stats, drafting=self.drafter is not None,
+                                    num_draft_tokens=request.num_draft_tokens,
+                                    max_draft_tokens=request.max_draft_tokens, pipelined=request.pipeline,
+                                    drafters=request.speculation.ssms, request_id=request_id)
         # Drafts are cut by their chances only when the length is adaptive: a request that fixed its
         # num_draft_tokens has its drafts verified as asked, so its SSMs are not asked for chances.
         confident = services.confident_ssms if request.num_draft_tokens is None else frozenset()
@@ -169,7 +201,9 @@ class _Decode:
         emitted = verdict.tokens[:remaining]
         if not emitted:
             raise RuntimeError(f"engine {self.services.llm!r} returned no token")
-        yield self._verified(plan, proposal, emitted, draft_seconds=t1 - t0 - proposal.control_seconds,
+        # TensorRT-LLM returns tokens only: the accepted count is the prefix shared with the draft.
+        accepted = common_prefix_len(emitted, proposal.draft)
+        yield self._verified(plan, proposal, emitted, accepted, draft_seconds=t1 - t0 - proposal.control_seconds,
                              llm_seconds=t2 - t1, pipelined=pipelined, log_probs=_first(verdict.log_probs, remaining),
                              cached_tokens=_cached(call, verdict))
 
@@ -183,10 +217,7 @@ class _Decode:
         else:
             proposal, pipelined = (await self.source.draft(progress.sequence, asked, progress.index, progress.emitted)
                                    if self.source else (Proposal(), False))
-        # A draft priced by its own chances (a lookup's, asked whole) is cut by them below, not to k.
-        whole = asked if proposal.log_probs is None else max(asked, self.request.max_draft_tokens)
-        proposal.cut(min(whole, progress.remaining - 1))
-        self.pricing.cut(proposal, plan.batch, len(progress.sequence))
+        self.pricing.cut(proposal, plan.batch, len(progress.sequence), asked=asked, room=progress.remaining - 1)
         if self.rest is not None and plan.k > 0:
             self.rest.asked(found=bool(proposal.draft))
         return proposal, pipelined
@@ -208,13 +239,11 @@ class _Decode:
                                         next_length=self.pricing.asked(self.length.current), index=progress.index)
         return call, verification
 
-    def _verified(self, plan: Verify, proposal: Proposal, emitted: list[int], *, draft_seconds: float,
+    def _verified(self, plan: Verify, proposal: Proposal, emitted: list[int], accepted: int, *, draft_seconds: float,
                   llm_seconds: float, pipelined: bool, log_probs: list[float] | None, cached_tokens: int) -> Round:
         """Advance by a verification's tokens, let every estimate learn from it, and say it as a Round
         (`pipelined`, `log_probs`, `cached_tokens`: the draft's and the LLM's answer's, as Round says)."""
         draft = proposal.draft
-        # TensorRT-LLM returns tokens only: the accepted count is the prefix shared with the draft.
-        accepted = common_prefix_len(emitted, draft)
         if proposal.log_probs is not None and draft:
             self.pricing.calibration.observe(proposal.log_probs, accepted)
         control = proposal.control_seconds + (

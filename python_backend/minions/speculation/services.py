@@ -13,7 +13,6 @@ from minions.speculation.drafters import Drafter, SingleDrafter
 from minions.speculation.health import SsmHealth
 from minions.speculation.mode import SpeculationMode
 from minions.speculation.pool import DraftPool
-from minions.speculation.pricing.draft_length import DraftLengthSelector, FixedLength
 from minions.speculation.pricing.length_stats import LengthPolicy, SharedLengthStats
 from minions.speculation.vote_drafter import VoteDrafter
 from minions.speculation.watch import DraftRest, ProbeSchedule, TailRepeats
@@ -114,17 +113,6 @@ class Services:
         """When a request's lookups are asked where each ask precedes an LLM call (watch.DraftRest): on
         the probes' schedule, a fresh one per request."""
         return DraftRest(*self.probe_schedule())
-
-    def draft_length(self, request: DecodeRequest, drafting: bool,
-                     request_id: str | None = None) -> DraftLengthSelector | FixedLength:
-        """The adaptive selector when the request drafts with no fixed length, else its fixed length
-        (0 for plain decoding); both feed the server's length statistics."""
-        drafters = request.speculation.ssms
-        if drafting and request.num_draft_tokens is None:
-            return DraftLengthSelector(self.length_stats, request.max_draft_tokens, pipelined=request.pipeline,
-                                       drafters=drafters, request_id=request_id)
-        return FixedLength(request.num_draft_tokens or 0, self.length_stats, pipelined=request.pipeline,
-                           drafters=drafters, request_id=request_id)
 
     def stream_interval_s(self, interval_s: float, batch: int) -> float:
         """A streamed call's interval between responses with `batch` requests decoding: the request's

@@ -25,7 +25,7 @@ request's work before its LLM call (`SharedLengthStats.report`).
 
 Under load t(b, s) grows faster than linearly in s (the LLM's queue), so it is trusted only where it
 was measured: a choice goes at most one candidate beyond the longest length measured at its load, and
-only while the cost falls towards that length (`DraftLengthSelector._trusted`). Requests climb
+only while the cost falls towards that length (`VerifyCostTable.trusted_lengths`). Requests climb
 together one step at a time and measure each.
 
 It does not oscillate: the estimates are moving averages, a change needs a `margin` gain over the
@@ -88,13 +88,6 @@ class DraftLengthSelector:
         """The estimated chance that the first n draft positions are all accepted."""
         return math.prod(self.rates(n))
 
-    def draft_cost(self, batch: int) -> float:
-        """Seconds per draft token: the server's measure at this load (all requests draft with the same
-        SSMs). Not this request's own: its first draft is not representative (see `observe`), so its
-        first choices would take drafting as free and pick the longest draft; and one slow round could
-        send it to s = 0, where it drafts nothing more to correct the estimate."""
-        return self.shared.draft_estimate(batch, self.pipelined, self.drafters)
-
     def time_per_token(self, s: int, batch: int) -> float | None:
         return self._costs(batch, [s])[s]
 
@@ -102,7 +95,11 @@ class DraftLengthSelector:
         """J at each length, with the cost table's line fitted and the acceptance chain built once."""
         verify = self.shared.verify.estimates(batch, lengths)
         expected = self._expected(max(lengths))
-        draft = self.draft_cost(batch)
+        # Drafting's cost is the server's at this load (all requests draft with the same SSMs), not
+        # this request's own: its first draft is not representative (see `observe`), so its first
+        # choices would take drafting as free and pick the longest draft; and one slow round could send
+        # it to s = 0, where it drafts nothing more to correct the estimate.
+        draft = self.shared.draft_estimate(batch, self.pipelined, self.drafters)
         return {s: None if verify[s] is None else (s * draft + verify[s]) / expected[s] for s in lengths}
 
     # -- the decision ------------------------------------------------------------------------------
@@ -118,7 +115,7 @@ class DraftLengthSelector:
             self.held -= 1
             return self.current
         costs = self._costs(batch, range(self.candidates[-1] + 1))  # every length: the edges may lie between candidates
-        trusted = self._trusted(batch, costs)
+        trusted = self.shared.verify.trusted_lengths(batch, self.candidates, self.current, costs, self.policy.margin)
         known = {s: costs[s] for s in self.candidates if costs[s] is not None and s in trusted}
         if not known or self.current not in known:
             return self.current
@@ -132,30 +129,6 @@ class DraftLengthSelector:
             self.current = best
             self.held = self.policy.dwell
         return self.current
-
-    def _trusted(self, batch: int, costs: dict[int, float | None]) -> list[int]:
-        """The lengths whose estimate to act on: those up to the longest measured at this load (or up to
-        the current length, at a load not measured yet), and one candidate beyond, only while the cost
-        still falls towards that edge: the edge beats the nearest shorter length measured
-        `shrink` times or more by the margin, as a line search widens its bracket (an interpolated
-        length between them would only echo the straight line drawn through it). Further out t(b, s)
-        is an extrapolation, and under load it is most wrong there: the LLM's queue makes
-        verification grow faster than linearly. Every request steps together, and a step's cost is
-        seen only once taken. `costs`: J at every length up to the longest candidate (`_costs`)."""
-        table = self.shared.verify
-        counts = {n: c for n, c in table.measured_lengths(batch).items() if n <= self.candidates[-1]}
-        top = max(counts, default=self.current)
-        inside = [s for s in self.candidates if s <= top]
-        beyond = [s for s in self.candidates if s > top]
-        trusted = [*inside, self.current]
-        shorter = [n for n, c in counts.items() if n < top and c >= table.shrink]
-        if beyond and not shorter:
-            trusted.append(beyond[0])
-        elif beyond:
-            edge, before = costs[top], costs[max(shorter)]
-            if edge is not None and before is not None and edge < (1.0 - self.policy.margin) * before:
-                trusted.append(beyond[0])
-        return trusted
 
     def _neighbour(self) -> int:
         """The length to explore: a neighbour of the current one, alternately above and below. From plain
@@ -210,3 +183,15 @@ class FixedLength:
         self.shared.observe(batch, self.pipelined, drafted, accepted, draft_seconds=draft_seconds,
                             verify_seconds=verify_seconds, drafters=drafters or self.drafters,
                             request_id=self.request_id)
+
+
+def length_policy(shared: SharedLengthStats, *, drafting: bool, num_draft_tokens: int | None, max_draft_tokens: int,
+                  pipelined: bool, drafters: tuple[str, ...],
+                  request_id: str | None) -> DraftLengthSelector | FixedLength:
+    """A request's length policy: the adaptive selector when it drafts with no fixed length
+    (`num_draft_tokens` None), else its fixed length (0 for plain decoding); both feed the server's
+    length statistics."""
+    if drafting and num_draft_tokens is None:
+        return DraftLengthSelector(shared, max_draft_tokens, pipelined=pipelined, drafters=drafters,
+                                   request_id=request_id)
+    return FixedLength(num_draft_tokens or 0, shared, pipelined=pipelined, drafters=drafters, request_id=request_id)

@@ -49,12 +49,17 @@ class RequestPricing:
         overhead = verify.restart_extra(batch, costs[0]) if stops_stream else 0.0
         return cheapest_verification(log_probs, costs, self.calibration.factor, overhead)
 
-    def cut(self, proposal: Proposal, batch: int, at: int, stops_stream: bool = False) -> None:
-        """Cut a draft that carries its tokens' chances to the length worth verifying at this load
-        (`cheapest`); others are verified as the length policy asked for them. A draft cut to nothing is
-        left to the calibration, which scores it against the text that follows the sequence's first
-        `at` tokens."""
+    def cut(self, proposal: Proposal, batch: int, at: int, *, asked: int | None = None, room: int | None = None,
+            stops_stream: bool = False) -> None:
+        """Cut a draft to what is worth verifying. First to the `asked` tokens within the `room` left in
+        the request's budget (None: as drafted), except that a draft carrying its tokens' chances (a
+        lookup's, asked whole) keeps up to `max_draft_tokens`; then such a draft to the length worth
+        verifying at this load (`cheapest`). A draft priced out is left to the calibration, which scores
+        it against the text that follows the sequence's first `at` tokens."""
         chances = proposal.log_probs
+        if asked is not None:
+            whole = asked if chances is None else max(asked, self.max_draft_tokens)
+            proposal.cut(whole if room is None else min(whole, room))
         if chances is not None and 0 < len(proposal.draft) == len(chances):
             worth = self.cheapest(chances, batch, stops_stream)[0]
             if worth == 0:

@@ -5,7 +5,7 @@ request's observation, moving averages and the memory of when a cost was last me
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -148,7 +148,7 @@ class VerifyCostTable:
         it (a line through two short, cold verifications can price every long copy out for good:
         docs/benchmarks.md). Priced so, a draft whose chances are good goes further, is measured, and
         the reach doubles (4, 8, 16), as the length policy steps one candidate beyond its measured
-        lengths (DraftLengthSelector._trusted)."""
+        lengths (`trusted_lengths`)."""
         edge = max(self.measured_lengths(batch), default=0)
         costs = self.estimates(batch, sorted({*lengths, edge, 2 * edge}))
         at_edge = costs[edge]
@@ -156,6 +156,30 @@ class VerifyCostTable:
             return {s: costs[s] for s in lengths}
         lift = costs[2 * edge] - at_edge  # what the line adds over the doubled reach
         return {s: max(at_edge, costs[s] - lift) if s > edge else costs[s] for s in lengths}
+
+    def trusted_lengths(self, batch: int, candidates: Sequence[int], current: int,
+                        costs: Mapping[int, float | None], margin: float) -> list[int]:
+        """The candidate lengths whose estimate a length policy acts on: those up to the longest measured
+        at this load (or up to `current`, at a load not measured yet), and one candidate beyond, only
+        while the cost still falls towards that edge: the edge beats the nearest shorter length measured
+        `shrink` times or more by `margin`, as a line search widens its bracket (an interpolated length
+        between them would only echo the straight line drawn through it). Further out t(b, s) is an
+        extrapolation, and under load it is most wrong there: the LLM's queue makes verification grow
+        faster than linearly. Every request steps together, and a step's cost is seen only once taken.
+        `costs`: J at every length up to the longest candidate (DraftLengthSelector._costs)."""
+        counts = {n: c for n, c in self.measured_lengths(batch).items() if n <= candidates[-1]}
+        top = max(counts, default=current)
+        inside = [s for s in candidates if s <= top]
+        beyond = [s for s in candidates if s > top]
+        trusted = [*inside, current]
+        shorter = [n for n, c in counts.items() if n < top and c >= self.shrink]
+        if beyond and not shorter:
+            trusted.append(beyond[0])
+        elif beyond:
+            edge, before = costs[top], costs[max(shorter)]
+            if edge is not None and before is not None and edge < (1.0 - margin) * before:
+                trusted.append(beyond[0])
+        return trusted
 
     def _fitted(self, points: list[tuple[int, float, int]]) -> list[tuple[int, float, int]]:
         """The points the bucket's line is fitted through: the verifications alone where plain steps
