@@ -115,7 +115,8 @@ class DraftLengthSelector:
             self.held -= 1
             return self.current
         costs = self._costs(batch, range(self.candidates[-1] + 1))  # every length: the edges may lie between candidates
-        trusted = self.shared.verify.trusted_lengths(batch, self.candidates, self.current, costs, self.policy.margin)
+        trusted = self.shared.verify.trusted_lengths(batch, candidates=self.candidates, current=self.current,
+                                                     costs=costs, margin=self.policy.margin)
         known = {s: costs[s] for s in self.candidates if costs[s] is not None and s in trusted}
         if not known or self.current not in known:
             return self.current

@@ -157,7 +157,7 @@ class VerifyCostTable:
         lift = costs[2 * edge] - at_edge  # what the line adds over the doubled reach
         return {s: max(at_edge, costs[s] - lift) if s > edge else costs[s] for s in lengths}
 
-    def trusted_lengths(self, batch: int, candidates: Sequence[int], current: int,
+    def trusted_lengths(self, batch: int, *, candidates: Sequence[int], current: int,
                         costs: Mapping[int, float | None], margin: float) -> list[int]:
         """The candidate lengths whose estimate a length policy acts on: those up to the longest measured
         at this load (or up to `current`, at a load not measured yet), and one candidate beyond, only
