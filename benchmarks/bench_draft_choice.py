@@ -200,6 +200,49 @@ class ServedCutByAgreement(ServedCut):
                          for (k, b), (right, predicted) in sorted(self.counts.items()) if predicted)
 
 
+class HindsightChances(ServedCut):
+    """A bound on every cut by chances: the served cut on each position's chance replaced by how often
+    positions like it were right over the whole workload, counted in a first pass over it (`learning`):
+    positions alike are of one SSM, chance decile, position bucket and, with `by_agreement`, agreement
+    class (`agreement_classes`). No served rule knows this; what it gains over the served cut is what
+    better chances could gain at most, per bin."""
+
+    def __init__(self, by_agreement: bool = True) -> None:
+        super().__init__()
+        self.by_agreement = by_agreement
+        self.learning = True
+        self.counts: dict[tuple, list[int]] = {}
+        """bin -> [positions right, positions seen]."""
+
+    def _bin(self, ssm: str, cls: tuple[str, int], p: float) -> tuple:
+        return ssm, cls[0] if self.by_agreement else "", cls[1], min(int(p * 10), 9)
+
+    def __call__(self, c: dict[str, Candidate], truth: list[int], t: CostTable) -> tuple[list[int], int]:
+        classes = agreement_classes(c)
+        if self.learning:
+            for ssm, x in c.items():
+                n = common_prefix_len(x.draft, truth)
+                for i, (p, cls) in enumerate(zip(x.chances, classes[ssm][: len(truth)])):
+                    counts = self.counts.setdefault(self._bin(ssm, cls, p), [0, 0])
+                    counts[0] += i < n
+                    counts[1] += 1
+            return super().__call__(c, truth, t)
+        best, best_cost, first = [], t(0), None
+        for ssm, x in c.items():
+            chances, before = [], 1.0
+            for p, cls in zip(x.chances, classes[ssm]):
+                right, seen = self.counts.get(self._bin(ssm, cls, p), (0, 0))
+                before = min(before, right / seen if seen else p)
+                chances.append(max(before, 1e-6))
+            if not x.draft:
+                continue
+            logs = token_log_probs(chances[: len(x.draft)])
+            n, cost = cheapest_verification(logs, {k: t(k) for k in range(len(logs) + 1)})
+            if n and cost is not None and cost < best_cost:
+                best, best_cost = x.draft[:n], cost
+        return best, common_prefix_len(best, truth)
+
+
 class NetGain(ServedCut):
     """The draft and length with the most expected tokens net of their time at `rate` tokens a second,
     E(k) - rate * t(k) (k = 0: a plain step): the round that adds most to the whole request's rate
@@ -389,6 +432,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "bench_results" / "draft_choice.json")
     p.add_argument("--replay", type=Path, help="replay the answers and timings an earlier run saved "
                                                "(<out>.texts.json) instead of decoding them again")
+    p.add_argument("--policies", nargs="+", help="only the policies whose names contain one of these")
     args = p.parse_args()
 
     dep = load_deployment(Path(args.deploy))
@@ -416,11 +460,15 @@ def main() -> None:
         "confidence + cut": lambda: by_confidence_cut,
         "served cut (calibrated)": ServedCut,
         "served cut, chances by agreement": ServedCutByAgreement,
+        "served cut, hindsight chances (bound)": lambda: HindsightChances(by_agreement=False),
+        "served cut, hindsight chances by agreement (bound)": HindsightChances,
         "net gain at a plain step's rate": NetGain,
         "net gain at the request's rate": lambda: NetGain(lift=1.0),
         "oracle": lambda: oracle,
         "tree (both drafts)": lambda: tree,
     }
+    if args.policies:
+        policies = {n: m for n, m in policies.items() if any(x in n for x in args.policies)}
     report: dict[str, dict[str, dict]] = {}
     print("\n| workload | policy | speedup (est.) | tokens / round | accepted / verified draft token |"
           " verified rounds |")
@@ -430,6 +478,9 @@ def main() -> None:
         for label, make in policies.items():
             engines = {s.model_name: build_engine(s) for s in lookups}
             policy = make()
+            if isinstance(policy, HindsightChances):  # its first pass counts the bins
+                replay(policy, engines, reqs, k, t, label)
+                engines, policy.learning = {s.model_name: build_engine(s) for s in lookups}, False
             tally = replay(policy, engines, reqs, k, t, label)
             if isinstance(policy, ServedCutByAgreement):
                 agreement[workload] = policy.table()

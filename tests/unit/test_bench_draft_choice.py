@@ -1,12 +1,12 @@
 """benchmarks.bench_draft_choice's rules on a made-up cost table: the served cut verifies the draft
 length with the least expected time per token, the net-gain cut the one with the most tokens net of
 their time at a plain step's rate, which goes further on the same chances; the oracle verifies what
-is accepted; the agreement classes and the cut that learns from them."""
+is accepted; the agreement classes and the cut that learns from them; the hindsight bound."""
 
 from __future__ import annotations
 
-from benchmarks.bench_draft_choice import (Candidate, CostTable, NetGain, ServedCut, ServedCutByAgreement,
-                                          agreement_classes, oracle)
+from benchmarks.bench_draft_choice import (Candidate, CostTable, HindsightChances, NetGain, ServedCut,
+                                          ServedCutByAgreement, agreement_classes, oracle)
 
 COSTS = CostTable({k: [0.010 * (1 + 0.5 * k)] for k in (0, 1, 2, 4, 8, 16)})
 """A plain step 10 ms, each draft token half a step more."""
@@ -56,3 +56,21 @@ def test_agreeing_drafts_that_keep_being_right_are_verified_further():
     assert len(agreed) > len(served)
     assert accepted == len(agreed)
     assert "| agree | 0-3 |" in learnt.table()
+
+
+def test_the_hindsight_bound_prices_positions_by_how_often_their_bin_was_right():
+    """Chances of 0.6 that fall fast, on a draft that is always right: the served cut verifies a few
+    tokens; the bound, once its first pass has counted every position right, verifies all of them. A
+    draft always wrong at its first token from its second pass on is not verified at all."""
+    fast_falling = [0.6 ** (i + 1) for i in range(16)]
+    truth = DRAFT + [7]
+    bound = HindsightChances(by_agreement=False)
+    learning, _ = bound({"a": Candidate(DRAFT, fast_falling)}, truth, COSTS)
+    assert learning == ServedCut()({"a": Candidate(DRAFT, fast_falling)}, truth, COSTS)[0]
+    bound.learning = False
+    assert bound({"a": Candidate(DRAFT, fast_falling)}, truth, COSTS) == (DRAFT, len(DRAFT))
+    wrong = HindsightChances()
+    high = [0.99] * 16
+    wrong({"a": Candidate(DRAFT, high)}, [7], COSTS)
+    wrong.learning = False
+    assert wrong({"a": Candidate(DRAFT, high)}, [7], COSTS) == ([], 0)
