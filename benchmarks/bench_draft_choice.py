@@ -227,7 +227,7 @@ class HindsightChances(ServedCut):
                     counts[0] += i < n
                     counts[1] += 1
             return super().__call__(c, truth, t)
-        best, best_cost, first = [], t(0), None
+        best, best_logs, best_cost, first = [], [], t(0), None
         for ssm, x in c.items():
             chances, before = [], 1.0
             for p, cls in zip(x.chances, classes[ssm]):
@@ -237,10 +237,11 @@ class HindsightChances(ServedCut):
             if not x.draft:
                 continue
             logs = token_log_probs(chances[: len(x.draft)])
-            n, cost = cheapest_verification(logs, {k: t(k) for k in range(len(logs) + 1)})
+            first = first or (x.draft, logs)
+            n, cost = cheapest_verification(logs, {k: t(k) for k in range(len(logs) + 1)}, self.calibration.factor)
             if n and cost is not None and cost < best_cost:
-                best, best_cost = x.draft[:n], cost
-        return best, common_prefix_len(best, truth)
+                best, best_logs, best_cost = x.draft[:n], logs[:n], cost
+        return self._calibrated(best, best_logs, first, truth)
 
 
 class NetGain(ServedCut):
