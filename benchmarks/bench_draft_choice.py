@@ -201,11 +201,10 @@ class ServedCutByAgreement(ServedCut):
 
 
 class HindsightChances(ServedCut):
-    """A bound on every cut by chances: the served cut on each position's chance replaced by how often
-    positions like it were right over the whole workload, counted in a first pass over it (`learning`):
-    positions alike are of one SSM, chance decile, position bucket and, with `by_agreement`, agreement
-    class (`agreement_classes`). No served rule knows this; what it gains over the served cut is what
-    better chances could gain at most, per bin."""
+    """A bound on every cut by chances: the served cut (the request's calibration kept) on chances no
+    served rule knows, each position's being how often positions like it were right over the whole
+    workload, counted in a first pass over it (`learning`). Positions alike are of one SSM, chance
+    decile, position bucket and, with `by_agreement`, agreement class (`agreement_classes`)."""
 
     def __init__(self, by_agreement: bool = True) -> None:
         super().__init__()
