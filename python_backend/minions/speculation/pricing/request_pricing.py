@@ -56,10 +56,10 @@ class RequestPricing:
         lookup's, asked whole) keeps up to `max_draft_tokens`; then such a draft to the length worth
         verifying at this load (`cheapest`). A draft priced out is left to the calibration, which scores
         it against the text that follows the sequence's first `at` tokens."""
-        chances = proposal.log_probs
         if asked is not None:
-            whole = asked if chances is None else max(asked, self.max_draft_tokens)
+            whole = asked if proposal.log_probs is None else max(asked, self.max_draft_tokens)
             proposal.cut(whole if room is None else min(whole, room))
+        chances = proposal.log_probs
         if chances is not None and 0 < len(proposal.draft) == len(chances):
             worth = self.cheapest(chances, batch, stops_stream)[0]
             if worth == 0:
