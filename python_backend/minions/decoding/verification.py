@@ -77,7 +77,7 @@ def verify_draft(
         q_row = draft_logits[i] if draft_logits is not None and proposal is not None else None
         row = penalties.apply(logits[i], history, end_id)
         generator = None if rng is None else generator_at(rng, len(context) + i)
-        token, accepted = _judge(row, proposal, params, generator, banned, q_row)
+        token, accepted = _judge(row, proposal, params=params, rng=generator, banned=banned, draft_row=q_row)
         tokens.append(token)
         if end_id is not None and token == end_id:
             return Verdict(tokens, i + int(accepted))

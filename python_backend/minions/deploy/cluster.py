@@ -149,8 +149,9 @@ class Cluster:
             for replica in self.replicas:
                 wait_http_ok(f"{openai_url(replica.ports)}/health", replica.proc, f"replica {replica.index}",
                              max(deadline - time.monotonic(), 1.0))
-            self.gateway = self._start("gateway", gateway_command(sys.executable, self.gateway_port, self.workers,
-                                                                  self.affinity, self.gateway_metrics_port))
+            self.gateway = self._start("gateway", gateway_command(sys.executable, self.gateway_port,
+                                                                  workers=self.workers, affinity=self.affinity,
+                                                                  metrics_port=self.gateway_metrics_port))
             wait_http_ok(f"http://127.0.0.1:{self.gateway_port}/health", self.gateway, "the gateway", 60.0)
         except BaseException:
             self.stop()

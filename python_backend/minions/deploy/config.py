@@ -36,8 +36,8 @@ class ServerPorts:
         """The ports deploy.yaml's `server` section names (Triton's defaults where it names none; the
         OpenAI frontend on 9000)."""
         s = dep.server
-        return cls(s.get("host", "127.0.0.1"), int(s.get("http_port", 8000)), int(s.get("grpc_port", 8001)),
-                   int(s.get("metrics_port", 8002)), int(s.get("openai_port", 9000)))
+        return cls(s.get("host", "127.0.0.1"), int(s.get("http_port", 8000)), grpc=int(s.get("grpc_port", 8001)),
+                   metrics=int(s.get("metrics_port", 8002)), openai=int(s.get("openai_port", 9000)))
 
     @property
     def loopback_host(self) -> str:

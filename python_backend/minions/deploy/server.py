@@ -173,7 +173,7 @@ def start_server(dep: Deployment, ports: ServerPorts, build: Path, stdout=None, 
     repo, backends = prepare(dep, build, ports)
     if edit is not None:
         edit(repo)
-    cmd = server_command(repo, backends, ports, log_verbose, triton_args)
+    cmd = server_command(repo, backends, ports=ports, log_verbose=log_verbose, triton_args=triton_args)
     log.info("starting: %s", " ".join(cmd))
     return subprocess.Popen(cmd, env=server_env(), stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
                             start_new_session=True)

@@ -144,9 +144,9 @@ def build_plan(dep: Deployment) -> list[EngineBuild]:
         model_class_name(config)  # refuse a model TensorRT-LLM's converter is not known for before anything runs
         settings = trtllm_settings(model, dep, orchestrator)
         checkpoint_dir = Path(f"{settings.engine_dir}.ckpt")
-        plan.append(EngineBuild(settings, checkpoint_dir, convert_argv(settings, checkpoint_dir),
-                                build_argv(settings, checkpoint_dir, draft_model=model is not dep.llm),
-                                hashlib.sha256(config.read_bytes()).hexdigest()))
+        plan.append(EngineBuild(settings, checkpoint_dir, convert=convert_argv(settings, checkpoint_dir),
+                                build=build_argv(settings, checkpoint_dir, draft_model=model is not dep.llm),
+                                source_digest=hashlib.sha256(config.read_bytes()).hexdigest()))
     return plan
 
 

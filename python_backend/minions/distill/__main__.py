@@ -78,8 +78,12 @@ def build_data(args, teacher, tokenizer, out: Path) -> tuple[list[Example], list
         log.info("reusing %s (%d train, %d validation examples)", cache, len(train), len(val))
     else:
         val_prompts = encode_all(tokenizer, val_texts, args.max_prompt_tokens)
-        val, _ = teacher_generate(teacher, val_prompts, args.max_new_tokens, args.batch_size, pad, eos, 1e9, "teacher (validation)")
-        train, used = teacher_generate(teacher, train_prompts, args.max_new_tokens, args.batch_size, pad, eos, args.gen_minutes * 60, "teacher (train)")
+        val, _ = teacher_generate(teacher, val_prompts, max_new_tokens=args.max_new_tokens,
+                                  batch_size=args.batch_size, pad_id=pad, eos_id=eos, deadline_s=1e9,
+                                  desc="teacher (validation)")
+        train, used = teacher_generate(teacher, train_prompts, max_new_tokens=args.max_new_tokens,
+                                       batch_size=args.batch_size, pad_id=pad, eos_id=eos,
+                                       deadline_s=args.gen_minutes * 60, desc="teacher (train)")
         meta = {
             "datasets": {n: DATASETS[n] for n in names}, "chat_template": True, "max_new_tokens": args.max_new_tokens,
             "validation_prompt_range": [BENCH_PROMPTS, val_stop], "train_prompt_start": val_stop,
@@ -93,7 +97,8 @@ def build_data(args, teacher, tokenizer, out: Path) -> tuple[list[Example], list
         extra = torch.load(prompt_cache, weights_only=False)
     else:
         leftover = train_prompts[meta.get("generated_prompts", len(train)) :][: args.label_prompts]
-        extra = label_prompts(teacher, leftover, args.batch_size, pad, "teacher (prompt-only labels)")
+        extra = label_prompts(teacher, leftover, batch_size=args.batch_size, pad_id=pad,
+                              desc="teacher (prompt-only labels)")
         torch.save(extra, prompt_cache)
     meta["prompt_only_examples"] = len(extra)
     meta["prompt_only_tokens"] = sum(len(e.tokens) for e in extra)
@@ -156,10 +161,12 @@ def main() -> None:
     meta["teacher"] = str(teacher_dir)
     vocab = reduced_vocab(train, args.vocab, [tokenizer.eos_token_id])
     log.info("reduced vocabulary %d tokens covers %.2f%% of validation continuations", vocab.numel(), 100 * vocab_coverage(val, vocab))
-    d2 = distill_one("ssm_d2", teacher, [0, 1], vocab, train, val, TrainConfig(args.train_minutes[0]), None, meta, out, args.k)
+    d2 = distill_one("ssm_d2", teacher, layers=[0, 1], vocab=vocab, train=train, val=val,
+                     cfg=TrainConfig(args.train_minutes[0]), weights=None, meta=meta, out=out, k=args.k)
     weights = boost_weights(train, greedy_predictions(d2, train), args.boost)
-    distill_one("ssm_d4b", teacher, [0, 1, 2, 3], vocab, train, val, TrainConfig(args.train_minutes[1], boost=args.boost, seed=1),
-                weights, meta, out, args.k)
+    distill_one("ssm_d4b", teacher, layers=[0, 1, 2, 3], vocab=vocab, train=train, val=val,
+                cfg=TrainConfig(args.train_minutes[1], boost=args.boost, seed=1), weights=weights, meta=meta, out=out,
+                k=args.k)
     write_references(out, val, args.k, teacher)
 
 

@@ -58,4 +58,4 @@ def replay_acceptance(engine: Engine, examples: list[Example], k: int) -> DraftQ
             accepted += hit
             pos += hit + 1
         engine.release(rid)
-    return DraftQuality(k, rounds, drafted, accepted, seconds)
+    return DraftQuality(k, rounds, drafted=drafted, accepted=accepted, draft_seconds=seconds)

@@ -53,14 +53,14 @@ def teacher_generate(
         used += len(batch)
         bar.update(len(batch))
     bar.close()
-    label_examples(teacher, examples, batch_size, pad_id, f"{desc}: labels")
+    label_examples(teacher, examples, batch_size=batch_size, pad_id=pad_id, desc=f"{desc}: labels")
     return examples, used
 
 
 def label_prompts(teacher, prompts: list[list[int]], batch_size: int, pad_id: int, desc: str = "prompts") -> list[Example]:
     """Prompt-only examples: every position labelled by the LLM, the last one with its first reply token."""
     examples = [Example(list(p), [], len(p)) for p in prompts]
-    label_examples(teacher, examples, batch_size, pad_id, desc)
+    label_examples(teacher, examples, batch_size=batch_size, pad_id=pad_id, desc=desc)
     return examples
 
 

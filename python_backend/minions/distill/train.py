@@ -95,7 +95,7 @@ def validation_loss(model, examples: list[Example], to_sub: torch.Tensor, batch_
     with torch.no_grad():
         for lo in range(0, len(examples), batch_size):
             index = list(range(lo, min(lo + batch_size, len(examples))))
-            ids, mask, target, weight = _batch(examples, None, index, cfg, to_sub)
+            ids, mask, target, weight = _batch(examples, None, index=index, cfg=cfg, to_sub=to_sub)
             logits = model.sub_logits(ids, attention_mask=mask)
             per_token = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
             total += float((per_token * weight.flatten()).sum())
@@ -126,13 +126,13 @@ def train_draft(model, examples: list[Example], cfg: TrainConfig, weights: list[
     while (elapsed := time.monotonic() - start) < budget and (cfg.max_steps is None or steps < cfg.max_steps):
         progress = max(elapsed / budget, steps / cfg.max_steps if cfg.max_steps else 0.0)
         if validation and elapsed >= next_eval:
-            best = _keep_best(model, validation, to_sub, steps, best)
+            best = _keep_best(model, validation, to_sub=to_sub, step=steps, best=best)
             next_eval = elapsed + cfg.eval_every_s
         if not order:
             order = list(range(len(examples)))
             rng.shuffle(order)
         index, order = order[: cfg.batch_size], order[cfg.batch_size :]
-        ids, mask, target, weight = _batch(examples, weights, index, cfg, to_sub)
+        ids, mask, target, weight = _batch(examples, weights, index=index, cfg=cfg, to_sub=to_sub)
         scale = min(1.0, (steps + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * progress))
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * max(scale, 0.05)
@@ -152,10 +152,11 @@ def train_draft(model, examples: list[Example], cfg: TrainConfig, weights: list[
     bar.close()
     seconds = time.monotonic() - start
     if validation:
-        best = _keep_best(model, validation, to_sub, steps, best)
+        best = _keep_best(model, validation, to_sub=to_sub, step=steps, best=best)
         model.load_state_dict(best[2], strict=False)
     model.eval()
-    return TrainReport(steps, tokens, seconds, loss_ema, best[0] if best else None, best[1] if best else None)
+    return TrainReport(steps, tokens, seconds=seconds, final_loss=loss_ema,
+                       best_validation_loss=best[0] if best else None, best_step=best[1] if best else None)
 
 
 def _keep_best(model, validation: list[Example], to_sub: torch.Tensor, step: int, best):

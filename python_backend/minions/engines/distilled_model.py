@@ -66,7 +66,8 @@ class DistilledDraftModel(nn.Module):
         return self.head(hidden)
 
     def forward(self, input_ids, past_key_values=None, use_cache=False, logits_to_keep=0, attention_mask=None):
-        sub = self.sub_logits(input_ids, attention_mask, past_key_values, use_cache, logits_to_keep)
+        sub = self.sub_logits(input_ids, attention_mask, past_key_values=past_key_values, use_cache=use_cache,
+                              logits_to_keep=logits_to_keep)
         full = sub.new_full((*sub.shape[:-1], self.config.vocab_size), float("-inf"))
         full[..., self.vocab] = sub
         return DraftOutput(full)

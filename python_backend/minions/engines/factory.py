@@ -42,16 +42,16 @@ def build_engine(settings: EngineSettings, step_lock_path: str | None = None) ->
     if kind == EngineKind.LLAMACPP:
         from minions.engines.llamacpp_engine import LlamaCppEngine
 
-        return LlamaCppEngine(settings.model_path, settings.num_threads, settings.max_sequences,
-                              settings.max_context, settings.draft_min_prob,
+        return LlamaCppEngine(settings.model_path, settings.num_threads, max_sequences=settings.max_sequences,
+                              n_ctx=settings.max_context, draft_min_prob=settings.draft_min_prob,
                               prefix_caching=settings.prefix_caching,
                               prefix_cache_ram_mib=settings.prefix_cache_ram_mib, kv_unified=settings.kv_unified,
                               batch_invariant=settings.batch_invariant, step_lock_path=step_lock_path)
     if kind == EngineKind.NGRAM:
         from minions.engines.ngram_engine import NgramEngine
 
-        return NgramEngine(settings.max_ngram, settings.min_ngram, settings.ngram_spec_factor,
-                           settings.lookup_min_confidence, settings.max_draft_tokens)
+        return NgramEngine(settings.max_ngram, settings.min_ngram, spec_factor=settings.ngram_spec_factor,
+                           min_confidence=settings.lookup_min_confidence, settle_margin=settings.max_draft_tokens)
     if kind == EngineKind.SUFFIX:
         from minions.engines.suffix_engine import SuffixEngine
 

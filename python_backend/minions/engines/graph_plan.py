@@ -101,4 +101,4 @@ def dense_step(rows: list[RowSpec], tokens: list[list[int]], n_logits: list[int]
         writes[at] = pool_positions(row.blocks, positions[at], block_tokens)
         fill_row_keys(row, gather[slot], mask[slot, 0], block_tokens)
         logit_rows.append(at[row.tokens - keep:])
-    return DenseStep(bucket, ids, positions, writes, gather, mask, logit_rows)
+    return DenseStep(bucket, ids, positions=positions, writes=writes, gather=gather, mask=mask, logit_rows=logit_rows)

@@ -112,8 +112,9 @@ class LlamaCppStepper:
             require_batch_invariance()
         # Loaded eagerly so that a bad path fails at model load.
         self._model = LlamaModel(path_model=model_path, params=model_params(batch_invariant), verbose=False)
-        self._ctx = LlamaContext(model=self._model, verbose=False, params=context_params(
-            max_sequences, n_ctx, n_batch, num_threads, kv_unified, batch_invariant))
+        params = context_params(max_sequences, n_ctx, n_batch=n_batch, num_threads=num_threads, kv_unified=kv_unified,
+                                batch_invariant=batch_invariant)
+        self._ctx = LlamaContext(model=self._model, verbose=False, params=params)
         self.cells = SlotCells(self._ctx, self.slots, kv_unified)
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = self._model.n_vocab()
@@ -132,8 +133,8 @@ class LlamaCppStepper:
         self.cells.trim(entry.state, keep)
         entry.tokens = sequence[:keep]
         self._stepping.add(request.request_id)  # last: a start that raised leaves no pinned slot
-        return LlamaCppJob(request, entry, sequence, sequence[keep:] + draft, request_randomness(request.seed), draft,
-                    cached=keep)
+        return LlamaCppJob(request, entry, sequence=sequence, pending=sequence[keep:] + draft,
+                           rng=request_randomness(request.seed), draft=draft, cached=keep)
 
     def step(self, jobs: list[LlamaCppJob]) -> list[bool]:
         """One decode step: every job's pending tokens in, long prompts in chunks (`_takes`); which jobs
@@ -291,8 +292,9 @@ class LlamaCppStepper:
         """Judge the draft against its logit rows and remove the rejected tokens' KV cells."""
         request = job.request
         try:
-            verdict = verify_draft(logits, job.draft, request.sampling, job.rng, request.input_ids,
-                                   request.bad_words, request.end_id, request.draft_logits, request.penalties)
+            verdict = verify_draft(logits, job.draft, params=request.sampling, rng=job.rng, context=request.input_ids,
+                                   bad_words=request.bad_words, end_id=request.end_id,
+                                   draft_logits=request.draft_logits, penalties=request.penalties)
         except ValueError as exc:  # draft_logits that do not fit the draft or the vocabulary
             job.error = InvalidRequest(str(exc))
             return True

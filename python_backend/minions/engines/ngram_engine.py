@@ -36,7 +36,7 @@ def ngram_draft(tokens: Sequence[int], k: int, max_ngram: int = 3, min_ngram: in
     beyond the n-gram, up to MAX_MATCH), as SuffixDecoding bounds its drafts: a 2-token match, which
     any text has, is weak evidence for a long continuation; a copy that has run for 30 tokens is strong.
     """
-    return ngram_match(tokens, k, max_ngram, min_ngram, spec_factor)[0]
+    return ngram_match(tokens, k, max_ngram=max_ngram, min_ngram=min_ngram, spec_factor=spec_factor)[0]
 
 
 def ngram_match(tokens: Sequence[int], k: int, max_ngram: int = 3, min_ngram: int = 1,
@@ -86,8 +86,8 @@ class NgramEngine(LookupEngine):
 
     def _lookup(self, request: EngineRequest) -> tuple[list[int], list[float]]:
         sequence = request.input_ids
-        tokens, match = ngram_match(sequence, request.request_output_len, self.max_ngram, self.min_ngram,
-                                    self.spec_factor)
+        tokens, match = ngram_match(sequence, request.request_output_len, max_ngram=self.max_ngram,
+                                    min_ngram=self.min_ngram, spec_factor=self.spec_factor)
         survival: list[float] = []
         if tokens:
             evidence = Evidence("own", match)

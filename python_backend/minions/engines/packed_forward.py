@@ -144,7 +144,8 @@ class PackedLlamaForward:
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
         self.kv_bytes_per_token = kv_bytes_per_token(config.to_dict())
-        self.pool = KvPool(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, pool_blocks)
+        self.pool = KvPool(len(self.layers), self.kv_heads, head_dim=self.head_dim, dtype=self.dtype,
+                           device=self.device, blocks=pool_blocks)
         self.runner: StepRunner | None = None
         """Where a step that fits one of its buckets runs (cuda_graphs.py); None: every step eagerly."""
         self._rope = apply_rotary_pos_emb
@@ -187,8 +188,8 @@ class PackedLlamaForward:
         bucket = self.runner.bucket(specs, self.pool) if self.runner is not None else None
         if bucket is None:
             return self._eager(rows, specs)
-        step = dense_step(specs, [r.new_tokens for r in rows], [r.n_logits for r in rows], bucket, BLOCK_TOKENS,
-                          SCRATCH_BLOCK)
+        step = dense_step(specs, [r.new_tokens for r in rows], n_logits=[r.n_logits for r in rows], bucket=bucket,
+                          block_tokens=BLOCK_TOKENS, scratch_block=SCRATCH_BLOCK)
         hidden = self.runner.run(step)
         for r in rows:
             r.state.length += len(r.new_tokens)
@@ -219,7 +220,8 @@ class PackedLlamaForward:
         ids = torch.tensor([t for r in rows for t in r.new_tokens], dtype=torch.long, device=device)
         groups = [_GroupTensors.of(g, device) for g in plan.groups]
         h = self._layers(ids, torch.from_numpy(plan.positions).to(device), torch.from_numpy(plan.writes).to(device),
-                         lambda q, keys, values: self._attend(q, keys, values, groups, ids.shape[0]))
+                         lambda q, keys, values: self._attend(q, keys, values=values, groups=groups,
+                                                              total=ids.shape[0]))
         for r in rows:
             r.state.length += len(r.new_tokens)
         sizes = [len(r.new_tokens) for r in rows]
@@ -296,8 +298,9 @@ class _GroupTensors:
     @classmethod
     def of(cls, g: AttentionGroup, device: torch.device) -> "_GroupTensors":
         in_order = bool(np.array_equal(g.tokens, np.arange(g.tokens.size)))
-        return cls(g.width, torch.from_numpy(g.tokens).to(device), torch.from_numpy(g.dest).to(device),
-                   torch.from_numpy(g.gather).to(device), torch.from_numpy(g.mask).to(device), in_order)
+        return cls(g.width, torch.from_numpy(g.tokens).to(device), dest=torch.from_numpy(g.dest).to(device),
+                   gather=torch.from_numpy(g.gather).to(device), mask=torch.from_numpy(g.mask).to(device),
+                   in_order=in_order)
 
 
 def forward_backend(model, pool_bytes: int = 0) -> ForwardBackend:

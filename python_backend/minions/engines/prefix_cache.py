@@ -115,8 +115,8 @@ class PrefixCache:
             self.stored.touch(stored)
         entry = CachedSequence(slot, list(tokens[:shared]))
         self.live.put(request_id, entry)
-        return entry, SlotChoice(slot, donor.state if donor is not None else None, shared, evicted,
-                                 stored.blob if stored is not None else None)
+        return entry, SlotChoice(slot, donor.state if donor is not None else None, shared=shared, evicted=evicted,
+                                 restore=stored.blob if stored is not None else None)
 
     def finish(self, request_id: str) -> tuple[int | None, list[int] | None]:
         """A request is done: its slot becomes an idle prefix, or with a host-memory tier is freed and

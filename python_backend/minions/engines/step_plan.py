@@ -91,7 +91,8 @@ def plan_step(rows: list[RowSpec], block_tokens: int, short_tokens: int = SHORT_
                              for r in rows])
     short = [i for i, r in enumerate(rows) if r.tokens <= short_tokens]
     long = [i for i, r in enumerate(rows) if r.tokens > short_tokens]
-    groups = [_group(rows, members, offsets, block_tokens, span_align) for members in (short, long) if members]
+    groups = [_group(rows, members, offsets=offsets, block_tokens=block_tokens, span_align=span_align)
+              for members in (short, long) if members]
     return StepPlan(positions, writes, groups)
 
 
@@ -108,4 +109,5 @@ def _group(rows: list[RowSpec], members: list[int], offsets: np.ndarray, block_t
         fill_row_keys(r, gather[slot], mask[slot, 0], block_tokens)
         tokens.append(np.arange(offsets[i], offsets[i + 1]))
         dest.append(slot * width + np.arange(r.tokens))
-    return AttentionGroup(members, width, span, np.concatenate(tokens), np.concatenate(dest), gather, mask)
+    return AttentionGroup(members, width, span=span, tokens=np.concatenate(tokens), dest=np.concatenate(dest),
+                          gather=gather, mask=mask)

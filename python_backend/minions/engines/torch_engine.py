@@ -82,8 +82,8 @@ class TorchEngine(SplitBatchEngine):
         self.prefix_stats = PrefixCacheStats()
         self._warm_up()
         if graphs and isinstance(self.backend, PackedLlamaForward):
-            self.backend.runner = cuda_graph_runner(self.backend, graph_rows, graph_draft_tokens, self.max_context,
-                                                    graph_memory_bytes)
+            self.backend.runner = cuda_graph_runner(self.backend, graph_rows, draft_tokens=graph_draft_tokens,
+                                                    context=self.max_context, budget_bytes=graph_memory_bytes)
         self.stats, self.prefix_stats = BatchStats(), PrefixCacheStats()  # the warm-up is not served work
 
     # -- BatchEngine (generate, generate_batch: SplitBatchEngine) ----------------------------------

@@ -44,10 +44,9 @@ class TorchJob:
         request = self.request
         if request.draft:
             try:
-                verdict = verify_draft(
-                    logits, self.draft, request.sampling, self.rng, request.input_ids, request.bad_words,
-                    request.end_id, request.draft_logits, request.penalties,
-                )
+                verdict = verify_draft(logits, self.draft, params=request.sampling, rng=self.rng,
+                                       context=request.input_ids, bad_words=request.bad_words, end_id=request.end_id,
+                                       draft_logits=request.draft_logits, penalties=request.penalties)
             except ValueError as exc:
                 raise InvalidRequest(str(exc)) from None
             self.kept = len(request.input_ids) + verdict.num_accepted

@@ -65,7 +65,7 @@ def build_app(args: argparse.Namespace, environ: Mapping[str, str]) -> FastAPI:
         orphans = OrphanWatch(lambda: stub_start_times(model_dir), boot_clock)
     triton = TritonStream(args.grpc_url, args.model, orphans)
     health = ReplicaHealth(triton, args.model_repository, args.metrics_url)  # the URL counts with a repository only
-    return create_app(triton, args.model, settings, key[0] if key else None, health)
+    return create_app(triton, args.model, settings=settings, api_key=key[0] if key else None, health=health)
 
 
 def main() -> None:

@@ -82,12 +82,13 @@ def create_app(triton: TritonStream, model: str, settings: FrontendSettings = Fr
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         gen = Generation("text_completion", model, body.wants_log_probs)
-        return await _serve(request, body, completion_inputs(body), gen, body.prompt if body.echo else "")
+        return await _serve(request, body, inputs=completion_inputs(body), gen=gen,
+                            prefix=body.prompt if body.echo else "")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         gen = Generation("chat.completion", model, body.wants_log_probs)
-        return await _serve(request, body, chat_inputs(body), gen)
+        return await _serve(request, body, inputs=chat_inputs(body), gen=gen)
 
     def _unknown_model(name: str) -> OpenAIError:
         return OpenAIError(404, f"the model {name!r} does not exist; this server serves {model!r}", "model",
@@ -105,7 +106,7 @@ def create_app(triton: TritonStream, model: str, settings: FrontendSettings = Fr
             first = await _until_disconnected(request, anext(responses, None))  # it may wait for a slot
         except TritonError as exc:
             raise openai_error(exc, settings.retry_after_s) from None
-        return StreamingResponse(_events(responses, first, gen, prefix, body.include_usage),
+        return StreamingResponse(_events(responses, first, gen=gen, prefix=prefix, include_usage=body.include_usage),
                                  media_type="text/event-stream")
 
     return app

@@ -50,7 +50,7 @@ class BodyLimit:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.max_bytes:
-                await self._refuse(scope, receive, send, f"more than {self.max_bytes} bytes", more)
+                await self._refuse(scope, receive, send=send, size=f"more than {self.max_bytes} bytes", more=more)
                 return
             if not more:
                 message = {"type": "http.request", "body": bytes(body), "more_body": False}

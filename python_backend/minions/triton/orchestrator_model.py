@@ -207,7 +207,8 @@ class TritonPythonModel:
         reservation = await admit(self.admission, request, request_id)
         perf.scheduled_ns, perf.prompt_tokens = time.time_ns(), len(request.prompt_ids)
         try:
-            return await self._decode(greq, request, request_id, reply, perf, reservation)
+            return await self._decode(greq, request, request_id=request_id, reply=reply, perf=perf,
+                                      reservation=reservation)
         finally:
             reservation.release()
 
@@ -216,8 +217,8 @@ class TritonPythonModel:
         """Stream the request's text; returns what the request's log line says about its decoding."""
         text = TextStream(greq, self.tokenizer, request.end_id, perf)
         start = time.perf_counter()
-        async with aclosing(speculative_decode(self.engines, request, self.services, request_id,
-                                               reservation.sequence_released)) as rounds:
+        async with aclosing(speculative_decode(self.engines, request, services=self.services, request_id=request_id,
+                                               on_llm_release=reservation.sequence_released)) as rounds:
             async for r in rounds:
                 done = text.add(r)
                 self.metrics.tally.observe_round(r, greq.speculation.label)
