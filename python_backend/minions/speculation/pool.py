@@ -24,7 +24,7 @@ class Slot:
 
     def release(self) -> None:
         if self._pool is not None:
-            self._pool._release()
+            self._pool.give_back()
             self._pool = None
 
     @property
@@ -53,12 +53,12 @@ class DraftPool:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
-                await waiter  # _release hands its slot over: held is not decremented for us
+                await waiter  # give_back hands its slot over: held is not decremented for us
             except asyncio.CancelledError:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
                 elif waiter.done() and not waiter.cancelled():
-                    self._release()  # the slot was handed over just as we were cancelled
+                    self.give_back()  # the slot was handed over just as we were cancelled
                 raise
             return Slot(self)
         self._take()
@@ -75,7 +75,8 @@ class DraftPool:
         self.held += 1
         self.peak = max(self.peak, self.held)
 
-    def _release(self) -> None:
+    def give_back(self) -> None:
+        """A held slot is free again: it passes straight to the first waiter, if any (Slot.release)."""
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
