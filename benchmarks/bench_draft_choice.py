@@ -25,7 +25,7 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,6 +165,29 @@ def agreement_classes(c: dict[str, Candidate]) -> dict[str, list[tuple[str, int]
     return out
 
 
+def rescaled(c: dict[str, Candidate], classes: dict[str, list[tuple[str, int]]],
+             chance: Callable[[str, float, tuple[str, int]], float]) -> dict[str, Candidate]:
+    """Every draft with each position's chance replaced by `chance(ssm, chance, class)`, kept from
+    rising along the draft (the tokens up to a position are right no more often than those before)."""
+    out = {}
+    for ssm, x in c.items():
+        chances, before = [], 1.0
+        for p, cls in zip(x.chances, classes[ssm]):
+            before = min(before, chance(ssm, p, cls))
+            chances.append(max(before, 1e-6))
+        out[ssm] = Candidate(x.draft, chances)
+    return out
+
+
+def settled_positions(c: dict[str, Candidate], classes: dict[str, list[tuple[str, int]]],
+                      truth: list[int]) -> Iterator[tuple[str, float, tuple[str, int], bool]]:
+    """(ssm, chance, class, right) of each draft position the text settles: every draft's, verified or not."""
+    for ssm, x in c.items():
+        n = common_prefix_len(x.draft, truth)
+        for i, (p, cls) in enumerate(zip(x.chances, classes[ssm][: len(truth)])):
+            yield ssm, p, cls, i < n
+
+
 class ServedCutByAgreement(ServedCut):
     """The served cut on chances rescaled by how drafts of each agreement class fared so far (all
     requests of the workload, as the lookups' confidence is server-wide): the ratio of positions right
@@ -179,21 +202,16 @@ class ServedCutByAgreement(ServedCut):
 
     def __call__(self, c: dict[str, Candidate], truth: list[int], t: CostTable) -> tuple[list[int], int]:
         classes = agreement_classes(c)
-        scaled = {}
-        for ssm, x in c.items():
-            chances, before = [], 1.0
-            for p, key in zip(x.chances, classes[ssm]):
-                right, predicted = self.counts.get(key, (0.0, 0.0))
-                before = min(before, p * (right + self.prior) / (predicted + self.prior))
-                chances.append(max(before, 1e-6))
-            scaled[ssm] = Candidate(x.draft, chances)
-        for ssm, x in c.items():  # every draft's positions against the text, as the engines settle them
-            n = common_prefix_len(x.draft, truth)
-            for i, (p, key) in enumerate(zip(x.chances, classes[ssm][: len(truth)])):
-                counts = self.counts.setdefault(key, [0.0, 0.0])
-                counts[0] += i < n
-                counts[1] += p
+        scaled = rescaled(c, classes, self._chance)
+        for _, p, key, right in settled_positions(c, classes, truth):  # as the engines settle them
+            counts = self.counts.setdefault(key, [0.0, 0.0])
+            counts[0] += right
+            counts[1] += p
         return super().__call__(scaled, truth, t)
+
+    def _chance(self, ssm: str, p: float, key: tuple[str, int]) -> float:
+        right, predicted = self.counts.get(key, (0.0, 0.0))
+        return p * (right + self.prior) / (predicted + self.prior)
 
     def table(self) -> str:
         return "\n".join(f"| {k} | {b * 4}-{b * 4 + 3} | {right / predicted:.2f} |"
@@ -218,29 +236,17 @@ class HindsightChances(ServedCut):
 
     def __call__(self, c: dict[str, Candidate], truth: list[int], t: CostTable) -> tuple[list[int], int]:
         classes = agreement_classes(c)
-        if self.learning:
-            for ssm, x in c.items():
-                n = common_prefix_len(x.draft, truth)
-                for i, (p, cls) in enumerate(zip(x.chances, classes[ssm][: len(truth)])):
-                    counts = self.counts.setdefault(self._bin(ssm, cls, p), [0, 0])
-                    counts[0] += i < n
-                    counts[1] += 1
-            return super().__call__(c, truth, t)
-        best, best_logs, best_cost, first = [], [], t(0), None
-        for ssm, x in c.items():
-            chances, before = [], 1.0
-            for p, cls in zip(x.chances, classes[ssm]):
-                right, seen = self.counts.get(self._bin(ssm, cls, p), (0, 0))
-                before = min(before, right / seen if seen else p)
-                chances.append(max(before, 1e-6))
-            if not x.draft:
-                continue
-            logs = token_log_probs(chances[: len(x.draft)])
-            first = first or (x.draft, logs)
-            n, cost = cheapest_verification(logs, {k: t(k) for k in range(len(logs) + 1)}, self.calibration.factor)
-            if n and cost is not None and cost < best_cost:
-                best, best_logs, best_cost = x.draft[:n], logs[:n], cost
-        return self._calibrated(best, best_logs, first, truth)
+        if not self.learning:
+            return super().__call__(rescaled(c, classes, self._chance), truth, t)
+        for ssm, p, cls, right in settled_positions(c, classes, truth):
+            counts = self.counts.setdefault(self._bin(ssm, cls, p), [0, 0])
+            counts[0] += right
+            counts[1] += 1
+        return super().__call__(c, truth, t)
+
+    def _chance(self, ssm: str, p: float, cls: tuple[str, int]) -> float:
+        right, seen = self.counts.get(self._bin(ssm, cls, p), (0, 0))
+        return right / seen if seen else p
 
 
 class NetGain(ServedCut):
