@@ -10,6 +10,7 @@ Both paths observe through one method, so the drafter and the length policy lear
 The whole sequence is resent every call (engines keep their own prefix caches), and every engine's
 state for the request is released when it ends, however it ends.
 """
+
 from __future__ import annotations
 
 import asyncio
