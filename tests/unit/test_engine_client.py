@@ -1,5 +1,5 @@
 """triton/engine_client.py: the gRPC message the orchestrator sends an engine model, and its answer;
-a retired stream is closed once answered."""
+a retired stream is closed once answered; a call its stream hears nothing for fails, and only that one."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tritonclient.grpc import service_pb2
 
 from minions.decoding.engine_call import EngineRequest, EngineResult
 from minions.engines.tensors import build_engine_inputs, encode_engine_outputs, parse_engine_inputs
-from minions.triton.engine_client import TritonEngineClient, _decoded, _infer_request
+from minions.triton.engine_client import EngineCallError, TritonEngineClient, _decoded, _infer_request
 
 
 def _arrays(message: service_pb2.ModelInferRequest) -> dict[str, np.ndarray]:
@@ -59,12 +59,15 @@ class _AnsweringStream:
     """A ModelStreamInfer stream as Triton's: each request answered with an empty final response; notes
     when the client half-closes it (its request iterator ends)."""
 
-    def __init__(self, requests) -> None:
+    def __init__(self, requests, silent_to: str) -> None:
         self.requests = requests
+        self.silent_to = silent_to
         self.half_closed = False
 
     async def __aiter__(self):
         async for message in self.requests:
+            if message.id.startswith(self.silent_to):
+                continue
             response = service_pb2.ModelStreamInferResponse()
             response.infer_response.id = message.id
             response.infer_response.parameters["triton_final_response"].bool_param = True
@@ -73,11 +76,14 @@ class _AnsweringStream:
 
 
 class _Service:
-    def __init__(self) -> None:
+    """Opens `_AnsweringStream`s that never answer the calls of sequence `silent_to` (a stuck engine's)."""
+
+    def __init__(self, silent_to: str = "stuck/") -> None:
+        self.silent_to = silent_to
         self.streams: list[_AnsweringStream] = []
 
     def ModelStreamInfer(self, requests) -> _AnsweringStream:
-        self.streams.append(_AnsweringStream(requests))
+        self.streams.append(_AnsweringStream(requests, self.silent_to))
         return self.streams[-1]
 
 
@@ -99,5 +105,29 @@ def test_a_retired_stream_is_closed_once_answered_and_the_next_call_opens_anothe
         assert service.streams[0].half_closed
         await call(3)
         assert len(service.streams) == 2 and not service.streams[1].half_closed
+
+    asyncio.run(calls())
+
+
+def test_a_call_its_stream_hears_nothing_from_fails_and_the_others_on_the_stream_go_on():
+    """The stall timeout, watched per stream (SharedStream): the silent call's request gets an error
+    instead of hanging; a call answered meanwhile on the same stream, and one after, are untouched."""
+    async def calls() -> None:
+        client = TritonEngineClient("127.0.0.1:1", frozenset({"llm"}), stall_timeout_s=0.5)
+        client._service = service = _Service(silent_to="stuck/")
+
+        async def call(sequence: str) -> list[EngineResult]:
+            return [r async for r in client.stream("llm", EngineRequest(sequence, [1, 2], 1, streaming=True))]
+
+        stuck = asyncio.ensure_future(call("stuck"))
+        assert await call("live-1") == []
+        try:
+            await stuck
+        except EngineCallError as exc:
+            assert "no response for" in str(exc)
+        else:
+            raise AssertionError("a silent call ended without an error")
+        assert await call("live-2") == []
+        assert len(service.streams) == 1, "one silent call does not break the stream"
 
     asyncio.run(calls())

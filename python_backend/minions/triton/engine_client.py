@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import grpc
 import numpy as np
@@ -27,6 +27,8 @@ from minions.decoding.engine_call import (KEEP_SEQUENCE_PARAMETER, STREAM_INTERV
                                           EngineResult)
 from minions.engines.tensors import build_engine_inputs, decode_engine_outputs
 from minions.errors import ModelUnavailable
+
+from .engine_stream import SharedStream, Silent
 
 log = logging.getLogger("minions.engines")
 
@@ -52,8 +54,8 @@ class TritonEngineClient:
         """A call (or a stream between two responses) silent this long fails: its request gets an error
         instead of hanging (settings.py, engine_stall_timeout_s)."""
         self._service: service_pb2_grpc.GRPCInferenceServiceStub | None = None
-        self._streams: dict[str, _SharedStream] = {}
-        self._open: set[_SharedStream] = set()
+        self._streams: dict[str, SharedStream] = {}
+        self._open: set[SharedStream] = set()
         """Every stream not closed yet, the retiring ones included (`fail_model` ends them all)."""
         self._calls = itertools.count()
 
@@ -65,10 +67,11 @@ class TritonEngineClient:
             self._service = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         return self._service
 
-    def _stream_to(self, model: str) -> _SharedStream:
+    def _stream_to(self, model: str) -> SharedStream:
         stream = self._streams.get(model)
         if stream is None or stream.broken or stream.retiring:
-            stream = self._streams[model] = _SharedStream(self.service(), model, self._open.discard)
+            stream = self._streams[model] = SharedStream(self.service(), model, self._open.discard,
+                                                          stall_timeout_s=self.stall_timeout_s)
             self._open.add(stream)
         return stream
 
@@ -113,9 +116,12 @@ class TritonEngineClient:
         finished = False
         try:
             while True:
-                response = await self._within_timeout(model, responses.get())
+                response = await responses.get()
                 if isinstance(response, ModelUnavailable):
                     raise response
+                if isinstance(response, Silent):
+                    log.error("engine model %s did not answer for %.0f s", model, self.stall_timeout_s)
+                    raise EngineCallError(model, f"no response for {self.stall_timeout_s:.0f} s")
                 if isinstance(response, Exception):
                     raise EngineCallError(model, f"the gRPC stream broke: {response}")
                 if response.error_message:
@@ -159,103 +165,14 @@ class TritonEngineClient:
         return _infer_request(model, request, f"{request.request_id}/{next(self._calls)}", model in self.native_models)
 
     async def _within_timeout(self, model: str, awaitable):
+        """A unary call's answer, or EngineCallError once it is silent for the stall timeout (a stream's
+        calls are watched by their stream: `SharedStream`)."""
         try:  # asyncio.timeout: 3.11's wait_for can drop a cancellation (drafters.ask_one says how)
             async with asyncio.timeout(self.stall_timeout_s):
                 return await awaitable
         except TimeoutError:
             log.error("engine model %s did not answer for %.0f s", model, self.stall_timeout_s)
             raise EngineCallError(model, f"no response for {self.stall_timeout_s:.0f} s") from None
-
-
-STREAM_MAX_AGE_S = 10.0
-"""A shared stream takes new calls for this long; then the next call opens a new one, and the old one
-closes once its calls are answered. Triton 2.51 keeps a model's instance loaded while a gRPC stream
-that sent it requests stays open: without this, a reloaded engine model's old instance (its weights
-and KV cache) lived on until the orchestrator itself was unloaded (docs/operations.md). ModelControl
-retires a reloaded model's stream at its next poll (`TritonEngineClient.retire_streams`); this bounds
-what a poll misses."""
-
-
-class _SharedStream:
-    """One ModelStreamInfer stream to a decoupled engine model, shared by every call to it for
-    STREAM_MAX_AGE_S: a call costs a message each way rather than a new HTTP/2 stream. Responses are
-    routed by their Triton request id (a call's own: `TritonEngineClient._infer_request`); those of a
-    call given up on are dropped. A broken stream fails every call waiting on it, and the next call
-    opens a new one; so does the next call after the stream retired (`retire`)."""
-
-    def __init__(self, stub: service_pb2_grpc.GRPCInferenceServiceStub, model: str,
-                 on_closed: Callable[[_SharedStream], None]) -> None:
-        self.model = model
-        self._on_closed = on_closed
-        self.broken: Exception | None = None
-        self.retiring = False
-        """It takes no new calls, and closes once the calls it carries are answered."""
-        self._outgoing: asyncio.Queue = asyncio.Queue()
-        self._waiting: dict[str, asyncio.Queue] = {}
-        self._call = stub.ModelStreamInfer(self._requests())
-        loop = asyncio.get_running_loop()
-        self._reader = loop.create_task(self._read())
-        loop.call_later(STREAM_MAX_AGE_S, self.retire)
-
-    def retire(self) -> None:
-        """Take no new calls; close the stream once those it carries are answered."""
-        self.retiring = True
-        self._close_if_idle()
-
-    def fail(self, failure: Exception) -> None:
-        """End every waiting call with `failure`; the next call opens a new stream. This one is left
-        open, not cancelled: cancelling requests held by a dead stub aborted tritonserver 2.51
-        (boost::interprocess::lock_exception in the Python backend) in one test run of two."""
-        self.broken = failure
-        for responses in self._waiting.values():
-            responses.put_nowait(failure)
-        self._waiting.clear()
-
-    def open(self, message: service_pb2.ModelInferRequest) -> asyncio.Queue:
-        """Send `message`; its responses (or the stream's failure) arrive in the queue returned."""
-        responses: asyncio.Queue = asyncio.Queue()
-        if self.broken:
-            responses.put_nowait(self.broken)
-            return responses
-        self._waiting[message.id] = responses
-        self._outgoing.put_nowait(message)
-        return responses
-
-    def forget(self, call_id: str) -> None:
-        self._waiting.pop(call_id, None)
-        self._close_if_idle()
-
-    def _close_if_idle(self) -> None:
-        if self.retiring and not self._waiting:
-            self._outgoing.put_nowait(_END_OF_CALLS)
-
-    async def _requests(self):
-        while (message := await self._outgoing.get()) is not _END_OF_CALLS:
-            yield message
-
-    async def _read(self) -> None:
-        try:
-            async for response in self._call:
-                if (responses := self._waiting.get(response.infer_response.id)) is not None:
-                    responses.put_nowait(response)
-                elif response.error_message:
-                    log.error("%s: error for no waiting call (%r): %s", self.model, response.infer_response.id,
-                              response.error_message)
-            failure: Exception = ConnectionError("the server closed the stream")
-        except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
-            failure = ConnectionError(f"{type(exc).__name__}: {exc}")
-        self._on_closed(self)
-        if self.broken is not None or self.retiring and not self._waiting:  # failed or closed by us
-            self.broken = self.broken or failure
-            return
-        self.broken = failure
-        log.warning("%s: the gRPC stream to the engine model ended (%s)", self.model, failure)
-        for responses in self._waiting.values():
-            responses.put_nowait(failure)
-
-
-_END_OF_CALLS = object()
-"""Queued after a retired stream's last call: its request iterator ends, which half-closes the stream."""
 
 
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1)]
