@@ -117,11 +117,10 @@ class DraftSource:
         length = min(next_length, remaining - len(draft) - 2) + 1
         if length <= 1:
             return
-        ask = self.round(sequence + draft, length, index + 1)
         slot = self.pool.try_acquire() if self.pool is not None else None
         if self.pool is not None and slot is None:
             return
-        task = asyncio.ensure_future(self.drafter.propose(self.client, ask))
+        task = asyncio.ensure_future(self.drafter.propose(self.client, self.round(sequence + draft, length, index + 1)))
         self.early = EarlyDraft(task, list(draft), slot)
         self._started = [t for t in self._started if not t.done()] + [task]
 
