@@ -34,9 +34,9 @@ class SharedStream:
     opens a new one; so does the next call after the stream retired (`retire`).
 
     A call that hears nothing for `stall_timeout_s` (none of its responses waiting to be read) gets
-    `Silent`. One timer per stream watches every call, moved on only when it fires: a timeout entered
-    for each response (a timer made and cancelled per token) took an eighth of the orchestrator's time
-    at 16 streams (docs/benchmarks.md)."""
+    `Silent`. One timer per stream watches every call, moved on only when it fires, instead of a
+    timeout entered for every response: a timer made and cancelled per token showed in the
+    orchestrator's profile at many streams (docs/benchmarks.md)."""
 
     def __init__(self, stub: service_pb2_grpc.GRPCInferenceServiceStub, model: str,
                  on_closed: Callable[[SharedStream], None], *, stall_timeout_s: float) -> None:
