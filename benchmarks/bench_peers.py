@@ -35,8 +35,9 @@ from pathlib import Path
 from client.api import GenerationParams, generate_grpc
 from minions.deploy.config import Deployment, load_deployment
 from minions.settings import EngineSettings, OrchestratorSettings
-from minions.text.datasets import (COPY_HEAVY, DEFAULT_COPY_HEAVY, category_prompts, chat_sets,
-                                   exit_on_missing_set, load_prompts, mixed_prompts, require, warm_up_prompts)
+from minions.text.datasets import (CHAT_SETS_VAR, COPY_HEAVY, DEFAULT_COPY_HEAVY, MissingPromptSet, category_prompts,
+                                   chat_sets, exit_on_missing_set, load_prompts, mixed_prompts, require,
+                                   warm_up_prompts)
 from harness.metrics import metric_value
 from harness.triton_process import ROOT, TritonProcess
 
@@ -181,8 +182,14 @@ def single_turn_cells(workload: str, args: argparse.Namespace) -> list[tuple[str
         return [(category, streams, prompts) for category, prompts in
                 category_prompts(args.prompts, CATEGORIES_FROM).items() for streams in args.streams]
     count = args.prompts if workload in ("chat", TEMPLATED) else args.copy_prompts
-    return [(workload, streams, prompts) for streams, prompts in
-            zip(args.streams, workload_prompts(workload, [max(count, s) for s in args.streams]))]
+    cells = [(workload, streams, prompts) for streams, prompts in
+             zip(args.streams, workload_prompts(workload, [max(count, s) for s in args.streams]))]
+    for _, streams, prompts in cells:
+        if len(prompts) < streams:  # a later cell would run fewer requests at once than its label says
+            raise MissingPromptSet(f"the {workload} prompts ran out: {len(prompts)} left for the {streams}-stream "
+                                   f"cell (each cell takes fresh ones, at least one a stream); fewer --prompts or "
+                                   f"--streams, or larger sets ({CHAT_SETS_VAR}, datasets/README.md)")
+    return cells
 
 
 def slice_bounds(count: int, streams: int, slices: int) -> list[tuple[int, int]]:

@@ -16,7 +16,8 @@ from benchmarks.peers.llama_server_build import (CMAKE_FLAGS, anchor_source, cma
                                                  patches_digest, pinned_version, same_build)
 from benchmarks.peers.report import format_anchors, format_drafters, format_table, summarize
 from benchmarks.peers.streams import Cell, Sample
-from minions.text.datasets import CHAT_SETS_VAR, COPY_HEAVY, DATASETS, category_prompts, chat_sets, load_prompts
+from minions.text.datasets import (CHAT_SETS_VAR, COPY_HEAVY, DATASETS, MissingPromptSet, category_prompts, chat_sets,
+                                   load_prompts)
 from tests.support.stand_in_library import needs_cc, stand_in_library
 from tests.support.datasets import write_prompt_sets
 
@@ -47,6 +48,16 @@ def test_the_default_single_turn_chat_cells_end_before_the_multi_turn_conversati
     args = bench_peers.parse_args([])
     used = [p for _, _, prompts in bench_peers.single_turn_cells("chat", args) for p in prompts]
     assert max(int(p.split()[-1]) for p in used) < bench_peers.MULTI_TURN_FROM
+
+
+def test_a_cell_left_fewer_prompts_than_streams_stops_the_run_before_any_server_starts(prompt_sets):
+    """`--streams 8 16 --prompts 64` on MT-bench alone left the 16-stream cell 8 prompts, one wave of 8
+    reported as 16 streams; now the run stops and says why."""
+    args = bench_peers.parse_args(["--workloads", "chat", "--streams", "8", "16", "--prompts", "190"])
+    with pytest.raises(MissingPromptSet, match="16-stream cell"):
+        bench_peers.single_turn_cells("chat", args)
+    fits = bench_peers.parse_args(["--workloads", "chat", "--streams", "8", "16", "--prompts", "64"])
+    assert [len(p) for _, _, p in bench_peers.single_turn_cells("chat", fits)] == [64, 64]
 
 
 def test_templated_cells_are_one_template_with_distinct_records_and_need_no_dataset():
