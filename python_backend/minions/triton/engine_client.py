@@ -120,8 +120,7 @@ class TritonEngineClient:
                 if isinstance(response, ModelUnavailable):
                     raise response
                 if isinstance(response, Silent):
-                    log.error("engine model %s did not answer for %.0f s", model, self.stall_timeout_s)
-                    raise EngineCallError(model, f"no response for {self.stall_timeout_s:.0f} s")
+                    raise self._stalled(model)
                 if isinstance(response, Exception):
                     raise EngineCallError(model, f"the gRPC stream broke: {response}")
                 if response.error_message:
@@ -171,8 +170,12 @@ class TritonEngineClient:
             async with asyncio.timeout(self.stall_timeout_s):
                 return await awaitable
         except TimeoutError:
-            log.error("engine model %s did not answer for %.0f s", model, self.stall_timeout_s)
-            raise EngineCallError(model, f"no response for {self.stall_timeout_s:.0f} s") from None
+            raise self._stalled(model) from None
+
+    def _stalled(self, model: str) -> EngineCallError:
+        """The error for a call `model` left silent for the stall timeout, logged as it is made."""
+        log.error("engine model %s did not answer for %.0f s", model, self.stall_timeout_s)
+        return EngineCallError(model, f"no response for {self.stall_timeout_s:.0f} s")
 
 
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1)]

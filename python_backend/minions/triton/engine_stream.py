@@ -118,8 +118,7 @@ class SharedStream:
                     if call_id in self._heard:
                         self._heard[call_id] = self._loop.time()
                 elif response.error_message:
-                    log.error("%s: error for no waiting call (%r): %s", self.model, response.infer_response.id,
-                              response.error_message)
+                    log.error("%s: error for no waiting call (%r): %s", self.model, call_id, response.error_message)
             failure: Exception = ConnectionError("the server closed the stream")
         except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
             failure = ConnectionError(f"{type(exc).__name__}: {exc}")
